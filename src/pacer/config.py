@@ -1,0 +1,195 @@
+"""Typed, validated configuration with vLLM-style names.
+
+`EngineConfig.from_kwargs(**kw)` is how `LLM(...)`, the CLI and the server build a config:
+unknown keys are an error (never silently dropped), every value is checked with a
+message naming the field and the limit. Each component receives only its own part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "SchedulerConfig", "CacheConfig", "ModelConfig", "EngineConfig", "parse_memory_size",
+    "SCHEDULING_POLICIES",
+]
+
+SCHEDULING_POLICIES = ("fcfs", "priority", "sjf")
+PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=256, metadata={"help": "Most requests running at once."})
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Token budget of one step (prefill chunks + decode tokens). "
+                          f"Default {DEFAULT_MAX_NUM_BATCHED_TOKENS} with chunked prefill, "
+                          "max_model_len without."},
+    )
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "Longest prompt+output; default: the model's context length."}
+    )
+    enable_chunked_prefill: bool = field(
+        default=True,
+        metadata={"help": "Split long prompts across steps and mix them with decodes (decode-first). "
+                          "Off: prompts are prefilled whole, in prefill-only steps."},
+    )
+    scheduling_policy: str = field(
+        default="fcfs", metadata={"help": "Waiting-queue order: fcfs | priority | sjf."}
+    )
+    preemption_mode: str = field(default="recompute", metadata={"help": "recompute | swap."})
+
+    def validate(self) -> None:
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_num_batched_tokens is not None:
+            _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise TypeError(f"enable_chunked_prefill must be a bool, got {self.enable_chunked_prefill!r}")
+
+    def resolved(self, model_max_len: int) -> SchedulerConfig:
+        """A copy with defaults filled in from the model; checks cross-field limits."""
+        max_len = self.max_model_len or model_max_len
+        if max_len > model_max_len:
+            raise ValueError(
+                f"max_model_len={max_len} exceeds the model's context length {model_max_len}"
+            )
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS if self.enable_chunked_prefill else max_len
+            if not self.enable_chunked_prefill:
+                budget = max(budget, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        if not self.enable_chunked_prefill and budget < max_len:
+            raise ValueError(
+                f"max_num_batched_tokens={budget} is smaller than max_model_len={max_len}; without "
+                "chunked prefill a whole prompt must fit one step (raise it, lower max_model_len, "
+                "or enable chunked prefill)"
+            )
+        if budget < self.max_num_seqs and self.enable_chunked_prefill:
+            budget = max(budget, 1)
+        return dataclasses.replace(self, max_model_len=max_len, max_num_batched_tokens=budget)
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = field(default=16, metadata={"help": "Tokens per KV block."})
+    num_kv_blocks: int | None = field(default=None, metadata={"help": "KV budget as a block count."})
+    kv_cache_memory: int | str | None = field(
+        default=None, metadata={"help": "KV budget in bytes or as '2GiB' (default 2GiB when num_kv_blocks is unset)."}
+    )
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
+    swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
+
+    def validate(self) -> None:
+        _positive_int("block_size", self.block_size)
+        if self.num_kv_blocks is not None:
+            _positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_cache_memory is not None:
+            parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
+        if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
+
+    def resolve_num_blocks(self, bytes_per_token: int) -> int:
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        mem = parse_memory_size(self.kv_cache_memory if self.kv_cache_memory is not None else "2GiB",
+                                "kv_cache_memory")
+        n = mem // (bytes_per_token * self.block_size)
+        if n < 1:
+            raise ValueError(
+                f"kv_cache_memory={self.kv_cache_memory!r} holds no block of {self.block_size} tokens "
+                f"({bytes_per_token * self.block_size} bytes each)"
+            )
+        return int(n)
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model: str | None = field(default=None, metadata={"help": "HF directory or .gguf file; default SmolLM2-135M-Instruct."})
+    dtype: str = field(default="auto", metadata={"help": "float32 | bfloat16 | float16 | auto (float32 on CPU)."})
+    device: str = field(default="cpu", metadata={"help": "cpu | cuda | cuda:N."})
+    seed: int = field(default=0, metadata={"help": "Seed of the engine's sampler for unseeded requests."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads (CPU)."})
+
+    def validate(self) -> None:
+        _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.num_threads is not None:
+            _positive_int("num_threads", self.num_threads)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from flat vLLM-style keyword arguments; unknown names raise TypeError."""
+        parts: dict[str, dict[str, Any]] = {"model": {}, "scheduler": {}, "cache": {}}
+        owners = {
+            f.name: part
+            for part, klass in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig))
+            for f in dataclasses.fields(klass)
+        }
+        for key, value in kwargs.items():
+            if key not in owners:
+                raise TypeError(f"unknown engine option {key!r}; known options: {', '.join(sorted(owners))}")
+            parts[owners[key]][key] = value
+        cfg = cls(ModelConfig(**parts["model"]), SchedulerConfig(**parts["scheduler"]), CacheConfig(**parts["cache"]))
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.scheduler.validate()
+        self.cache.validate()
+
+
+def option_names() -> list[str]:
+    return [f.name for klass in (ModelConfig, SchedulerConfig, CacheConfig) for f in dataclasses.fields(klass)]
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_memory_size(value: int | float | str, name: str = "memory") -> int:
+    """'2GiB', '512MiB', '1.5GB' or a byte count -> bytes."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a size such as '2GiB' or a byte count, got {value!r}")
+    if isinstance(value, int | float):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0 bytes, got {value}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{name} must be a size such as '2GiB', '512MiB' or a byte count, got {value!r}")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
+    return size
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,49 @@
+"""SchedulerOutput: the only contract between scheduling and execution. Plain data.
+
+New requests (first time on the executor, or resumed after preemption) carry their whole
+block table and sampling params; known requests carry only the blocks added this step.
+Finished and preempted ids tell an executor which mirrored state to drop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pacer.request import SamplingParams
+
+__all__ = ["ScheduledRequest", "SchedulerOutput"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]          # the tokens computed this step (a prefill chunk or one decode token)
+    start_position: int           # position of token_ids[0] == num_computed_tokens before this step
+    block_ids: list[int]          # is_new: the full block table; else: blocks appended this step
+    is_new: bool                  # executor has no state for it (new, or resumed after preemption)
+    sample: bool                  # this chunk reaches the end of known tokens: sample the next one
+    is_prefill: bool              # for stats: False only for a plain decode token
+    num_output_tokens: int        # tokens generated before this step (seeded sampling position)
+    sampling_params: SamplingParams | None = None  # set when is_new
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step_id: int
+    scheduled: list[ScheduledRequest]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # ended since the previous step
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

@@ -1,0 +1,313 @@
+"""Iteration-level scheduler: who runs this step, with how many tokens. Pure Python.
+
+One token rule: a request's `num_computed_tokens` catches up with its `num_tokens` under
+the step's token budget. A prefill chunk, a decode token and recompute after preemption
+are all "schedule min(remaining, budget) tokens".
+
+With chunked prefill (default) a step is: running decodes first, then running partial
+prefills, then new requests from the waiting queue, while the budget admits them. Without
+it (classic), a step either prefills whole waiting prompts or decodes the running ones.
+
+When KV blocks run out the request with the largest policy key (lowest priority, latest
+arrival) is preempted by recompute: it frees its blocks and goes back to the waiting
+queue at its place. Under the `priority` policy a waiting request of strictly higher
+priority preempts the worst running one when max_num_seqs or KV is what holds it back
+(even one already picked for this step: its share of the budget is handed back).
+"""
+
+from __future__ import annotations
+
+from pacer.clock import Clock
+from pacer.config import SchedulerConfig
+from pacer.core.kv_manager import KVCacheManager
+from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.core.policy import WaitingQueue, make_policy
+from pacer.request import FinishReason, Request, RequestStatus
+
+__all__ = ["Scheduler"]
+
+
+class _Budget:
+    """The step's remaining token and sequence budget."""
+
+    __slots__ = ("tokens_left", "seqs_left")
+
+    def __init__(self, tokens: int, seqs: int) -> None:
+        self.tokens_left = tokens
+        self.seqs_left = seqs
+
+
+class _Step:
+    """What has been decided so far in one schedule() call."""
+
+    def __init__(self, budget: _Budget) -> None:
+        self.budget = budget
+        self.num_tokens: dict[str, int] = {}      # request id -> tokens this step (insertion order)
+        self.new_blocks: dict[str, list[int]] = {}
+        self.is_new: set[str] = set()
+        self.preempted: list[str] = []
+
+    def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
+        self.num_tokens[req.request_id] = n
+        self.new_blocks[req.request_id] = blocks
+        if is_new:
+            self.is_new.add(req.request_id)
+        self.budget.tokens_left -= n
+        self.budget.seqs_left -= 1
+
+    def undo(self, req: Request) -> None:
+        n = self.num_tokens.pop(req.request_id, None)
+        if n is not None:
+            self.new_blocks.pop(req.request_id)
+            self.is_new.discard(req.request_id)
+            self.budget.tokens_left += n
+            self.budget.seqs_left += 1
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Clock) -> None:
+        if config.max_num_batched_tokens is None or config.max_model_len is None:
+            raise ValueError("Scheduler needs a resolved SchedulerConfig (call config.resolved(model_max_len))")
+        self.config = config
+        self.max_num_batched_tokens: int = config.max_num_batched_tokens
+        self.max_model_len: int = config.max_model_len
+        self.kv = kv
+        self.clock = clock
+        self.policy = make_policy(config.scheduling_policy)
+        self.waiting = WaitingQueue(self.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_step: list[str] = []
+        self._step_id = 0
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ admission / exit
+
+    def add_request(self, req: Request) -> None:
+        """Queue a validated request. Raises ValueError if it can never fit."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use")
+        if req.max_total_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({req.num_prompt_tokens} tokens) plus max_tokens ({req.sampling_params.max_tokens}) "
+                f"= {req.max_total_tokens} exceeds max_model_len={self.max_model_len}"
+            )
+        if req.max_total_tokens > self.kv.capacity_tokens:
+            raise ValueError(
+                f"prompt ({req.num_prompt_tokens} tokens) plus max_tokens ({req.sampling_params.max_tokens}) "
+                f"= {req.max_total_tokens} exceeds the whole KV cache ({self.kv.capacity_tokens} tokens)"
+            )
+        self.requests[req.request_id] = req
+        req.status = RequestStatus.WAITING
+        self.waiting.add(req)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        self.finish_request(req, FinishReason.ABORT)
+        return req
+
+    def finish_request(self, req: Request, reason: FinishReason) -> None:
+        if req.is_finished:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._finished_since_step.append(req.request_id)
+        else:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.metrics.finish_time = self.clock.now()
+        del self.requests[req.request_id]
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(_Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
+        if self.config.enable_chunked_prefill:
+            ordered = sorted(self.running, key=self.policy.key)
+            self._schedule_running(step, [r for r in ordered if r.num_remaining_tokens == 1])
+            self._schedule_running(step, [r for r in ordered if r.num_remaining_tokens > 1])
+            self._schedule_waiting(step, chunked=True)
+        else:
+            self._schedule_waiting(step, chunked=False)
+            if not step.num_tokens:
+                self._schedule_running(step, sorted(self.running, key=self.policy.key))
+        return self._build_output(step)
+
+    def _schedule_running(self, step: _Step, candidates: list[Request]) -> None:
+        chunked = self.config.enable_chunked_prefill
+        for req in candidates:
+            if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
+                continue  # preempted earlier in this step
+            if step.budget.tokens_left <= 0 or step.budget.seqs_left <= 0:
+                return
+            n = req.num_remaining_tokens
+            if chunked:
+                n = min(n, step.budget.tokens_left)
+            elif n > step.budget.tokens_left:
+                continue
+            blocks = self._allocate_or_preempt(step, req, n)
+            if blocks is not None:
+                step.add(req, n, blocks, is_new=False)
+
+    def _allocate_or_preempt(self, step: _Step, req: Request, n: int) -> list[int] | None:
+        """Allocate for a running request, preempting the worst running ones as needed."""
+        while True:
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is not None:
+                return blocks
+            victim = max(self.running, key=self.policy.key)
+            self._preempt(step, victim)
+            if victim is req:
+                return None
+
+    def _schedule_waiting(self, step: _Step, chunked: bool) -> None:
+        while self.waiting:
+            req = self.waiting.peek()
+            budget = step.budget
+            if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
+                if self._make_room_for(step, req):
+                    continue
+                return
+            if req.num_computed_tokens == 0 and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
+                cached = self.kv.match_prefix(req)
+                req.num_computed_tokens = cached
+                req.num_cached_tokens = cached
+                req.metrics.cached_tokens = cached
+            n = req.num_remaining_tokens
+            if not chunked and n > step.budget.tokens_left:
+                return
+            n = min(n, step.budget.tokens_left)
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is None:
+                if self._make_room_for(step, req):
+                    continue
+                return
+            self.waiting.pop()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = self.clock.now()
+            step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
+
+    def _make_room_for(self, step: _Step, head: Request) -> bool:
+        """Priority policy: preempt the worst running request if `head` outranks it.
+        Returns whether anything was preempted (so the caller may retry)."""
+        if not self.running:
+            return False
+        worst = max(self.running, key=self.policy.key)
+        if not self.policy.outranks(head, worst):
+            return False
+        self._preempt(step, worst)
+        return True
+
+    def _preempt(self, step: _Step, req: Request) -> None:
+        step.undo(req)
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.metrics.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add(req)
+        step.preempted.append(req.request_id)
+
+    def _build_output(self, step: _Step) -> SchedulerOutput:
+        scheduled: list[ScheduledRequest] = []
+        num_prefill = num_decode = 0
+        for req_id, n in step.num_tokens.items():
+            req = self.requests[req_id]
+            start = req.num_computed_tokens
+            is_new = req_id in step.is_new
+            end = start + n
+            is_prefill = is_new or n > 1 or start < req.num_prompt_tokens
+            scheduled.append(ScheduledRequest(
+                request_id=req_id,
+                token_ids=req.token_ids_slice(start, end),
+                start_position=start,
+                block_ids=step.new_blocks[req_id],
+                is_new=is_new,
+                sample=end == req.num_tokens,
+                is_prefill=is_prefill,
+                num_output_tokens=req.num_output_tokens,
+                sampling_params=req.sampling_params if is_new else None,
+            ))
+            req.num_computed_tokens = end
+            if is_prefill:
+                num_prefill += n
+                req.metrics.prefill_tokens += n
+            else:
+                num_decode += n
+        finished, self._finished_since_step = self._finished_since_step, []
+        out = SchedulerOutput(
+            step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
+        )
+        self._step_id += 1
+        return out
+
+    # ------------------------------------------------------------------ results
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Append sampled tokens, stamp times, apply token-based stop rules.
+
+        Returns the requests that received a token this step (finished ones included).
+        """
+        now = self.clock.now()
+        touched: list[Request] = []
+        for sr in output.scheduled:
+            if not sr.sample:
+                continue
+            req = self.requests.get(sr.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            token = sampled[sr.request_id]
+            req.output_token_ids.append(token)
+            req.metrics.token_times.append(now)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            touched.append(req)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self.finish_request(req, reason)
+        return touched
+
+    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
+        sp = req.sampling_params
+        n_out = req.num_output_tokens
+        if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        if n_out < sp.min_tokens:
+            return None
+        if token in sp.stop_token_ids:
+            req.stop_reason = token
+            return FinishReason.STOP
+        if not sp.ignore_eos and token in req.eos_token_ids:
+            return FinishReason.STOP
+        return None
+
+    def check_invariants(self) -> None:
+        self.kv.check_invariants()
+        if len(self.running) > self.config.max_num_seqs:
+            raise AssertionError(f"{len(self.running)} running > max_num_seqs={self.config.max_num_seqs}")
+        for r in self.running:
+            if r.status is not RequestStatus.RUNNING:
+                raise AssertionError(f"{r} in running with status {r.status}")
+        held = set(self.kv.block_tables)
+        live = {r.request_id for r in self.running}
+        if not held <= live:
+            raise AssertionError(f"blocks held by requests not running: {held - live}")

@@ -1,0 +1,324 @@
+"""Engine: add_request / abort_request / step(). The loop reads schedule -> execute -> update.
+
+Thread-safety: `add_request` and `abort_request` may be called from any thread (the server's
+event loop); they validate synchronously and hand the work to the stepping thread through
+an inbox that `step()` drains first. Only the stepping thread touches the scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pacer.clock import Clock, WallClock
+from pacer.config import EngineConfig
+from pacer.core.kv_manager import KVCacheManager
+from pacer.core.outputs import SchedulerOutput
+from pacer.core.scheduler import Scheduler
+from pacer.request import FinishReason, Request, RequestMetrics, SamplingParams
+
+__all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
+
+log = logging.getLogger("pacer.engine")
+
+
+class Executor(Protocol):
+    def execute(self, out: SchedulerOutput) -> Any:
+        """Returns an object with `.sampled: dict[str, int]` and `.timings: dict[str, float]`."""
+        ...
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """Incremental view of one request after a step (or its final state)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]          # all output tokens so far
+    text: str                     # all output text so far
+    new_token_ids: list[int]      # tokens added by this step
+    new_text: str                 # text added by this step
+    finished: bool
+    finish_reason: str | None
+    metrics: RequestMetrics
+    num_cached_tokens: int
+    priority: int
+    tenant: str
+    stop_reason: str | int | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    step_id: int
+    time: float
+    num_running: int
+    num_waiting: int
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_usage: float
+    schedule_s: float
+    prepare_s: float
+    forward_s: float
+    sample_s: float
+    update_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
+
+
+class _Tracked:
+    """Engine-side state of a request: detokenizer and stop strings."""
+
+    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len")
+
+    def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
+        self.req = req
+        self.detok = detok
+        self.text = ""
+        self.prompt = prompt
+        self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
+                 num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
+                 clock: Clock | None = None, vocab_size: int | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or WallClock()
+        self.scheduler_config = config.scheduler.resolved(model_max_len)
+        self.kv = KVCacheManager(num_kv_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock)
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.vocab_size = vocab_size
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._ids = itertools.count()
+        self._seq = itertools.count()
+        self._live_ids: set[str] = set()
+        self._id_lock = threading.Lock()
+        self._tracked: dict[str, _Tracked] = {}
+        self.step_stats: deque[StepStats] = deque(maxlen=10_000)
+        self.stats_listeners: list[Callable[[StepStats], None]] = []
+        self.total_prompt_tokens = 0
+        self.total_generation_tokens = 0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, clock: Clock | None = None) -> Engine:
+        from pacer.model.runner import build_model_executor
+
+        executor, ckpt, num_blocks = build_model_executor(config)
+        return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
+                   ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Engine:
+        return cls.from_config(EngineConfig.from_kwargs(**kwargs))
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    # ------------------------------------------------------------------ requests
+
+    def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise TypeError("prompt token ids must be integers")
+            if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if not ids:
+            raise ValueError("prompt must not be empty (0 tokens)")
+        return ids
+
+    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        total = num_prompt_tokens + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len={self.max_model_len}"
+            )
+        if total > self.kv.capacity_tokens:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the KV cache capacity ({self.kv.capacity_tokens} tokens)"
+            )
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, priority: int = 0, tenant: str = "default",
+                    arrival_time: float | None = None) -> str:
+        """Validate and queue a request; raises ValueError/TypeError naming the bad field."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer, got {priority!r}")
+        if not isinstance(tenant, str) or not tenant:
+            raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
+        ids = self.tokenize_prompt(prompt)
+        self.validate(len(ids), params)
+        with self._id_lock:
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+                while request_id in self._live_ids:
+                    request_id = f"req-{next(self._ids)}"
+            elif request_id in self._live_ids:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._live_ids.add(request_id)
+        req = Request(request_id, ids, params,
+                      arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+                      priority=priority, tenant=tenant, arrival_seq=next(self._seq),
+                      eos_token_ids=self.eos_token_ids)
+        detok = None
+        if self.tokenizer is not None:
+            from pacer.model.tokenizer import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(self.tokenizer)
+        self._inbox.append(("add", _Tracked(req, detok, prompt if isinstance(prompt, str) else None)))
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort from any thread; takes effect at the start of the next step."""
+        self._inbox.append(("abort", request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.scheduler.num_running + self.scheduler.num_waiting + sum(
+            1 for kind, _ in list(self._inbox) if kind == "add")
+
+    # ------------------------------------------------------------------ the loop
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outs: list[RequestOutput] = []
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                tracked: _Tracked = item
+                self._tracked[tracked.req.request_id] = tracked
+                self.scheduler.add_request(tracked.req)
+            else:
+                tracked_or_none = self._tracked.get(item)
+                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
+                    outs.append(self._finish_output(tracked_or_none, [], ""))
+        return outs
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> execute -> update. Returns outputs of requests that
+        gained tokens or finished."""
+        outputs = self._drain_inbox()
+        t0 = time.perf_counter()
+        sched_out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if sched_out.is_empty:
+            if sched_out.finished_ids or sched_out.preempted_ids:
+                self.executor.execute(sched_out)
+            return outputs
+        result = self.executor.execute(sched_out)
+        t2 = time.perf_counter()
+        touched = self.scheduler.update_from_output(sched_out, result.sampled)
+        for req in touched:
+            outputs.append(self._emit(req))
+        t3 = time.perf_counter()
+        self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
+        return outputs
+
+    def _emit(self, req: Request) -> RequestOutput:
+        tracked = self._tracked[req.request_id]
+        new_ids = req.output_token_ids[-1:]
+        self.total_generation_tokens += 1
+        new_text = ""
+        if tracked.detok is not None:
+            new_text = tracked.detok.push(new_ids)
+            if req.sampling_params.stop and not req.is_finished:
+                new_text = self._check_stop_strings(tracked, new_text)
+            tracked.text += new_text
+        if req.is_finished:
+            return self._finish_output(tracked, new_ids, new_text)
+        return self._output(tracked, new_ids, new_text)
+
+    def _check_stop_strings(self, tracked: _Tracked, new_text: str) -> str:
+        req = tracked.req
+        if req.num_output_tokens < req.sampling_params.min_tokens or not new_text:
+            return new_text
+        window_start = max(0, len(tracked.text) - tracked.max_stop_len)
+        window = tracked.text[window_start:] + new_text
+        hit = -1
+        hit_stop = ""
+        for s in req.sampling_params.stop:
+            i = window.find(s)
+            if i != -1 and (hit == -1 or i < hit):
+                hit, hit_stop = i, s
+        if hit == -1:
+            return new_text
+        keep = window_start + hit - len(tracked.text)   # may be negative: stop began in old text
+        if keep < 0:
+            tracked.text = tracked.text[: len(tracked.text) + keep]
+            keep = 0
+        req.stop_reason = hit_stop
+        self.scheduler.finish_request(req, FinishReason.STOP)
+        return new_text[:keep]
+
+    def _output(self, tracked: _Tracked, new_ids: list[int], new_text: str) -> RequestOutput:
+        r = tracked.req
+        return RequestOutput(
+            request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, token_ids=list(r.output_token_ids),
+            text=tracked.text, new_token_ids=list(new_ids), new_text=new_text, finished=r.is_finished,
+            finish_reason=r.finish_reason.value if r.finish_reason else None, metrics=r.metrics,
+            num_cached_tokens=r.num_cached_tokens, priority=r.priority, tenant=r.tenant,
+            stop_reason=r.stop_reason, prompt=tracked.prompt,
+        )
+
+    def _finish_output(self, tracked: _Tracked, new_ids: list[int], new_text: str) -> RequestOutput:
+        out = self._output(tracked, new_ids, new_text)
+        rid = tracked.req.request_id
+        self._tracked.pop(rid, None)
+        self.total_prompt_tokens += tracked.req.num_prompt_tokens
+        with self._id_lock:
+            self._live_ids.discard(rid)
+        return out
+
+    def _record_stats(self, out: SchedulerOutput, timings: dict[str, float], sched_s: float,
+                      exec_s: float, update_s: float) -> None:
+        prepare = timings.get("prepare", 0.0)
+        forward = timings.get("forward", exec_s)
+        sample = timings.get("sample", 0.0)
+        stats = StepStats(
+            step_id=out.step_id, time=self.clock.now(), num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting, batch_size=len(out.scheduled),
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+            num_preempted=len(out.preempted_ids), kv_usage=self.kv.usage, schedule_s=sched_s,
+            prepare_s=prepare, forward_s=forward, sample_s=sample,
+            update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
+        )
+        self.step_stats.append(stats)
+        for listener in self.stats_listeners:
+            listener(stats)
+
+    def run_until_done(self) -> list[RequestOutput]:
+        """Step until every queued request finished; returns the final outputs."""
+        finals: list[RequestOutput] = []
+        while self.has_unfinished_requests():
+            finals.extend(o for o in self.step() if o.finished)
+        return finals

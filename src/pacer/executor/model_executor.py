@@ -1,0 +1,125 @@
+"""ModelExecutor: runs one SchedulerOutput on a real model and returns sampled tokens.
+
+It owns the KV tensors and mirrors, from the SchedulerOutput alone, each request's block
+table and sampling params. It never reads scheduler state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.model.attention import AttentionMetadata, PrefillSeq
+from pacer.model.llama import LlamaModel
+from pacer.model.sampler import Sampler, SamplingRow
+from pacer.request import SamplingParams
+
+__all__ = ["ModelExecutor", "ExecutorOutput"]
+
+
+@dataclass(slots=True)
+class ExecutorOutput:
+    sampled: dict[str, int]
+    timings: dict[str, float] = field(default_factory=dict)   # prepare / forward / sample seconds
+
+
+class _ReqState:
+    __slots__ = ("block_table", "params")
+
+    def __init__(self, block_table: list[int], params: SamplingParams) -> None:
+        self.block_table = block_table
+        self.params = params
+
+
+class ModelExecutor:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.device
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.sampler = Sampler(seed)
+        self._states: dict[str, _ReqState] = {}
+
+    def _sync_states(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_ids:
+            self._states.pop(rid, None)
+        for rid in out.preempted_ids:
+            self._states.pop(rid, None)
+        for sr in out.scheduled:
+            if sr.is_new:
+                assert sr.sampling_params is not None
+                self._states[sr.request_id] = _ReqState(list(sr.block_ids), sr.sampling_params)
+            elif sr.block_ids:
+                self._states[sr.request_id].block_table.extend(sr.block_ids)
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        t0 = time.perf_counter()
+        self._sync_states(out)
+        if not out.scheduled:
+            return ExecutorOutput({}, {"prepare": time.perf_counter() - t0, "forward": 0.0, "sample": 0.0})
+        singles = [sr for sr in out.scheduled if sr.num_tokens == 1]
+        multis = [sr for sr in out.scheduled if sr.num_tokens > 1]
+        input_ids, positions, meta, logits_rows, sample_reqs = self._prepare(singles, multis)
+        t1 = time.perf_counter()
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows)
+        t2 = time.perf_counter()
+        rows = [SamplingRow(self._states[sr.request_id].params, sr.num_output_tokens) for sr in sample_reqs]
+        tokens = self.sampler.sample(logits, rows) if rows else []
+        sampled = {sr.request_id: tok for sr, tok in zip(sample_reqs, tokens)}
+        t3 = time.perf_counter()
+        return ExecutorOutput(sampled, {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2})
+
+    def _prepare(
+        self, singles: list[ScheduledRequest], multis: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[ScheduledRequest]]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        sample_reqs: list[ScheduledRequest] = []
+        tables: list[list[int]] = []
+        ctx_lens: list[int] = []
+        for i, sr in enumerate(singles):
+            table = self._states[sr.request_id].block_table
+            p = sr.start_position
+            ids.append(sr.token_ids[0])
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            tables.append(table)
+            ctx_lens.append(p + 1)
+            if sr.sample:
+                logits_rows.append(i)
+                sample_reqs.append(sr)
+        prefills: list[PrefillSeq] = []
+        row = len(singles)
+        for sr in multis:
+            table = self._states[sr.request_id].block_table
+            n, start = sr.num_tokens, sr.start_position
+            ids.extend(sr.token_ids)
+            pos.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            n_blocks = -(-(start + n) // bs)
+            prefills.append(PrefillSeq(row, n, start, torch.tensor(table[:n_blocks], device=self.device)))
+            row += n
+            if sr.sample:
+                logits_rows.append(row - 1)
+                sample_reqs.append(sr)
+        dev = self.device
+        single_tables = single_mask = None
+        if singles:
+            width = max(len(t) for t in tables)
+            padded = [t + [0] * (width - len(t)) for t in tables]
+            single_tables = torch.tensor(padded, device=dev)
+            lens = torch.tensor(ctx_lens, device=dev)
+            single_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
+            single_block_tables=single_tables, single_mask=single_mask, prefills=prefills, block_size=bs,
+        )
+        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
+                torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)

@@ -1,0 +1,93 @@
+"""Offline API: `LLM(model=None, **engine_kwargs).generate(...)` / `.chat(...)`, as in vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pacer.config import EngineConfig
+from pacer.engine import Engine, RequestOutput
+from pacer.request import SamplingParams
+
+__all__ = ["LLM"]
+
+Prompt = str | Sequence[int]
+Message = dict[str, str]
+
+
+def _per_prompt(name: str, value: Any, n: int, default: Any) -> list[Any]:
+    if value is None:
+        return [default] * n
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise ValueError(f"{name}: got {len(value)} values for {n} prompts")
+        return list(value)
+    return [value] * n
+
+
+class LLM:
+    """Generate with an in-process engine. Engine options use vLLM's names
+    (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, block_size, max_model_len,
+    scheduling_policy, dtype, device, num_kv_blocks or kv_cache_memory, ...)."""
+
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
+        self.engine = Engine.from_config(self.config)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 priority: int | Sequence[int] | None = None,
+                 tenant: str | Sequence[str] | None = None) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion; outputs in input order."""
+        prompt_list = self._as_prompt_list(prompts)
+        n = len(prompt_list)
+        params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
+        prios = _per_prompt("priority", priority, n, 0)
+        tenants = _per_prompt("tenant", tenant, n, "default")
+        for p, sp in zip(prompt_list, params):   # validate all before queueing any
+            self.engine.validate(len(self.engine.tokenize_prompt(p)), sp)
+        ids = [self.engine.add_request(p, sp, priority=pr, tenant=te)
+               for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
+        return self._collect(ids)
+
+    def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             priority: int | Sequence[int] | None = None,
+             tenant: str | Sequence[str] | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them."""
+        if self.engine.tokenizer is None:
+            raise ValueError("chat: this model has no tokenizer / chat template")
+        convs: list[Sequence[Message]]
+        if messages and isinstance(messages[0], dict):
+            convs = [messages]  # type: ignore[list-item]
+        else:
+            convs = list(messages)  # type: ignore[arg-type]
+        prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
+        return self.generate(prompts, sampling_params, priority=priority, tenant=tenant)
+
+    @staticmethod
+    def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        seq = list(prompts)
+        if seq and all(isinstance(t, int) and not isinstance(t, bool) for t in seq):
+            return [seq]  # one prompt given as token ids
+        if not seq:
+            raise ValueError("prompts must not be empty")
+        return seq
+
+    def _collect(self, ids: list[str]) -> list[RequestOutput]:
+        wanted = set(ids)
+        finals: dict[str, RequestOutput] = {}
+        while len(finals) < len(wanted):
+            if not self.engine.has_unfinished_requests():
+                missing = wanted - set(finals)
+                raise RuntimeError(f"engine stopped with requests unfinished: {sorted(missing)[:5]}")
+            for out in self.engine.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+        return [finals[i] for i in ids]

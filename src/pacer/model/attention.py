@@ -1,0 +1,79 @@
+"""Paged attention on packed variable-length batches (torch reference backend; CPU and GPU).
+
+The packed batch puts every single-token row first (decodes, and any one-token chunk):
+those are attended to in one batched call over their gathered block tables, with no Python
+loop per request. Multi-token rows (prefill chunks) follow, one SDPA call each; a chunk
+that starts at position 0 attends to its own keys directly, a later chunk also reads the
+earlier context from the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["AttentionMetadata", "PrefillSeq", "paged_attention", "write_kv"]
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    q_start: int            # row of its first token in the packed batch
+    q_len: int
+    start_pos: int          # tokens of this request already in the cache before this chunk
+    block_table: torch.Tensor  # [num_blocks_of_request] long
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor          # [T] long: cache slot of each packed token
+    num_single: int                     # leading rows with one token each
+    single_block_tables: torch.Tensor | None   # [D, max_blocks] long (padded)
+    single_mask: torch.Tensor | None    # [D, 1, 1, max_blocks*block_size] bool: key visible
+    prefills: list[PrefillSeq]
+    block_size: int
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store this step's keys/values. Caches are [num_blocks, block_size, n_kv, head_dim]."""
+    nkv, d = k.shape[1], k.shape[2]
+    k_cache.view(-1, nkv, d).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, nkv, d).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """[..., blocks] table -> [..., blocks*block_size, n_kv, d] contiguous keys or values."""
+    g = cache[block_table]
+    return g.view(*block_table.shape[:-1], -1, cache.shape[2], cache.shape[3])
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, n_heads, d]; k, v [T, n_kv, d] (already written to the cache). Returns [T, n_heads, d]."""
+    out = torch.empty_like(q)
+    n_single = meta.num_single
+    if n_single:
+        assert meta.single_block_tables is not None and meta.single_mask is not None
+        keys = _gather(k_cache, meta.single_block_tables).transpose(1, 2)   # [D, n_kv, S, d]
+        vals = _gather(v_cache, meta.single_block_tables).transpose(1, 2)
+        qs = q[:n_single].unsqueeze(2)                                     # [D, n_heads, 1, d]
+        o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask,
+                                           scale=scale, enable_gqa=True)
+        out[:n_single] = o.squeeze(2)
+    for p in meta.prefills:
+        qs = q[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
+        if p.start_pos == 0:
+            ks = k[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
+            vs = v[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            ctx = p.start_pos + p.q_len
+            ks = _gather(k_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
+            vs = _gather(v_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
+            rows = torch.arange(p.q_len, device=q.device).unsqueeze(1) + p.start_pos
+            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[p.q_start:p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,158 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over packed batches.
+
+One forward takes every scheduled token of the step — prefill chunks and decode tokens
+mixed — with their positions and a slot mapping into the paged KV cache. Projections are
+fused (qkv, gate+up) so each layer runs a handful of large matmuls for the whole batch.
+Only the rows that need a next token go through the final norm and the LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pacer.model.attention import AttentionMetadata, paged_attention, write_kv
+from pacer.model.loader import ModelArch
+
+__all__ = ["LlamaModel", "rope_inv_freq"]
+
+
+def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
+    """Inverse frequencies, with llama3 / linear scaling applied as HF transformers does."""
+    d = arch.head_dim
+    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = arch.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind in ("default", None):
+        return inv.float()
+    if kind == "linear":
+        return (inv / float(rs["factor"])).float()
+    if kind == "llama3":
+        factor = float(rs["factor"])
+        low = float(rs.get("low_freq_factor", 1.0))
+        high = float(rs.get("high_freq_factor", 4.0))
+        old_len = float(rs["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled).float()
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class _Layer:
+    __slots__ = ("in_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "gate_up_w", "down_w", "q_norm", "k_norm")
+
+    def __init__(self, t: dict[str, torch.Tensor], i: int, arch: ModelArch, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        p = f"model.layers.{i}."
+
+        def w(name: str) -> torch.Tensor:
+            return t[p + name].to(device=device, dtype=dtype).contiguous()
+
+        self.in_norm = w("input_layernorm.weight")
+        self.post_norm = w("post_attention_layernorm.weight")
+        self.qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
+                                w("self_attn.v_proj.weight")]).contiguous()
+        self.qkv_b = None
+        if arch.attention_bias:
+            self.qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"),
+                                    w("self_attn.v_proj.bias")]).contiguous()
+        self.o_w = w("self_attn.o_proj.weight")
+        self.gate_up_w = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous()
+        self.down_w = w("mlp.down_proj.weight")
+        self.q_norm = w("self_attn.q_norm.weight") if arch.qk_norm else None
+        self.k_norm = w("self_attn.k_norm.weight") if arch.qk_norm else None
+
+
+class LlamaModel:
+    """Weights plus a pure forward function; holds no per-request state."""
+
+    def __init__(self, arch: ModelArch, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        self.arch = arch
+        self.dtype = dtype
+        self.device = torch.device(device)
+        dev = self.device
+        self.embed = tensors["model.embed_tokens.weight"].to(device=dev, dtype=dtype).contiguous()
+        head = tensors.get("lm_head.weight")
+        if arch.tie_word_embeddings or head is None:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = head.to(device=dev, dtype=dtype).contiguous()
+        self.final_norm = tensors["model.norm.weight"].to(device=dev, dtype=dtype)
+        self.layers = [_Layer(tensors, i, arch, dtype, dev) for i in range(arch.num_layers)]
+        self.scale = arch.head_dim ** -0.5
+        self._inv_freq = rope_inv_freq(arch).to(dev)
+        self._rope_cache_len = 0
+        self._cos = self._sin = torch.empty(0)
+        self._ensure_rope(min(arch.max_position_embeddings, 4096))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        a = self.arch
+        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+
+    def _ensure_rope(self, n: int) -> None:
+        if n <= self._rope_cache_len:
+            return
+        n = max(n, 2 * self._rope_cache_len)
+        t = torch.arange(n, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(t, self._inv_freq)
+        self._cos = freqs.cos().to(self.dtype)
+        self._sin = freqs.sin().to(self.dtype)
+        self._rope_cache_len = n
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # rotate_half convention (HF / neox); x [T, heads, d], cos/sin [T, 1, d/2]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        a = self.arch
+        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(a.num_layers)]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T]; returns float32 logits [len(logits_rows), vocab]."""
+        a = self.arch
+        nh, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+        eps = a.rms_norm_eps
+        T = input_ids.shape[0]
+        self._ensure_rope(int(positions.max()) + 1)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)
+        hidden_norm = (x.shape[-1],)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            h = F.rms_norm(x, hidden_norm, layer.in_norm, eps)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b).view(T, nh + 2 * nkv, d)
+            q, k, v = qkv.split([nh, nkv, nkv], dim=1)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = F.rms_norm(q, (d,), layer.q_norm, eps)
+                k = F.rms_norm(k, (d,), layer.k_norm, eps)
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            x = x + F.linear(attn.view(T, nh * d), layer.o_w)
+            h = F.rms_norm(x, hidden_norm, layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up_w).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+        x = x[logits_rows]
+        x = F.rms_norm(x, hidden_norm, self.final_norm, eps)
+        return F.linear(x, self.lm_head).float()
+
+    def describe(self) -> dict[str, Any]:
+        a = self.arch
+        return {"arch": a.arch, "layers": a.num_layers, "hidden": a.hidden_size, "heads": a.num_heads,
+                "kv_heads": a.num_kv_heads, "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device)}

@@ -1,0 +1,232 @@
+"""Requests and sampling parameters: plain Python, shared by the core, engine and simulator.
+
+A `Request` is the scheduler's unit of work. Its one piece of progress state is
+`num_computed_tokens`, which catches up with `num_tokens` (prompt + generated) under each
+step's token budget: prefill chunks, decode tokens and recompute after preemption all
+follow that one rule.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one request's output (names and defaults follow vLLM / OpenAI)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("top_k", self.top_k, low=0)
+        _check_int("min_tokens", self.min_tokens, low=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens}, max_tokens={self.max_tokens}"
+            )
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=None)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, value: object, low: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+    @property
+    def finished(self) -> bool:
+        return self is RequestStatus.FINISHED
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Per-request timestamps (clock seconds) and counts; derived latencies as properties."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
+
+    @property
+    def queue_wait(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.token_times)
+        if n < 2 or self.first_token_time is None:
+            return None
+        return (self.token_times[-1] - self.first_token_time) / (n - 1)
+
+    @property
+    def e2e(self) -> float | None:
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.arrival_time
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "arrival_time": self.arrival_time,
+            "first_scheduled_time": self.first_scheduled_time,
+            "first_token_time": self.first_token_time,
+            "finish_time": self.finish_time,
+            "queue_wait": self.queue_wait,
+            "ttft": self.ttft,
+            "itl": self.itl,
+            "tpot": self.tpot,
+            "e2e": self.e2e,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": len(self.token_times),
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "preemptions": self.preemptions,
+        }
+
+
+class Request:
+    """One generation request as the scheduler sees it."""
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "priority", "tenant", "arrival_seq",
+        "output_token_ids", "num_computed_tokens", "status", "finish_reason", "metrics",
+        "eos_token_ids", "stop_reason", "num_cached_tokens",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        tenant: str = "default",
+        arrival_seq: int = 0,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.priority = priority
+        self.tenant = tenant
+        self.arrival_seq = arrival_seq  # tie-breaker among equal arrival times
+        self.eos_token_ids = eos_token_ids
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time, prompt_tokens=len(self.prompt_token_ids))
+
+    @property
+    def arrival_time(self) -> float:
+        return self.metrics.arrival_time
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus the most tokens it may generate: the KV it can ever need."""
+        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens not yet in the KV cache (the one token rule)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, prio={self.priority}, status={self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,256 @@
+"""Scheduler and block pool: unit cases and hypothesis property tests with a fake executor."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pacer.clock import VirtualClock
+from pacer.config import SchedulerConfig
+from pacer.core.kv_manager import KVCacheManager
+from pacer.core.scheduler import Scheduler
+from pacer.engine import Engine
+from pacer.config import EngineConfig
+from pacer.request import Request, SamplingParams
+from tests.fakes import FakeExecutor, next_token
+
+EOS = 7
+
+
+def make_engine(*, num_blocks=64, block_size=4, max_len=256, **sched) -> tuple[Engine, FakeExecutor]:
+    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **sched)
+    ex = FakeExecutor(block_size)
+    eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
+                 eos_token_ids=(EOS,), clock=VirtualClock(), vocab_size=1000)
+    ex.scheduler = eng.scheduler
+    return eng, ex
+
+
+def reference_output(prompt: list[int], params: SamplingParams) -> list[int]:
+    seq = list(prompt)
+    out: list[int] = []
+    while True:
+        t = next_token(seq, 1000)
+        seq.append(t)
+        out.append(t)
+        if len(out) >= params.max_tokens:
+            return out
+        if len(out) >= params.min_tokens and not params.ignore_eos and t == EOS:
+            return out
+
+
+def run(eng: Engine, ex: FakeExecutor, max_steps: int = 10_000):
+    finals = {}
+    steps = 0
+    sched = eng.scheduler
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                finals[o.request_id] = o
+        out = ex.steps[-1] if ex.steps else None
+        if out is not None:
+            assert out.num_scheduled_tokens <= sched.max_num_batched_tokens
+            assert len(out.scheduled) <= sched.config.max_num_seqs
+        assert sched.num_running <= sched.config.max_num_seqs
+        sched.check_invariants()
+        if isinstance(eng.clock, VirtualClock):
+            eng.clock.advance(0.01)
+        steps += 1
+        assert steps < max_steps, "no progress: a request waits forever"
+    return finals
+
+
+def test_chunked_prefill_is_decode_first_and_within_budget():
+    eng, ex = make_engine(max_num_batched_tokens=16, num_blocks=128)
+    p = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(10, 14)), p, request_id="short")
+    eng.step()  # prefill short (4 tokens) -> first token
+    eng.add_request(list(range(100, 160)), p, request_id="long")  # 60 tokens: 4 chunks
+    eng.step()
+    last = ex.steps[-1]
+    assert last.scheduled[0].request_id == "short" and not last.scheduled[0].is_prefill
+    assert last.scheduled[1].request_id == "long" and last.scheduled[1].num_tokens == 15
+    finals = run(eng, ex)
+    assert finals["long"].token_ids == reference_output(list(range(100, 160)), p)
+    for out in ex.steps:
+        assert out.num_scheduled_tokens <= 16
+
+
+def test_classic_mode_prefills_whole_prompts_in_prefill_only_steps():
+    eng, ex = make_engine(enable_chunked_prefill=False, num_blocks=128, max_len=128)
+    p = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 50)), p, request_id="a")
+    eng.step()
+    eng.add_request(list(range(1, 90)), p, request_id="b")
+    eng.step()
+    out = ex.steps[-1]
+    assert [s.request_id for s in out.scheduled] == ["b"] and out.scheduled[0].num_tokens == 89
+    run(eng, ex)
+    for out in ex.steps:
+        kinds = {s.is_prefill for s in out.scheduled}
+        assert len(kinds) == 1, "classic mode never mixes prefill and decode"
+
+
+def test_max_num_seqs_caps_running():
+    eng, ex = make_engine(max_num_seqs=2)
+    p = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    for i in range(5):
+        eng.add_request([i + 1, i + 2], p)
+    run(eng, ex)
+    assert max(len(o.scheduled) for o in ex.steps) == 2
+
+
+def test_preemption_by_recompute_keeps_outputs_and_counts():
+    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48)
+    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    prompts = {f"r{i}": [i * 10 + j for j in range(1, 9)] for i in range(4)}
+    for rid, pr in prompts.items():
+        eng.add_request(pr, p, request_id=rid)
+    finals = run(eng, ex)
+    assert eng.scheduler.num_preemptions > 0
+    assert sum(o.metrics.preemptions for o in finals.values()) == eng.scheduler.num_preemptions
+    for rid, pr in prompts.items():
+        assert finals[rid].token_ids == reference_output(pr, p)
+    # the victim is the latest arrival (fcfs): r0 is never preempted
+    assert finals["r0"].metrics.preemptions == 0
+    assert eng.kv.pool.num_free_blocks == eng.kv.num_blocks
+
+
+def test_priority_waiting_request_preempts_lowest_priority_running():
+    eng, ex = make_engine(max_num_seqs=2, scheduling_policy="priority")
+    p = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    eng.add_request([1, 2, 3], p, request_id="low1", priority=5)
+    eng.add_request([4, 5, 6], p, request_id="low2", priority=9)
+    for _ in range(3):
+        eng.step()
+    eng.add_request([7, 8, 9], p, request_id="high", priority=0)
+    eng.step()
+    out = ex.steps[-1]
+    assert "low2" in out.preempted_ids
+    assert {s.request_id for s in out.scheduled} == {"low1", "high"}
+    finals = run(eng, ex)
+    assert finals["low2"].metrics.preemptions == 1
+    assert finals["low2"].token_ids == reference_output([4, 5, 6], p)
+
+
+def test_priority_preemption_when_kv_is_what_blocks():
+    eng, ex = make_engine(num_blocks=8, block_size=4, max_len=32, scheduling_policy="priority")
+    p = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 17)), p, request_id="low", priority=3)  # 16 tokens: 4 blocks + growth
+    eng.step()
+    eng.add_request(list(range(30, 46)), p, request_id="high", priority=1)
+    eng.step()
+    assert "low" in ex.steps[-1].preempted_ids
+    finals = run(eng, ex)
+    assert finals["high"].metrics.finish_time < finals["low"].metrics.finish_time
+    assert finals["low"].token_ids == reference_output(list(range(1, 17)), p)
+
+
+def test_preempted_request_keeps_its_place_by_arrival():
+    sched_cfg = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64)
+    clock = VirtualClock()
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    s = Scheduler(sched_cfg, kv, clock)
+    p = SamplingParams(max_tokens=4)
+    reqs = [Request(f"r{i}", [1, 2, 3], p, arrival_time=float(i), arrival_seq=i) for i in range(3)]
+    for r in reqs:
+        s.add_request(r)
+    s.schedule()
+    s._preempt(__import__("pacer.core.scheduler", fromlist=["_Step"])._Step(
+        __import__("pacer.core.scheduler", fromlist=["_Budget"])._Budget(0, 0)), reqs[1])
+    late = Request("late", [1], p, arrival_time=10.0, arrival_seq=9)
+    s.add_request(late)
+    assert [r.request_id for r in s.waiting] == ["r1", "late"]
+
+
+def test_refuses_requests_that_can_never_fit():
+    eng, _ = make_engine(num_blocks=4, block_size=4, max_len=64)
+    with pytest.raises(ValueError, match="max_model_len=64"):
+        eng.add_request(list(range(1, 60)), SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="KV cache capacity"):
+        eng.add_request(list(range(1, 15)), SamplingParams(max_tokens=5))
+
+
+def test_abort_frees_blocks_and_others_finish():
+    eng, ex = make_engine()
+    p = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    eng.add_request([1, 2, 3, 4, 5], p, request_id="keep")
+    eng.add_request([6, 7, 8], p, request_id="gone")
+    eng.step()
+    eng.abort_request("gone")
+    outs = eng.step()
+    aborted = [o for o in outs if o.request_id == "gone"]
+    assert aborted and aborted[0].finish_reason == "abort"
+    finals = run(eng, ex)
+    assert finals["keep"].token_ids == reference_output([1, 2, 3, 4, 5], p)
+    assert eng.kv.pool.num_free_blocks == eng.kv.num_blocks
+
+
+requests_strategy = st.lists(
+    st.tuples(
+        st.integers(1, 40),      # prompt length
+        st.integers(1, 12),      # max_tokens
+        st.integers(0, 6),       # arrival step
+        st.integers(0, 3),       # priority
+        st.integers(0, 30),      # abort after this many steps (30 = never)
+        st.integers(0, 10_000),  # token seed
+    ),
+    min_size=1, max_size=10,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=requests_strategy,
+    chunked=st.booleans(),
+    budget=st.integers(1, 48),
+    max_num_seqs=st.integers(1, 6),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    extra_blocks=st.integers(0, 30),
+    policy=st.sampled_from(["fcfs", "priority", "sjf"]),
+)
+def test_property_invariants_and_exact_outputs(reqs, chunked, budget, max_num_seqs, block_size,
+                                                extra_blocks, policy):
+    max_len = 64
+    num_blocks = -(-max_len // block_size) + extra_blocks
+    kwargs = dict(max_num_seqs=max_num_seqs, scheduling_policy=policy, enable_chunked_prefill=chunked)
+    kwargs["max_num_batched_tokens"] = budget if chunked else max_len + budget
+    eng, ex = make_engine(num_blocks=num_blocks, block_size=block_size, max_len=max_len, **kwargs)
+    expected = {}
+    aborts = {}
+    pending = sorted(enumerate(reqs), key=lambda x: x[1][2])
+    step = 0
+    finals = {}
+    while pending or eng.has_unfinished_requests():
+        while pending and pending[0][1][2] <= step:
+            i, (plen, max_tokens, _, prio, abort_after, seed) = pending.pop(0)
+            prompt = [(seed + 13 * j) % 997 + 1 for j in range(plen)]
+            p = SamplingParams(max_tokens=max_tokens, temperature=0)
+            eng.add_request(prompt, p, request_id=f"r{i}", priority=prio)
+            expected[f"r{i}"] = reference_output(prompt, p)
+            if abort_after < 30:
+                aborts[f"r{i}"] = step + abort_after
+        for rid, at in list(aborts.items()):
+            if at == step:
+                eng.abort_request(rid)
+                del aborts[rid]
+        for o in eng.step():
+            if o.finished:
+                finals[o.request_id] = o
+        sched = eng.scheduler
+        if ex.steps:
+            assert ex.steps[-1].num_scheduled_tokens <= sched.max_num_batched_tokens
+        assert sched.num_running <= max_num_seqs
+        sched.check_invariants()
+        eng.clock.advance(0.01)
+        step += 1
+        assert step < 5_000, "no progress"
+    assert set(finals) == set(expected)
+    for rid, out in finals.items():
+        if out.finish_reason == "abort":
+            assert out.token_ids == expected[rid][: len(out.token_ids)]
+        else:
+            assert out.token_ids == expected[rid], rid
+    assert eng.kv.pool.num_free_blocks == num_blocks
+    assert not eng.kv.block_tables
