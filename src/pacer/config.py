@@ -83,7 +83,7 @@ class CacheConfig:
     block_size: int = field(default=16, metadata={"help": "Tokens per KV block."})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "KV budget as a block count."})
     kv_cache_memory: int | str | None = field(
-        default=None, metadata={"help": "KV budget in bytes or as '2GiB' (default 2GiB when num_kv_blocks is unset)."}
+        default=None, metadata={"help": "KV budget in bytes or as '2GiB' (default 1GiB when num_kv_blocks is unset)."}
     )
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
     swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
@@ -102,7 +102,7 @@ class CacheConfig:
     def resolve_num_blocks(self, bytes_per_token: int) -> int:
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
-        mem = parse_memory_size(self.kv_cache_memory if self.kv_cache_memory is not None else "2GiB",
+        mem = parse_memory_size(self.kv_cache_memory if self.kv_cache_memory is not None else "1GiB",
                                 "kv_cache_memory")
         n = mem // (bytes_per_token * self.block_size)
         if n < 1:
