@@ -34,6 +34,18 @@ class FakeExecutor:
         self.slots: dict[int, tuple[int, int]] = {}
         self.tables: dict[str, list[int]] = {}
         self.steps: list[SchedulerOutput] = []
+        self.cpu: dict[int, list[tuple[int, int] | None]] = {}   # swap tier: cpu slot -> block contents
+
+    def _swap(self, out: SchedulerOutput) -> None:
+        bs = self.block_size
+        for dev, slot in getattr(out, "swap_out", ()):
+            self.cpu[slot] = [self.slots.get(dev * bs + i) for i in range(bs)]
+        for slot, dev in getattr(out, "swap_in", ()):
+            for i, content in enumerate(self.cpu.pop(slot)):
+                if content is None:
+                    self.slots.pop(dev * bs + i, None)
+                else:
+                    self.slots[dev * bs + i] = content
 
     def _slot(self, table: list[int], p: int) -> int:
         return table[p // self.block_size] * self.block_size + p % self.block_size
@@ -41,6 +53,7 @@ class FakeExecutor:
     def execute(self, out: SchedulerOutput) -> FakeResult:
         assert self.scheduler is not None
         self.steps.append(out)
+        self._swap(out)
         for rid in (*out.finished_ids, *out.preempted_ids):
             self.tables.pop(rid, None)
         sampled: dict[str, int] = {}

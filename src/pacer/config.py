@@ -87,9 +87,50 @@ class CacheConfig:
     )
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
     swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
+    num_cpu_blocks: int | None = field(
+        default=None, metadata={"help": "CPU swap tier as a block count (overrides swap_space)."})
+    eviction_policy: str = field(
+        default="lru",
+        metadata={"help": "Prefix-cache eviction: lru | weighted-lru (per-tenant tenant_weights) | ttl "
+                          "(lru, and nodes idle longer than cache_ttl are dropped; default 1800 s)."})
+    tenant_isolation: str = field(
+        default="shared",
+        metadata={"help": "shared (one cache for all tenants) | isolated (a tenant matches only its own "
+                          "and public prefixes) | partitioned (isolated + hard per-tenant tenant_quotas)."})
+    tenant_weights: dict[str, float] | None = field(
+        default=None,
+        metadata={"help": "weighted-lru weights, e.g. 'gold=4,free=1' (default 1): a weight-w tenant's "
+                          "prefixes outlive ~w-1 turnovers of weight-1 churn."})
+    tenant_quotas: dict[str, int] | None = field(
+        default=None,
+        metadata={"help": "partitioned: most cached blocks per tenant, e.g. 'a=512,b=256,*=128' ('*': "
+                          "all unlisted tenants together; default 0 = they cache nothing)."})
+    cache_ttl: float | None = field(
+        default=None, metadata={"help": "Drop prefix-cache nodes idle longer than this many seconds (any policy)."})
 
     def validate(self) -> None:
         _positive_int("block_size", self.block_size)
+        if self.num_cpu_blocks is not None:
+            _non_negative_int("num_cpu_blocks", self.num_cpu_blocks)
+        _choice("eviction_policy", self.eviction_policy, ("lru", "weighted-lru", "ttl"))
+        _choice("tenant_isolation", self.tenant_isolation, ("shared", "isolated", "partitioned"))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if self.cache_ttl is not None:
+            if isinstance(self.cache_ttl, bool) or not isinstance(self.cache_ttl, int | float) or self.cache_ttl <= 0:
+                raise ValueError(f"cache_ttl must be > 0 seconds, got {self.cache_ttl!r}")
+        for name, value in (("tenant_weights", self.tenant_weights), ("tenant_quotas", self.tenant_quotas)):
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"{name} must be a dict of tenant -> number, got {value!r}")
+        for tenant, w in (self.tenant_weights or {}).items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or w <= 0:
+                raise ValueError(f"tenant_weights[{tenant!r}] must be a number > 0, got {w!r}")
+        for tenant, q in (self.tenant_quotas or {}).items():
+            _non_negative_int(f"tenant_quotas[{tenant!r}]", q)
+        if self.tenant_weights and self.eviction_policy != "weighted-lru":
+            raise ValueError("tenant_weights apply only with eviction_policy='weighted-lru'")
+        if self.tenant_quotas and self.tenant_isolation != "partitioned":
+            raise ValueError("tenant_quotas apply only with tenant_isolation='partitioned'")
         if self.num_kv_blocks is not None:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory is not None:
@@ -188,6 +229,13 @@ def _positive_int(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _non_negative_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -96,7 +96,9 @@ class Engine:
         self.config = config
         self.clock: Clock = clock or WallClock()
         self.scheduler_config = config.scheduler.resolved(model_max_len)
-        self.kv = KVCacheManager(num_kv_blocks, config.cache.block_size)
+        self.kv = KVCacheManager.from_config(config.cache, num_kv_blocks, self.clock.now,
+                                             block_bytes=getattr(executor, "kv_block_bytes", None),
+                                             max_model_len=self.scheduler_config.max_model_len)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock)
         self.executor = executor
         self.tokenizer = tokenizer
@@ -228,6 +230,7 @@ class Engine:
         """One iteration: schedule -> execute -> update. Returns outputs of requests that
         gained tokens or finished."""
         outputs = self._drain_inbox()
+        self.kv.drop_expired()
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -315,6 +318,56 @@ class Engine:
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
+        /metrics and reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
+        kv, st = self.kv, self.kv.stats
+        block_bytes = int(getattr(self.executor, "kv_block_bytes", 0) or 0)
+        cpu = kv.cpu_pool
+        return {
+            "prefix_caching": kv.cache is not None,
+            "num_blocks": kv.num_blocks,
+            "free_blocks": kv.pool.num_free_blocks,
+            "cached_blocks": kv.num_cached_blocks,
+            "evictable_blocks": kv.cache.num_evictable_blocks if kv.cache else 0,
+            "pinned_prefixes": len(kv.pins),
+            "kv_usage": kv.usage,
+            "prefix_cache_queried_tokens": st.queried_tokens,
+            "prefix_cache_hit_tokens": st.hit_tokens,
+            "prefix_cache_hit_rate": st.hit_rate,
+            "evicted_blocks": dict(st.evicted_blocks),
+            "swap_out_requests": st.swap_out_requests,
+            "swap_in_requests": st.swap_in_requests,
+            "swap_out_bytes": st.swap_out_blocks * block_bytes,
+            "swap_in_bytes": st.swap_in_blocks * block_bytes,
+            "swap_fallbacks": st.swap_fallbacks,
+            "cpu_blocks": cpu.num_blocks if cpu else 0,
+            "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
+            "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
+                            "swap": self.scheduler.num_swap_preemptions},
+        }
+
+    def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
+                tenant: str = "default", pin: bool = True) -> list[int]:
+        """Compute `prompts` (e.g. system prompts, tool definitions) into the prefix cache now,
+        pinned (never evicted until `kv.unpin`) and, when `public`, visible to every tenant
+        even under tenant isolation. Steps the engine until they finish: call it at start-up,
+        from the thread that steps the engine. Returns the cached tokens of each prompt."""
+        if self.kv.cache is None:
+            raise ValueError("prewarm needs enable_prefix_caching=True")
+        ids = []
+        for prompt in prompts:
+            rid = self.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0), tenant=tenant)
+            self.kv.mark_prewarm(rid, public=public, pin=pin)
+            ids.append(rid)
+        wanted = set(ids)
+        while wanted:
+            if not self.has_unfinished_requests():
+                raise RuntimeError(f"engine stopped with prewarm requests unfinished: {sorted(wanted)[:5]}")
+            wanted -= {o.request_id for o in self.step() if o.finished}
+        bs = self.kv.block_size
+        return [len(self.tokenize_prompt(p)) // bs * bs for p in prompts]
 
     def run_until_done(self) -> list[RequestOutput]:
         """Step until every queued request finished; returns the final outputs."""

@@ -39,6 +39,10 @@ class SchedulerOutput:
     num_decode_tokens: int
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # ended since the previous step
+    # KV copies to run before this step's forward, swap-outs first: (device block, cpu slot)
+    # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

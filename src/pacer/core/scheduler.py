@@ -80,6 +80,7 @@ class Scheduler:
         self._finished_since_step: list[str] = []
         self._step_id = 0
         self.num_preemptions = 0
+        self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
 
     # ------------------------------------------------------------------ admission / exit
 
@@ -183,17 +184,19 @@ class Scheduler:
                 if self._make_room_for(step, req):
                     continue
                 return
-            if req.num_computed_tokens == 0 and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
-                cached = self.kv.match_prefix(req)
-                req.num_computed_tokens = cached
-                req.num_cached_tokens = cached
-                req.metrics.cached_tokens = cached
+            matched = req.num_computed_tokens == 0  # new, or resuming after recompute preemption
+            if matched:
+                req.num_computed_tokens = self.kv.match_prefix(req)
+                if req.metrics.preemptions == 0 and req.num_output_tokens == 0:
+                    req.num_cached_tokens = req.metrics.cached_tokens = req.num_computed_tokens
             n = req.num_remaining_tokens
             if not chunked and n > step.budget.tokens_left:
+                self._cancel_match(req, matched)
                 return
             n = min(n, step.budget.tokens_left)
             blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
+                self._cancel_match(req, matched)
                 if self._make_room_for(step, req):
                     continue
                 return
@@ -203,6 +206,12 @@ class Scheduler:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = self.clock.now()
             step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
+
+    def _cancel_match(self, req: Request, matched: bool) -> None:
+        """A waiting request holds no device blocks: give back a prefix hit it cannot use yet."""
+        if matched:
+            self.kv.cancel_match(req)
+            req.num_computed_tokens = 0
 
     def _make_room_for(self, step: _Step, head: Request) -> bool:
         """Priority policy: preempt the worst running request if `head` outranks it.
@@ -218,8 +227,11 @@ class Scheduler:
     def _preempt(self, step: _Step, req: Request) -> None:
         step.undo(req)
         self.running.remove(req)
-        self.kv.free(req)
-        req.num_computed_tokens = 0
+        if self.config.preemption_mode == "swap" and self.kv.swap_out(req):
+            self.num_swap_preemptions += 1   # keeps num_computed_tokens: its KV waits on the CPU tier
+        else:
+            self.kv.free(req)                # caches its full blocks, so the resume may hit them
+            req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.metrics.preemptions += 1
         self.num_preemptions += 1
@@ -253,9 +265,11 @@ class Scheduler:
             else:
                 num_decode += n
         finished, self._finished_since_step = self._finished_since_step, []
+        swap_out, swap_in = self.kv.take_swap_ops()
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
+            swap_out=swap_out, swap_in=swap_in,
         )
         self._step_id += 1
         return out

@@ -43,6 +43,27 @@ class ModelExecutor:
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
         self._states: dict[str, _ReqState] = {}
+        self._cpu_blocks: dict[int, torch.Tensor] = {}   # swap tier: cpu slot -> [layers, 2, block...]
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block over all layers (sizes the CPU swap tier)."""
+        return self.model.kv_bytes_per_token * self.block_size
+
+    def _apply_swaps(self, out: SchedulerOutput) -> None:
+        """Copy preempted requests' blocks to the CPU tier, then restore resumed ones; both
+        before the forward, which may reuse the blocks just swapped out."""
+        if out.swap_out:
+            idx = torch.tensor([d for d, _ in out.swap_out], device=self.device)
+            saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
+            for i, (_, slot) in enumerate(out.swap_out):
+                self._cpu_blocks[slot] = saved[:, :, i].clone()
+        if out.swap_in:
+            idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
+            blocks = torch.stack([self._cpu_blocks.pop(slot) for slot, _ in out.swap_in], dim=2).to(self.device)
+            for layer, (k, v) in enumerate(self.kv_caches):
+                k.index_copy_(0, idx, blocks[layer, 0])
+                v.index_copy_(0, idx, blocks[layer, 1])
 
     def _sync_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_ids:
@@ -58,6 +79,7 @@ class ModelExecutor:
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         t0 = time.perf_counter()
+        self._apply_swaps(out)
         self._sync_states(out)
         if not out.scheduled:
             return ExecutorOutput({}, {"prepare": time.perf_counter() - t0, "forward": 0.0, "sample": 0.0})

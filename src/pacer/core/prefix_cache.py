@@ -1,0 +1,431 @@
+"""Prefix cache: a radix tree over full KV blocks. Pure Python; no requests, no pool.
+
+Contract (handle-based): `match_prefix` -> `lock(handle)` -> ... -> `insert` -> `unlock`.
+`evict(n)` / `expire()` return the block ids they dropped; the cache never frees blocks and
+never reads or writes request fields — the KV manager owns both. A node holds exactly one
+reference on each of its blocks (the KV manager takes it when `insert` reports adoption).
+
+Each node carries a run of whole blocks (token ids + block ids) and an `owner`: the tenant
+namespace whose requests may match it (`PUBLIC` = everyone). Children are keyed by
+(owner, first block's tokens), so a tenant sees only its own and public branches. A node is
+split when a match or insert diverges inside it.
+
+Lock counts propagate to the root, and evictable / protected block counts are kept
+incrementally (per eviction group too), so "how many blocks could I get?" is O(1).
+Eviction takes blocks from the tail of the best unlocked leaf under a small key function
+(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
+
+PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
+EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
+
+Key = tuple[float, int]
+
+
+class _Node:
+    __slots__ = ("id", "parent", "owner", "group", "key", "tokens", "block_ids", "children", "lock_ref",
+                 "last_access", "tick", "priority", "version", "is_leaf_candidate")
+
+    def __init__(self, node_id: int, parent: _Node | None, owner: str, group: str,
+                 tokens: list[int], block_ids: list[int]) -> None:
+        self.id = node_id
+        self.parent = parent
+        self.owner = owner
+        self.group = group
+        self.key: tuple[str, tuple[int, ...]] = (owner, ())  # its key in parent.children
+        self.tokens = tokens
+        self.block_ids = block_ids
+        self.children: dict[tuple[str, tuple[int, ...]], _Node] = {}
+        self.lock_ref = 0
+        self.last_access = 0.0
+        self.tick = 0
+        self.priority = 0.0
+        self.version = 0
+        self.is_leaf_candidate = False  # in its group's evictable-leaf set
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Handle of a match: the deepest matched node and the blocks along its path."""
+
+    node: _Node
+    block_ids: tuple[int, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
+def _lru_key(node: _Node) -> Key:
+    return (node.last_access, node.tick)
+
+
+def _weighted_key(node: _Node) -> Key:
+    return (node.priority, node.tick)
+
+
+_KEYS: dict[str, Callable[[_Node], Key]] = {"lru": _lru_key, "ttl": _lru_key, "weighted-lru": _weighted_key}
+
+
+class PrefixCache:
+    """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
+
+    weighted-lru is GreedyDual: on access a node's priority becomes max(priority, L + weight)
+    of the accessing tenant, and L rises to the priority of each evicted node. A weight-w
+    node outlives ~(w - 1) turnovers of weight-1 churn without being touched; with equal
+    weights it is plain LRU.
+    """
+
+    def __init__(self, block_size: int, now: Callable[[], float], eviction_policy: str = "lru",
+                 tenant_weights: Mapping[str, float] | None = None, ttl: float | None = None,
+                 group_of: Callable[[str], str] | None = None) -> None:
+        if eviction_policy not in _KEYS:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"cache_ttl must be > 0 seconds, got {ttl}")
+        self.block_size = block_size
+        self.policy = eviction_policy
+        self._key = _KEYS[eviction_policy]
+        self._now = now
+        self._weights = dict(tenant_weights or {})
+        self.ttl = ttl
+        self._group_of = group_of or (lambda owner: PUBLIC)
+        self._ids = itertools.count(1)
+        self._ticks = itertools.count(1)
+        self.root = _Node(0, None, PUBLIC, PUBLIC, [], [])
+        self.root.lock_ref = 1  # never evicted, never a leaf candidate
+        self._inflation = 0.0
+        self._leaves: dict[str, set[_Node]] = {}
+        self._heaps: dict[str, list[tuple[Key, int, int, _Node]]] = {}
+        self.num_cached_blocks = 0
+        self.num_evictable_blocks = 0
+        self._cached_by_group: dict[str, int] = {}
+        self._evictable_by_group: dict[str, int] = {}
+        self._pinned: dict[int, tuple[_Node, int]] = {}  # node id -> (node, pin count)
+        self._next_expiry_scan = float("-inf")
+
+    # ------------------------------------------------------------------ queries
+
+    def cached_blocks(self, group: str) -> int:
+        return self._cached_by_group.get(group, 0)
+
+    def evictable_blocks(self, groups: Sequence[str] | None = None) -> int:
+        if groups is None:
+            return self.num_evictable_blocks
+        return sum(self._evictable_by_group.get(g, 0) for g in groups)
+
+    @property
+    def num_protected_blocks(self) -> int:
+        return self.num_cached_blocks - self.num_evictable_blocks
+
+    @property
+    def num_pinned_nodes(self) -> int:
+        return len(self._pinned)
+
+    def iter_nodes(self) -> Iterator[_Node]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ------------------------------------------------------------------ match / insert
+
+    def match_prefix(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int,
+                     tenant: str = PUBLIC) -> PrefixMatch:
+        """Longest cached run of whole blocks (at most `max_blocks`) visible to `owners`.
+        Splits a node when the match ends inside it; touches the matched path."""
+        bs = self.block_size
+        limit = min(len(token_ids) // bs, max_blocks)
+        node = self.root
+        blocks: list[int] = []
+        while len(blocks) < limit:
+            pos = len(blocks) * bs
+            child = self._child(node, owners, token_ids[pos:pos + bs])
+            if child is None:
+                break
+            k = self._common_blocks(child, token_ids, pos, limit - len(blocks))
+            if k < len(child.block_ids):
+                child = self._split(child, k)
+            blocks.extend(child.block_ids)
+            node = child
+        self._touch(node, tenant)
+        return PrefixMatch(node, tuple(blocks))
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
+               tenant: str = PUBLIC) -> tuple[list[int], PrefixMatch]:
+        """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens
+        [i*bs, (i+1)*bs)). Returns the block ids newly adopted (the caller adds one ref to
+        each) and a handle to the deepest node of the path. Blocks already cached for the
+        same tokens are kept; the caller's duplicates are not adopted."""
+        bs = self.block_size
+        n = min(len(token_ids) // bs, len(block_ids))
+        owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
+        node, done, adopted = self.root, 0, []
+        while done < n:
+            pos = done * bs
+            child = self._child(node, owners, token_ids[pos:pos + bs])
+            if child is None:
+                child = self._add_child(node, owner, list(token_ids[pos:n * bs]), list(block_ids[done:n]))
+                adopted = list(block_ids[done:n])
+                node = child
+                break
+            k = self._common_blocks(child, token_ids, pos, n - done)
+            if k < len(child.block_ids):
+                child = self._split(child, k)
+            done += k
+            node = child
+        self._touch(node, tenant)
+        path = self._path_blocks(node)
+        return adopted, PrefixMatch(node, tuple(path))
+
+    def _child(self, node: _Node, owners: Sequence[str], first: Sequence[int]) -> _Node | None:
+        key_tokens = tuple(first)
+        for owner in owners:
+            child = node.children.get((owner, key_tokens))
+            if child is not None:
+                return child
+        return None
+
+    def _common_blocks(self, node: _Node, token_ids: Sequence[int], pos: int, most: int) -> int:
+        bs = self.block_size
+        k, n = 1, min(len(node.block_ids), most)  # the first block matched by key
+        while k < n and node.tokens[k * bs:(k + 1) * bs] == list(token_ids[pos + k * bs:pos + (k + 1) * bs]):
+            k += 1
+        return k
+
+    def _path_blocks(self, node: _Node) -> list[int]:
+        parts: list[list[int]] = []
+        while node.parent is not None:
+            parts.append(node.block_ids)
+            node = node.parent
+        return [b for part in reversed(parts) for b in part]
+
+    def _add_child(self, parent: _Node, owner: str, tokens: list[int], block_ids: list[int]) -> _Node:
+        group = self._group_of(owner)
+        child = _Node(next(self._ids), parent, owner, group, tokens, block_ids)
+        child.key = (owner, tuple(tokens[:self.block_size]))
+        parent.children[child.key] = child
+        self._set_leaf_candidate(parent, False)
+        n = len(block_ids)
+        self.num_cached_blocks += n
+        self.num_evictable_blocks += n
+        self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
+        self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
+        self._set_leaf_candidate(child, True)
+        return child
+
+    def _split(self, node: _Node, k: int) -> _Node:
+        """Cut `node` after k blocks; returns the new upper part (the matched prefix).
+        Handles to `node` stay valid: it keeps the tail, and the new parent copies its lock."""
+        bs = self.block_size
+        parent = node.parent
+        if parent is None:
+            raise ValueError("cannot split the root")
+        upper = _Node(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
+        upper.lock_ref = node.lock_ref
+        upper.last_access, upper.tick, upper.priority = node.last_access, node.tick, node.priority
+        upper.key = node.key
+        parent.children[upper.key] = upper
+        node.tokens = node.tokens[k * bs:]
+        node.block_ids = node.block_ids[k:]
+        node.parent = upper
+        node.key = (node.owner, tuple(node.tokens[:bs]))
+        upper.children[node.key] = node
+        return upper
+
+    def _touch(self, node: _Node, tenant: str) -> None:
+        now = self._now()
+        floor = self._inflation + self._weights.get(tenant, 1.0)
+        while node.parent is not None:
+            node.last_access = now
+            node.tick = next(self._ticks)
+            node.priority = max(node.priority, floor)
+            if node.is_leaf_candidate:
+                self._push(node)
+            node = node.parent
+
+    # ------------------------------------------------------------------ lock / pin
+
+    def lock(self, handle: PrefixMatch) -> None:
+        """Protect the handle's path from eviction until `unlock`."""
+        node: _Node | None = handle.node
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self._move_evictable(node, -len(node.block_ids))
+                self._set_leaf_candidate(node, False)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, handle: PrefixMatch) -> None:
+        node: _Node | None = handle.node
+        while node is not None and node.parent is not None:
+            if node.lock_ref <= 0:
+                raise ValueError(f"unlock of unlocked node {node.id}")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._move_evictable(node, len(node.block_ids))
+                if not node.children:
+                    self._set_leaf_candidate(node, True)
+            node = node.parent
+
+    def pin(self, handle: PrefixMatch) -> None:
+        """Keep the handle's path until `unpin` (a lock with no owner request)."""
+        if handle.node.parent is None:
+            return
+        self.lock(handle)
+        node, count = self._pinned.get(handle.node.id, (handle.node, 0))
+        self._pinned[node.id] = (node, count + 1)
+
+    def unpin(self, handle: PrefixMatch) -> None:
+        entry = self._pinned.get(handle.node.id)
+        if entry is None:
+            raise ValueError("unpin of a prefix that is not pinned")
+        node, count = entry
+        if count == 1:
+            del self._pinned[node.id]
+        else:
+            self._pinned[node.id] = (node, count - 1)
+        self.unlock(handle)
+
+    def _move_evictable(self, node: _Node, delta: int) -> None:
+        self.num_evictable_blocks += delta
+        self._evictable_by_group[node.group] = self._evictable_by_group.get(node.group, 0) + delta
+
+    # ------------------------------------------------------------------ eviction
+
+    def _set_leaf_candidate(self, node: _Node, on: bool) -> None:
+        on = on and node.parent is not None and node.lock_ref == 0 and not node.children
+        if on == node.is_leaf_candidate:
+            return
+        node.is_leaf_candidate = on
+        leaves = self._leaves.setdefault(node.group, set())
+        if on:
+            leaves.add(node)
+            self._push(node)
+        else:
+            leaves.discard(node)
+
+    def _push(self, node: _Node) -> None:
+        node.version += 1
+        heap = self._heaps.setdefault(node.group, [])
+        heapq.heappush(heap, (self._key(node), node.id, node.version, node))
+        if len(heap) > 4 * len(self._leaves.get(node.group, ())) + 64:
+            live = [(self._key(n), n.id, n.version, n) for n in self._leaves[node.group]]
+            heapq.heapify(live)
+            self._heaps[node.group] = live
+
+    def _peek(self, group: str) -> _Node | None:
+        heap = self._heaps.get(group)
+        while heap:
+            _, _, version, node = heap[0]
+            if node.is_leaf_candidate and node.version == version:
+                return node
+            heapq.heappop(heap)
+        return None
+
+    def evict(self, n: int, groups: Sequence[str] | None = None) -> list[int]:
+        """Drop up to n blocks from unlocked, unpinned leaves (tail blocks first) of the
+        given eviction groups (all when None), best key first. Returns the dropped block ids;
+        the caller releases the cache's reference on each."""
+        scope = list(self._heaps) if groups is None else list(groups)
+        freed: list[int] = []
+        while len(freed) < n:
+            best: _Node | None = None
+            for g in scope:
+                cand = self._peek(g)
+                if cand is not None and (best is None or self._key(cand) < self._key(best)):
+                    best = cand
+            if best is None:
+                break
+            if self.policy == "weighted-lru":
+                self._inflation = max(self._inflation, best.priority)
+            freed.extend(self._trim(best, n - len(freed)))
+        return freed
+
+    def _trim(self, node: _Node, most: int) -> list[int]:
+        """Remove up to `most` blocks from the tail of an evictable leaf."""
+        take = min(most, len(node.block_ids))
+        dropped = node.block_ids[-take:]
+        node.block_ids = node.block_ids[:-take]
+        node.tokens = node.tokens[:len(node.block_ids) * self.block_size]
+        self.num_cached_blocks -= take
+        self._cached_by_group[node.group] -= take
+        self._move_evictable(node, -take)
+        if not node.block_ids:
+            self._set_leaf_candidate(node, False)
+            parent = node.parent
+            if parent is not None:
+                del parent.children[node.key]
+                self._set_leaf_candidate(parent, True)
+        return dropped
+
+    def expire(self) -> list[int]:
+        """Drop every unlocked leaf idle longer than the TTL (repeatedly, so idle parents
+        follow). Scans at most ~10 times per TTL period. Returns the dropped block ids."""
+        if self.ttl is None:
+            return []
+        now = self._now()
+        if now < self._next_expiry_scan:
+            return []
+        self._next_expiry_scan = now + self.ttl / 10
+        deadline = now - self.ttl
+        freed: list[int] = []
+        stack = [n for leaves in self._leaves.values() for n in leaves if n.last_access < deadline]
+        while stack:
+            node = stack.pop()
+            if not node.is_leaf_candidate or node.last_access >= deadline:
+                continue
+            parent = node.parent
+            freed.extend(self._trim(node, len(node.block_ids)))
+            if parent is not None and parent.is_leaf_candidate:
+                stack.append(parent)
+        return freed
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """Counts match the tree; lock refs cover locks below; leaf sets exact; owners nest."""
+        cached = evictable = 0
+        by_group: dict[str, int] = {}
+        self._check_children(self.root)
+        for node in self.iter_nodes():
+            n = len(node.block_ids)
+            if n == 0 or len(node.tokens) != n * self.block_size:
+                raise AssertionError(f"node {node.id}: {n} blocks, {len(node.tokens)} tokens")
+            cached += n
+            by_group[node.group] = by_group.get(node.group, 0) + n
+            child_locks = sum(c.lock_ref for c in node.children.values())
+            if node.lock_ref < child_locks:
+                raise AssertionError(f"node {node.id}: lock_ref {node.lock_ref} < children's {child_locks}")
+            if node.lock_ref == 0:
+                evictable += n
+            want_leaf = node.lock_ref == 0 and not node.children
+            if node.is_leaf_candidate != want_leaf or (node in self._leaves.get(node.group, ())) != want_leaf:
+                raise AssertionError(f"node {node.id}: leaf-set membership wrong")
+            self._check_children(node)
+        if (cached, evictable) != (self.num_cached_blocks, self.num_evictable_blocks):
+            raise AssertionError(f"counts ({self.num_cached_blocks}, {self.num_evictable_blocks}) != tree "
+                                 f"({cached}, {evictable})")
+        for g, n in self._cached_by_group.items():
+            if by_group.get(g, 0) != n:
+                raise AssertionError(f"group {g!r}: cached count {n} != tree {by_group.get(g, 0)}")
+        for node_id, (node, count) in self._pinned.items():
+            if node.lock_ref < count:
+                raise AssertionError(f"pinned node {node_id} is not locked")
+
+    def _check_children(self, node: _Node) -> None:
+        for key, child in node.children.items():
+            if child.parent is not node or child.key != key or key != (child.owner, tuple(child.tokens[:self.block_size])):
+                raise AssertionError(f"node {child.id}: bad child key")
+            if node.owner != PUBLIC and child.owner != node.owner:
+                raise AssertionError(f"node {child.id}: owner {child.owner!r} under {node.owner!r}")
