@@ -74,4 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m pacer.cli`: run the imported module's main, whose COMMANDS the rooms register into
+    from pacer.cli import main as _main
+
+    sys.exit(_main())

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pacer.clock import Clock, WallClock
@@ -74,6 +74,15 @@ class StepStats:
     @property
     def total_s(self) -> float:
         return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
+
+
+@dataclass(slots=True)
+class _IsolatedResult:
+    sampled: dict[str, int]
+    timings: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.timings = self.timings or {}
 
 
 class _Tracked:
@@ -238,7 +247,11 @@ class Engine:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
             return outputs
-        result = self.executor.execute(sched_out)
+        try:
+            result = self.executor.execute(sched_out)
+        except Exception:
+            log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
+            result = self._execute_isolated(sched_out, outputs)
         t2 = time.perf_counter()
         touched = self.scheduler.update_from_output(sched_out, result.sampled)
         for req in touched:
@@ -246,6 +259,36 @@ class Engine:
         t3 = time.perf_counter()
         self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
         return outputs
+
+    def _execute_isolated(self, out: SchedulerOutput, outputs: list[RequestOutput]) -> Any:
+        """After a failed execute: run each request of the step alone (whole block table, as if
+        new to the executor) so that one bad request fails alone; those that fail again finish
+        with FinishReason.ERROR (appended to `outputs`). A step with KV swaps is not retried
+        (its copies may have half run): all its requests fail."""
+        sampled: dict[str, int] = {}
+        failed: list[str] = []
+        swaps = getattr(out, "swap_out", None) or getattr(out, "swap_in", None)
+        for sr in out.scheduled:
+            req = self.scheduler.requests.get(sr.request_id)
+            if req is None or swaps:
+                failed.append(sr.request_id)
+                continue
+            alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
+                            sampling_params=req.sampling_params)
+            single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
+                                     num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
+                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)
+            try:
+                sampled.update(self.executor.execute(single).sampled)
+            except Exception:
+                log.exception("request %s failed alone; finishing it with an error", sr.request_id)
+                failed.append(sr.request_id)
+        for rid in failed:
+            req = self.scheduler.requests.get(rid)
+            if req is not None and not req.is_finished:
+                self.scheduler.finish_request(req, FinishReason.ERROR)
+                outputs.append(self._finish_output(self._tracked[rid], [], ""))
+        return _IsolatedResult(sampled)
 
     def _emit(self, req: Request) -> RequestOutput:
         tracked = self._tracked[req.request_id]

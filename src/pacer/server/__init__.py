@@ -1,0 +1,2 @@
+"""OpenAI-compatible server: `pacer serve` (cli), the FastAPI app (app), the serving layer
+(service), the engine thread (engine_loop), request parsing (protocol) and errors."""

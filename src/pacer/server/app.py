@@ -1,0 +1,237 @@
+"""FastAPI app: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /health,
+/metrics, /debug/state. OpenAI-shaped errors; a client that goes away has its requests
+aborted at the next engine step.
+
+A streamed response starts (status 200, headers) with the request's first engine event, so
+a request shed from the queue or failed before its first token still gets a real 429/500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pacer.engine import RequestOutput
+from pacer.server import errors
+from pacer.server.errors import APIError
+from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
+from pacer.server.service import Job, Service
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("pacer.server")
+
+
+def create_app(service: Service) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        yield
+        service.shutdown()
+
+    app = FastAPI(title="pacer", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s", request.url.path)
+        return JSONResponse(errors.internal(f"internal error: {exc}").body(), status_code=500)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(service, request, parse_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(service, request, parse_chat)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "pacer",
+             "max_model_len": service.engine.max_model_len}
+            for name in service.options.served_model_names]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if service.loop.alive and not service.draining:
+            return Response(status_code=200)
+        return JSONResponse(errors.unavailable("engine not running or draining").body(), status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        service.update_gauges()
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/state")
+    async def debug_state() -> dict[str, Any]:
+        return service.debug_state()
+
+    return app
+
+
+async def _generate(service: Service, request: Request,
+                    parse: Callable[[Any], ParsedRequest]) -> Response:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
+    parsed = parse(body)
+    agent_header = service.options.class_rules.agent_header
+    job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers)
+    watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))
+    if not parsed.stream:
+        try:
+            return JSONResponse(await _collect(service, job))
+        finally:
+            watcher.cancel()
+    try:
+        first = await job.queue.get()
+        _raise_if_failed(service, job, first)
+    except BaseException:
+        watcher.cancel()
+        service.cancel(job, 499)
+        raise
+    return StreamingResponse(_stream(service, job, first, watcher), media_type="text/event-stream")
+
+
+async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
+    """Wait for the client to go away (the body has been read, so the next ASGI message is
+    `http.disconnect`) and abort its requests."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+def _raise_if_failed(service: Service, job: Job, item: Any) -> None:
+    """An APIError item, or an engine output that failed, ends the whole job."""
+    if isinstance(item, APIError):
+        service.cancel(job, item.status)
+        raise item
+    _, out = item
+    if out.finished and out.finish_reason == "error":
+        service.cancel(job, 500)
+        raise errors.internal("the engine failed while running this request")
+    if out.finished and out.finish_reason == "abort":
+        raise APIError(499, "request aborted", "invalid_request_error", None, "aborted")
+
+
+async def _collect(service: Service, job: Job) -> dict[str, Any]:
+    finals: dict[int, RequestOutput] = {}
+    while len(finals) < len(job.request_ids):
+        item = await job.queue.get()
+        _raise_if_failed(service, job, item)
+        index, out = item
+        if out.finished:
+            finals[index] = out
+            job.finished.add(index)
+    outs = [finals[i] for i in range(len(finals))]
+    parsed = job.parsed
+    if parsed.endpoint == "chat":
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
+                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        obj = "chat.completion"
+    else:
+        choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason,
+                    "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        obj = "text_completion"
+    return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
+            "choices": choices, "usage": _usage(outs)}
+
+
+def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(o.token_ids) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)}}
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class _Chunks:
+    """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last)."""
+
+    def __init__(self, job: Job) -> None:
+        self.chat = job.parsed.endpoint == "chat"
+        self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                     "created": job.created, "model": job.parsed.model}
+        self.extra = {"usage": None} if job.parsed.include_usage else {}
+
+    def _choice(self, choice: dict[str, Any]) -> str:
+        return _sse({**self.base, "choices": [choice], **self.extra})
+
+    def opening(self, num_choices: int) -> list[str]:
+        if not self.chat:
+            return []
+        return [self._choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}) for i in range(num_choices)]
+
+    def for_output(self, index: int, out: RequestOutput) -> list[str]:
+        finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
+            "finish_reason": None}
+        if not self.chat:
+            if not out.new_text and not out.finished:
+                return []
+            return [self._choice({"index": index, "text": out.new_text, "logprobs": None, **finish})]
+        chunks = []
+        if out.new_text:
+            chunks.append(self._choice({"index": index, "delta": {"content": out.new_text}, "logprobs": None,
+                                        "finish_reason": None}))
+        if out.finished:
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
+        return chunks
+
+    def usage(self, outs: list[RequestOutput]) -> str:
+        return _sse({**self.base, "choices": [], "usage": _usage(outs)})
+
+
+async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[None]) -> AsyncIterator[str]:
+    chunks = _Chunks(job)
+    finals: dict[int, RequestOutput] = {}
+    try:
+        for c in chunks.opening(len(job.request_ids)):
+            yield c
+        item = first
+        while True:
+            try:
+                _raise_if_failed(service, job, item)
+            except APIError as e:
+                if e.status != 499:
+                    yield _sse(e.body())
+                return
+            index, out = item
+            for c in chunks.for_output(index, out):
+                yield c
+            if out.finished:
+                finals[index] = out
+                job.finished.add(index)
+                if job.done:
+                    break
+            item = await job.queue.get()
+        if job.parsed.include_usage:
+            yield chunks.usage([finals[i] for i in sorted(finals)])
+        yield "data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        if not job.done:
+            service.cancel(job, 499)

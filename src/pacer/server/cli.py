@@ -1,0 +1,82 @@
+"""`pacer serve`: the OpenAI-compatible server on uvicorn. Registers itself in `pacer.cli.COMMANDS`.
+
+SIGTERM / Ctrl-C: stop accepting connections, let in-flight requests finish for up to
+`--drain-timeout` seconds, then cancel (abort) what is left and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from pacer.cli import COMMANDS
+from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+
+__all__ = ["add_serve_args", "run_serve", "build_service", "DEFAULT_MODEL_NAME"]
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    s.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use; default: --model, or SmolLM2-135M-Instruct")
+    s.add_argument("--max-waiting", type=int, default=None,
+                   help="cap on requests waiting for their first token; past it: 429 (default: no cap)")
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish on SIGTERM before aborting them")
+    s.add_argument("--metrics-prefix", default="pacer",
+                   help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
+    s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
+                   help="append one JSON line per finished request (schema: pacer.metrics)")
+    s.add_argument("--long-context-threshold", type=int, default=2048,
+                   help="request class long_context: prompts longer than this many tokens")
+    s.add_argument("--batch-max-tokens", type=int, default=1024,
+                   help="request class batch: requested max_tokens at or above this")
+    s.add_argument("--agent-header", default="x-pacer-agent",
+                   help="request class agent: requests with this HTTP header (or with tools)")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_engine_args(p)
+
+
+def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
+    """The Service for parsed `serve` args; builds the engine unless one is given (tests)."""
+    from pacer.engine import Engine
+    from pacer.metrics import ClassRules
+    from pacer.server.service import Service, ServiceOptions
+
+    if args.port < 0 or args.port > 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
+    names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
+    options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
+                             metrics_prefix=args.metrics_prefix, request_log=args.request_log,
+                             class_rules=rules)
+    if engine is None:
+        engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
+    return Service(engine, options)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import prometheus_client
+    import uvicorn
+
+    from pacer.server.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    service = build_service(args)
+    app = create_app(service)
+    print(f"[pacer] serving {service.model_name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=max(args.drain_timeout, 0.001))
+    return 0
+
+
+COMMANDS["serve"] = (add_serve_args, run_serve)

@@ -1,0 +1,196 @@
+"""The engine's own thread, and the bridge from it to asyncio.
+
+One dedicated thread calls `Engine.step()` while there is work and sleeps on a condition
+variable otherwise (no polling). Each step's outputs go to the event loop in one
+`call_soon_threadsafe` callback, which routes every `RequestOutput` to the asyncio queue of
+the HTTP request it belongs to and tells the listeners (metrics, admission, request log).
+HTTP handlers never touch the engine except through the thread-safe `add_request` and
+`abort_request`. After every step the thread publishes an `EngineState` snapshot, which
+`/metrics` and `/debug/state` read without locking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pacer.engine import Engine, RequestOutput
+from pacer.request import SamplingParams
+
+__all__ = ["EngineLoop", "EngineState", "Route"]
+
+log = logging.getLogger("pacer.server")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """What the stepping thread saw after its latest step."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    num_available_blocks: int   # free plus evictable prefix-cache blocks
+    kv_usage: float
+    num_preemptions: int
+    num_steps: int
+    alive: bool = True
+
+
+@dataclass(slots=True)
+class Route:
+    """Where one engine request's outputs go: its HTTP request's queue, and its server-side context."""
+
+    queue: asyncio.Queue[Any]
+    index: int
+    context: Any
+
+
+OutputListener = Callable[[RequestOutput, Route], None]
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, max_consecutive_failures: int = 3) -> None:
+        self.engine = engine
+        self.max_consecutive_failures = max_consecutive_failures
+        self.listeners: list[OutputListener] = []      # called on the event loop, before routing
+        self.failure_listeners: list[Callable[[list[str], BaseException], None]] = []
+        self.state = self._snapshot(0)
+        self.error: BaseException | None = None        # set when the loop gave up
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._routes: dict[str, Route] = {}             # event-loop thread only
+        self._live_lock = threading.Lock()
+        self._live: set[str] = set()                    # ids the engine may still emit for
+        self._num_steps = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="pacer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    # ------------------------------------------------------------------ requests (event loop)
+
+    def add(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams, *,
+            priority: int, tenant: str, route: Route) -> None:
+        """Queue one engine request; raises ValueError/TypeError from the engine's validation."""
+        if self.error is not None:
+            raise RuntimeError(f"the engine loop stopped after a failure: {self.error}")
+        self._routes[request_id] = route
+        with self._live_lock:
+            self._live.add(request_id)
+        try:
+            self.engine.add_request(prompt, params, request_id=request_id, priority=priority, tenant=tenant)
+        except BaseException:
+            self._routes.pop(request_id, None)
+            with self._live_lock:
+                self._live.discard(request_id)
+            raise
+        self._wake()
+
+    def abort(self, request_id: str) -> None:
+        """Abort from the event loop; the engine applies it at its next step."""
+        if request_id in self._routes:
+            self.engine.abort_request(request_id)
+            self._wake()
+
+    def route(self, request_id: str) -> Route | None:
+        return self._routes.get(request_id)
+
+    @property
+    def num_routes(self) -> int:
+        return len(self._routes)
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cv:
+                while not self._stopping and not self.engine.has_unfinished_requests():
+                    self._cv.wait()
+                if self._stopping:
+                    return
+            try:
+                outputs = self.engine.step()
+                failures = 0
+            except Exception as e:   # keep serving: fail what is in flight, not the process
+                failures += 1
+                log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
+                self._fail_in_flight(e)
+                if failures >= self.max_consecutive_failures:
+                    self.error = e
+                    self.state = self._snapshot(self._num_steps, alive=False)
+                    return
+                continue
+            self._num_steps += 1
+            self.state = self._snapshot(self._num_steps)
+            if outputs:
+                self._call(self._dispatch, outputs)
+
+    def _fail_in_flight(self, error: BaseException) -> None:
+        with self._live_lock:
+            ids = list(self._live)
+        for rid in ids:
+            self.engine.abort_request(rid)
+        self._call(self._fail_routes, ids, error)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:   # event loop closed during shutdown
+            pass
+
+    def _snapshot(self, num_steps: int, alive: bool = True) -> EngineState:
+        sched, kv = self.engine.scheduler, self.engine.kv
+        return EngineState(
+            num_running=sched.num_running, num_waiting=sched.num_waiting, num_blocks=kv.num_blocks,
+            num_free_blocks=kv.pool.num_free_blocks, num_available_blocks=kv.num_available_blocks(),
+            kv_usage=kv.usage, num_preemptions=sched.num_preemptions, num_steps=num_steps, alive=alive,
+        )
+
+    # ------------------------------------------------------------------ event loop side
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            route = self._routes.get(out.request_id)
+            if route is None:
+                continue
+            for listener in self.listeners:
+                try:
+                    listener(out, route)
+                except Exception:
+                    log.exception("output listener failed")
+            route.queue.put_nowait((route.index, out))
+            if out.finished:
+                del self._routes[out.request_id]
+                with self._live_lock:
+                    self._live.discard(out.request_id)
+
+    def _fail_routes(self, request_ids: list[str], error: BaseException) -> None:
+        for listener in self.failure_listeners:
+            listener(request_ids, error)

@@ -1,0 +1,51 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["APIError", "bad_request", "error_body"]
+
+
+class APIError(Exception):
+    """An error the client sees as an HTTP status plus an OpenAI error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def bad_request(param: str | None, message: str, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def queue_full(retry_after_s: int) -> APIError:
+    return APIError(429, "the server's waiting queue is full; retry later", "rate_limit_error",
+                    None, "queue_full", {"Retry-After": str(retry_after_s)})
+
+
+def displaced(retry_after_s: int) -> APIError:
+    return APIError(429, "request shed from the waiting queue by a higher-priority request; retry later",
+                    "rate_limit_error", None, "displaced", {"Retry-After": str(retry_after_s)})
+
+
+def internal(message: str) -> APIError:
+    return APIError(500, message, "server_error", None, "internal_error")
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, "server_error", None, "service_unavailable", {"Retry-After": "5"})

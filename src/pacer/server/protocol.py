@@ -1,0 +1,230 @@
+"""OpenAI request parsing: JSON body -> `ParsedRequest`, every error naming its field.
+
+Fields follow the OpenAI API (and vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`,
+`stop_token_ids`, `priority`); `tenant` is a pacer extension, also read from `user`.
+Options we do not implement (logprobs, echo, penalties, n > 1, ...) are refused with a 400
+rather than ignored. Unknown keys are ignored, as OpenAI-compatible servers commonly do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pacer.server.errors import bad_request
+
+__all__ = ["ParsedRequest", "parse_completion", "parse_chat"]
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    endpoint: str                                   # "completions" | "chat"
+    model: str
+    prompts: list[str | list[int]]                  # completions: one entry per choice
+    messages: list[dict[str, str]] | None           # chat: role/content pairs
+    max_tokens: int | None                          # as requested; None: server default
+    sampling: dict[str, Any] = field(default_factory=dict)   # SamplingParams kwargs but max_tokens
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0
+    tenant: str = "default"
+    has_tools: bool = False
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    body = _object(body)
+    common = _common(body)
+    _refuse_if(body, "echo", lambda v: v is True, "echo is not supported")
+    _refuse_if(body, "suffix", lambda v: v not in (None, ""), "suffix is not supported")
+    _refuse_if(body, "logprobs", lambda v: v is not None, "logprobs is not supported")
+    _refuse_if(body, "best_of", lambda v: v not in (None, 1), "best_of other than 1 is not supported")
+    return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
+                         max_tokens=_opt_int(body, "max_tokens", low=1), **common)
+
+
+def parse_chat(body: Any) -> ParsedRequest:
+    body = _object(body)
+    common = _common(body)
+    _refuse_if(body, "logprobs", lambda v: v not in (None, False), "logprobs is not supported")
+    _refuse_if(body, "top_logprobs", lambda v: v not in (None, 0), "top_logprobs is not supported")
+    _refuse_if(body, "response_format", lambda v: v not in (None, {"type": "text"}),
+               "response_format other than text is not supported")
+    max_tokens = _opt_int(body, "max_completion_tokens", low=1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", low=1)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("tools", "tools must be a list")
+    common["has_tools"] = bool(tools)
+    return ParsedRequest(endpoint="chat", prompts=[], messages=_messages(body.get("messages", ...)),
+                         max_tokens=max_tokens, **common)
+
+
+def _common(body: dict[str, Any]) -> dict[str, Any]:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model", "model is required and must be a non-empty string")
+    n = _opt_int(body, "n", low=1)
+    if n not in (None, 1):
+        raise bad_request("n", f"n={n} is not supported; only n=1")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _refuse_if(body, name, lambda v: v not in (None, 0, 0.0), f"{name} other than 0 is not supported")
+    _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
+    stream = _opt_bool(body, "stream") or False
+    include_usage = False
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_request("stream_options", "stream_options must be an object")
+        if not stream:
+            raise bad_request("stream_options", "stream_options is only allowed when stream is true")
+        include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
+    sampling: dict[str, Any] = {}
+    temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    sampling["temperature"] = 1.0 if temperature is None else temperature
+    top_p = _opt_number(body, "top_p", 0.0, 1.0)
+    if top_p is not None:
+        if top_p <= 0.0:
+            raise bad_request("top_p", f"top_p must be in (0, 1], got {top_p}")
+        sampling["top_p"] = top_p
+    top_k = _opt_int(body, "top_k", low=-1)
+    if top_k is not None:
+        sampling["top_k"] = max(top_k, 0)        # vLLM's -1 and 0 both mean "off"
+    for name in ("seed", "min_tokens"):
+        v = _opt_int(body, name, low=None if name == "seed" else 0)
+        if v is not None:
+            sampling[name] = v
+    ignore_eos = _opt_bool(body, "ignore_eos")
+    if ignore_eos is not None:
+        sampling["ignore_eos"] = ignore_eos
+    sampling["stop"] = _stop(body.get("stop"))
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+            raise bad_request("stop_token_ids", "stop_token_ids must be a list of non-negative integers")
+        sampling["stop_token_ids"] = tuple(stop_ids)
+    priority = _opt_int(body, "priority", low=None)
+    return {"model": model, "sampling": sampling, "stream": stream, "include_usage": include_usage,
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body)}
+
+
+def _tenant(body: dict[str, Any]) -> str:
+    for name in ("tenant", "user"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, str) or not v:
+            raise bad_request(name, f"{name} must be a non-empty string")
+        return v
+    return "default"
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    if prompt is ...:
+        raise bad_request("prompt", "prompt is required")
+    if isinstance(prompt, str):
+        return [_nonempty_text(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [_nonempty_text(p) for p in prompt]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request("prompt", "prompt must be a non-empty string, a list of strings, a list of token ids "
+                                "or a list of token-id lists")
+
+
+def _nonempty_text(p: str) -> str:
+    if not p:
+        raise bad_request("prompt", "prompt must not be empty")
+    return p
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if messages is ...:
+        raise bad_request("messages", "messages is required")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "messages must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise bad_request(f"messages[{i}]", "each message must be an object")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"messages[{i}].role", f"role must be one of {', '.join(_ROLES)}; got {role!r}")
+        out.append({"role": role, "content": _content(msg.get("content"), i, role)})
+    return out
+
+
+def _content(content: Any, i: int, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content", "only text content parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"messages[{i}].content", "content must be a string or a list of text parts")
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("stop", "stop must be a non-empty string or a list of non-empty strings")
+    return tuple(stop)
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request(None, "the request body must be a JSON object")
+    return body
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_int(body: dict[str, Any], name: str, low: int | None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad_request(name, f"{name} must be an integer, got {type(v).__name__}")
+    if low is not None and v < low:
+        raise bad_request(name, f"{name} must be >= {low}, got {v}")
+    return int(v)
+
+
+def _opt_number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise bad_request(name, f"{name} must be a number, got {type(v).__name__}")
+    if not low <= v <= high:
+        raise bad_request(name, f"{name} must be in [{low:g}, {high:g}], got {v}")
+    return float(v)
+
+
+def _opt_bool(body: dict[str, Any], name: str, param: str | None = None) -> bool | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise bad_request(param or name, f"{param or name} must be a boolean, got {type(v).__name__}")
+    return v
+
+
+def _refuse_if(body: dict[str, Any], name: str, bad: Any, message: str) -> None:
+    if name in body and bad(body[name]):
+        raise bad_request(name, message)
