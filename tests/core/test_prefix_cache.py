@@ -291,3 +291,38 @@ def test_config_validation_names_the_field():
         EngineConfig.from_kwargs(tenant_quotas={"a": 2})              # needs partitioned
     with pytest.raises(ValueError, match="cache_ttl"):
         EngineConfig.from_kwargs(cache_ttl=0)
+
+
+def _preempting_workload(eng):
+    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    prompts = {f"r{i}": [i * 10 + j for j in range(1, 9)] for i in range(4)}
+    for rid, pr in prompts.items():
+        eng.add_request(pr, p, request_id=rid)
+    return prompts, p
+
+
+def test_swap_preemption_restores_kv_instead_of_recomputing():
+    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48, preemption_mode="swap", num_cpu_blocks=64,
+                          enable_prefix_caching=False)
+    prompts, p = _preempting_workload(eng)
+    finals = run(eng, ex)
+    stats = eng.cache_stats()
+    assert stats["preemptions"]["swap"] > 0 and stats["preemptions"]["recompute"] == 0
+    assert stats["swap_in_requests"] == stats["swap_out_requests"] == stats["preemptions"]["swap"]
+    assert any(s.swap_out for s in ex.steps) and any(s.swap_in for s in ex.steps)
+    for rid, pr in prompts.items():
+        assert finals[rid].token_ids == reference_output(pr, p)
+        # nothing recomputed: the prompt once, plus the one token of each resume step
+        m = finals[rid].metrics
+        assert m.prefill_tokens == len(pr) + m.preemptions
+    assert stats["cpu_blocks_used"] == 0 and not ex.cpu
+
+
+def test_swap_falls_back_to_recompute_when_the_cpu_tier_is_full():
+    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48, preemption_mode="swap", num_cpu_blocks=1)
+    prompts, p = _preempting_workload(eng)
+    finals = run(eng, ex)
+    stats = eng.cache_stats()
+    assert stats["preemptions"]["recompute"] > 0 and stats["swap_fallbacks"] > 0
+    for rid, pr in prompts.items():
+        assert finals[rid].token_ids == reference_output(pr, p)
