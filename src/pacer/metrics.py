@@ -205,7 +205,9 @@ class ServingMetrics:
     Names mirror vLLM's `/metrics`: with prefix `pacer` a series is `pacer_<name>`; with prefix
     `vllm` it is `vllm:<name>`, so dashboards and routers built for vLLM work unchanged.
     Gauges are set from engine snapshots; everything else is counted as requests progress.
-    Prefix-cache queries/hits count prompt tokens looked up / found, per scheduled request.
+    Prefix-cache queries/hits count tokens looked up / found: the engine's own totals
+    (`Engine.cache_stats()`) when it has them, else the prompt / cached tokens of each
+    scheduled request.
     """
 
     def __init__(self, model_name: str, prefix: str = "pacer") -> None:
@@ -241,21 +243,30 @@ class ServingMetrics:
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
         self._lock = threading.Lock()
-        self._last_preemptions = 0
+        self._last_totals: dict[str, int] = {}
+        self._engine_counts_cache = False
 
     def name(self, base: str) -> str:
         return f"vllm:{base}" if self.prefix == "vllm" else f"{self.prefix}_{base}"
 
-    def set_engine_state(self, num_running: int, num_waiting: int, kv_usage: float,
-                         num_preemptions: int) -> None:
+    def set_engine_state(self, num_running: int, num_waiting: int, kv_usage: float, num_preemptions: int,
+                         prefix_cache_queries: int | None = None, prefix_cache_hits: int | None = None) -> None:
+        """Gauges, and counters the engine keeps as running totals (pass them as totals).
+        When the engine counts prefix-cache tokens itself, per-request counting stops."""
         m = self.model_name
         self.num_running.labels(m).set(num_running)
         self.num_waiting.labels(m).set(num_waiting)
         self.kv_usage.labels(m).set(kv_usage)
+        totals = {"num_preemptions": num_preemptions}
+        if prefix_cache_queries is not None and prefix_cache_hits is not None:
+            self._engine_counts_cache = True
+            totals.update(prefix_cache_queries=prefix_cache_queries, prefix_cache_hits=prefix_cache_hits)
         with self._lock:
-            delta, self._last_preemptions = num_preemptions - self._last_preemptions, num_preemptions
-        if delta > 0:
-            self.counters["num_preemptions"].labels(m).inc(delta)
+            deltas = {k: v - self._last_totals.get(k, 0) for k, v in totals.items()}
+            self._last_totals.update(totals)
+        for name, delta in deltas.items():
+            if delta > 0:
+                self.counters[name].labels(m).inc(delta)
 
     def on_tokens(self, num_tokens: int) -> None:
         if num_tokens:
@@ -273,8 +284,9 @@ class ServingMetrics:
         labels = (self.model_name, request_class)
         self.request_success.labels(self.model_name, finish_reason).inc()
         if m.first_scheduled_time is not None:
-            self.counters["prefix_cache_queries"].labels(self.model_name).inc(m.prompt_tokens)
-            self.counters["prefix_cache_hits"].labels(self.model_name).inc(m.cached_tokens)
+            if not self._engine_counts_cache:
+                self.counters["prefix_cache_queries"].labels(self.model_name).inc(m.prompt_tokens)
+                self.counters["prefix_cache_hits"].labels(self.model_name).inc(m.cached_tokens)
             h["request_queue_time_seconds"].labels(*labels).observe(m.queue_wait)
         if m.first_token_time is not None:
             h["time_to_first_token_seconds"].labels(*labels).observe(m.ttft)

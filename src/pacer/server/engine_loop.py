@@ -38,6 +38,9 @@ class EngineState:
     kv_usage: float
     num_preemptions: int
     num_steps: int
+    num_cached_blocks: int = 0
+    prefix_cache_queries: int | None = None   # tokens looked up / found, engine-level;
+    prefix_cache_hits: int | None = None      # None: the engine does not count them
     alive: bool = True
 
 
@@ -167,10 +170,15 @@ class EngineLoop:
 
     def _snapshot(self, num_steps: int, alive: bool = True) -> EngineState:
         sched, kv = self.engine.scheduler, self.engine.kv
+        cache_stats = getattr(self.engine, "cache_stats", None)
+        stats: dict[str, Any] = cache_stats() if cache_stats is not None else {}
         return EngineState(
             num_running=sched.num_running, num_waiting=sched.num_waiting, num_blocks=kv.num_blocks,
             num_free_blocks=kv.pool.num_free_blocks, num_available_blocks=kv.num_available_blocks(),
-            kv_usage=kv.usage, num_preemptions=sched.num_preemptions, num_steps=num_steps, alive=alive,
+            kv_usage=kv.usage, num_preemptions=sched.num_preemptions, num_steps=num_steps,
+            num_cached_blocks=stats.get("cached_blocks", 0),
+            prefix_cache_queries=stats.get("prefix_cache_queried_tokens"),
+            prefix_cache_hits=stats.get("prefix_cache_hit_tokens"), alive=alive,
         )
 
     # ------------------------------------------------------------------ event loop side

@@ -264,7 +264,8 @@ class Service:
 
     def update_gauges(self) -> None:
         s = self.loop.state
-        self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions)
+        self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
+                                      s.prefix_cache_queries, s.prefix_cache_hits)
 
 
 def _engine_error(e: Exception, parsed: ParsedRequest) -> APIError:
