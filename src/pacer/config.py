@@ -161,6 +161,11 @@ class ModelConfig:
     device: str = field(default="cpu", metadata={"help": "cpu | cuda | cuda:N."})
     seed: int = field(default=0, metadata={"help": "Seed of the engine's sampler for unseeded requests."})
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads (CPU)."})
+    attention_backend: str = field(
+        default="auto",
+        metadata={"help": "auto | cpp | torch: decode attention kernel (cpp reads paged KV in place; "
+                          "compiled on first use) or the torch reference path."},
+    )
 
     def validate(self) -> None:
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
@@ -168,6 +173,7 @@ class ModelConfig:
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.num_threads is not None:
             _positive_int("num_threads", self.num_threads)
+        _choice("attention_backend", self.attention_backend, ("auto", "cpp", "torch"))
 
 
 @dataclass(slots=True)

@@ -299,6 +299,8 @@ class Engine:
             new_text = tracked.detok.push(new_ids)
             if req.sampling_params.stop and not req.is_finished:
                 new_text = self._check_stop_strings(tracked, new_text)
+            if req.is_finished and not isinstance(req.stop_reason, str):
+                new_text += tracked.detok.flush()  # text held back for an incomplete character
             tracked.text += new_text
         if req.is_finished:
             return self._finish_output(tracked, new_ids, new_text)

@@ -82,7 +82,7 @@ class RequestStatus(enum.Enum):
         return self is RequestStatus.FINISHED
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"

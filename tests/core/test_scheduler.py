@@ -7,11 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pacer.clock import VirtualClock
-from pacer.config import SchedulerConfig
+from pacer.config import EngineConfig, SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.scheduler import Scheduler
 from pacer.engine import Engine
-from pacer.config import EngineConfig
 from pacer.request import Request, SamplingParams
 from tests.fakes import FakeExecutor, next_token
 

@@ -132,16 +132,19 @@ class ModelExecutor:
                 logits_rows.append(row - 1)
                 sample_reqs.append(sr)
         dev = self.device
-        single_tables = single_mask = None
+        single_tables = single_mask = lens = None
         if singles:
             width = max(len(t) for t in tables)
             padded = [t + [0] * (width - len(t)) for t in tables]
             single_tables = torch.tensor(padded, device=dev)
             lens = torch.tensor(ctx_lens, device=dev)
-            single_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+            if self.model.kernel is None:
+                positions = torch.arange(width * bs, device=dev).unsqueeze(0)
+                single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
-            single_block_tables=single_tables, single_mask=single_mask, prefills=prefills, block_size=bs,
+            single_block_tables=single_tables, single_mask=single_mask, single_context_lens=lens,
+            prefills=prefills, block_size=bs,
         )
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)

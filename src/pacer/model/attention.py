@@ -10,6 +10,7 @@ earlier context from the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor          # [T] long: cache slot of each packed token
     num_single: int                     # leading rows with one token each
     single_block_tables: torch.Tensor | None   # [D, max_blocks] long (padded)
-    single_mask: torch.Tensor | None    # [D, 1, 1, max_blocks*block_size] bool: key visible
+    single_mask: torch.Tensor | None    # [D, 1, 1, max_blocks*block_size] bool: key visible (torch path)
+    single_context_lens: torch.Tensor | None  # [D] long (C++ path)
     prefills: list[PrefillSeq]
     block_size: int
 
@@ -50,11 +52,18 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, n_heads, d]; k, v [T, n_kv, d] (already written to the cache). Returns [T, n_heads, d]."""
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    kernel: Any = None) -> torch.Tensor:
+    """q [T, n_heads, d]; k, v [T, n_kv, d] (already written to the cache). Returns [T, n_heads, d].
+
+    `kernel`: the compiled module of `kernels.py`, or None for the torch reference path."""
     out = torch.empty_like(q)
     n_single = meta.num_single
-    if n_single:
+    if n_single and kernel is not None:
+        assert meta.single_block_tables is not None and meta.single_context_lens is not None
+        out[:n_single] = kernel.paged_decode_attention(q[:n_single].contiguous(), k_cache, v_cache,
+                                                       meta.single_block_tables, meta.single_context_lens, scale)
+    elif n_single:
         assert meta.single_block_tables is not None and meta.single_mask is not None
         keys = _gather(k_cache, meta.single_block_tables).transpose(1, 2)   # [D, n_kv, S, d]
         vals = _gather(v_cache, meta.single_block_tables).transpose(1, 2)

@@ -74,7 +74,7 @@ class LlamaModel:
     """Weights plus a pure forward function; holds no per-request state."""
 
     def __init__(self, arch: ModelArch, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", attention_backend: str = "auto") -> None:
         self.arch = arch
         self.dtype = dtype
         self.device = torch.device(device)
@@ -88,6 +88,14 @@ class LlamaModel:
         self.final_norm = tensors["model.norm.weight"].to(device=dev, dtype=dtype)
         self.layers = [_Layer(tensors, i, arch, dtype, dev) for i in range(arch.num_layers)]
         self.scale = arch.head_dim ** -0.5
+        self.kernel = None
+        if attention_backend in ("auto", "cpp") and self.device.type == "cpu":
+            from pacer.model import kernels
+
+            self.kernel = kernels.load()
+            if self.kernel is None and attention_backend == "cpp":
+                raise RuntimeError("attention_backend='cpp' but the C++ kernel could not be built")
+        self.attention_backend = "cpp" if self.kernel is not None else "torch"
         self._inv_freq = rope_inv_freq(arch).to(dev)
         self._rope_cache_len = 0
         self._cos = self._sin = torch.empty(0)
@@ -143,7 +151,7 @@ class LlamaModel:
             q = self._rope(q, cos, sin)
             k = self._rope(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel)
             x = x + F.linear(attn.view(T, nh * d), layer.o_w)
             h = F.rms_norm(x, hidden_norm, layer.post_norm, eps)
             gate, up = F.linear(h, layer.gate_up_w).chunk(2, dim=-1)
@@ -155,4 +163,5 @@ class LlamaModel:
     def describe(self) -> dict[str, Any]:
         a = self.arch
         return {"arch": a.arch, "layers": a.num_layers, "hidden": a.hidden_size, "heads": a.num_heads,
-                "kv_heads": a.num_kv_heads, "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device)}
+                "kv_heads": a.num_kv_heads, "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
+                "attention_backend": self.attention_backend}

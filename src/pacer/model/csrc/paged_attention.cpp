@@ -1,0 +1,93 @@
+// Paged attention for single-token query rows (decode), read straight from the block
+// tables: no gather copy of the context. One task per (request, kv head); the query heads
+// of a GQA group share each key/value read. Online softmax in float32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_f(T x) { return static_cast<float>(x); }
+
+template <typename T>
+void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens,
+                   T* out, int64_t num_rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t bs,
+                   int64_t max_blocks, float scale) {
+  const int64_t group = n_heads / n_kv;
+  at::parallel_for(0, num_rows * n_kv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * d), acc(group * d), m(group), l(group), s(group);
+    std::vector<float> kf(d), vf(d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t row = task / n_kv, kvh = task % n_kv;
+      const int64_t ctx = ctx_lens[row];
+      const int64_t* table = tables + row * max_blocks;
+      for (int64_t g = 0; g < group; ++g) {
+        const T* qp = q + (row * n_heads + kvh * group + g) * d;
+        for (int64_t i = 0; i < d; ++i) qf[g * d + i] = to_f(qp[i]) * scale;
+        m[g] = -std::numeric_limits<float>::infinity();
+        l[g] = 0.f;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t slot = table[t / bs] * bs + (t % bs);
+        const T* kp = kc + (slot * n_kv + kvh) * d;
+        const T* vp = vc + (slot * n_kv + kvh) * d;
+        for (int64_t i = 0; i < d; ++i) kf[i] = to_f(kp[i]);
+        for (int64_t i = 0; i < d; ++i) vf[i] = to_f(vp[i]);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * d;
+          float dot = 0.f;
+          for (int64_t i = 0; i < d; ++i) dot += qg[i] * kf[i];
+          float* ag = acc.data() + g * d;
+          if (dot > m[g]) {
+            const float c = std::exp(m[g] - dot);
+            l[g] = l[g] * c + 1.f;
+            for (int64_t i = 0; i < d; ++i) ag[i] = ag[i] * c + vf[i];
+            m[g] = dot;
+          } else {
+            const float p = std::exp(dot - m[g]);
+            l[g] += p;
+            for (int64_t i = 0; i < d; ++i) ag[i] += p * vf[i];
+          }
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        T* op = out + (row * n_heads + kvh * group + g) * d;
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t i = 0; i < d; ++i) op[i] = static_cast<T>(acc[g * d + i] * inv);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [rows, heads, head_dim]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches must be contiguous [blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
+              "block_tables and context_lens must be int64");
+  auto bt = block_tables.contiguous();
+  auto cl = context_lens.contiguous();
+  const int64_t rows = q.size(0), n_heads = q.size(1), d = q.size(2);
+  const int64_t bs = k_cache.size(1), n_kv = k_cache.size(2);
+  TORCH_CHECK(n_heads % n_kv == 0, "heads must be a multiple of kv heads");
+  auto out = torch::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                            bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), rows,
+                            n_heads, n_kv, d, bs, bt.size(1), static_cast<float>(scale));
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "paged attention for single-token rows");
+}

@@ -1,0 +1,46 @@
+"""Optional C++ kernels, compiled on first use with torch's cpp_extension (cached on disk).
+
+`paged_decode_attention` reads keys and values straight from the block tables, so a decode
+step does not copy every request's context. If the compiler or ninja is missing the
+engine falls back to the torch reference path (`attention.py`) and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import threading
+from typing import Any
+
+log = logging.getLogger("pacer.kernels")
+
+_lock = threading.Lock()
+_module: Any = None
+_failed = False
+
+
+def load() -> Any | None:
+    """The compiled module, or None when it cannot be built here."""
+    global _module, _failed
+    if _module is not None or _failed:
+        return _module
+    with _lock:
+        if _module is not None or _failed:
+            return _module
+        try:
+            from torch.utils import cpp_extension
+
+            src = pathlib.Path(__file__).parent / "csrc" / "paged_attention.cpp"
+            build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
+            build = build / "kernels"
+            build.mkdir(parents=True, exist_ok=True)
+            _module = cpp_extension.load(
+                name="pacer_paged_attention", sources=[str(src)], build_directory=str(build),
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_ldflags=["-fopenmp"], verbose=False,
+            )
+        except Exception as e:  # compiler, ninja or headers missing: use the torch path
+            log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)
+            _failed = True
+    return _module
