@@ -1,0 +1,190 @@
+"""Drives a stream of `RequestSpec`s against a backend and collects `RequestRecord`s.
+
+Two drivers with the same contract (specs in, records and the run's start time out):
+`run_http` (asyncio; open loop sends each request at its arrival time as its own task,
+closed loop keeps `concurrency` workers busy) and `run_inprocess` (a synchronous loop over an
+in-process `Engine`: add the requests whose arrival time has come, step, collect; timestamps
+are the engine's own, so there is no network or client noise). Neither knows about reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from pacer.bench.report import STATUS_ERROR, STATUS_OK, RequestRecord
+from pacer.bench.workloads import RequestSpec
+
+__all__ = ["Sender", "run_http", "run_inprocess", "InprocessStats"]
+
+OnDone = Callable[[RequestRecord], None]
+
+
+class Sender(Protocol):
+    async def send(self, spec: RequestSpec, t0: float) -> RequestRecord: ...
+
+
+async def run_http(specs: Iterable[RequestSpec], sender: Sender, *, concurrency: int | None = None,
+                   closed_loop: bool = False, duration: float | None = None,
+                   on_done: OnDone | None = None) -> tuple[list[RequestRecord], float]:
+    """Open loop: each spec is sent at `t0 + arrival_time` (at most `concurrency` in flight, if
+    set). Closed loop: `concurrency` workers send back to back until the specs run out or
+    `duration` has passed. Returns records in send order and `t0` (perf_counter seconds)."""
+    t0 = time.perf_counter()
+    it = iter(specs)
+    if closed_loop:
+        if concurrency is None:
+            raise ValueError("closed loop needs a concurrency")
+        return await _closed_loop(it, sender, t0, concurrency, duration, on_done), t0
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+
+    async def one(spec: RequestSpec) -> RequestRecord:
+        if sem is None:
+            rec = await sender.send(spec, t0)
+        else:
+            async with sem:
+                rec = await sender.send(spec, t0)
+        if on_done is not None:
+            on_done(rec)
+        return rec
+
+    tasks: list[asyncio.Task[RequestRecord]] = []
+    for spec in it:
+        delay = t0 + (spec.arrival_time or 0.0) - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(spec)))
+    return list(await asyncio.gather(*tasks)), t0
+
+
+async def _closed_loop(it: Iterator[RequestSpec], sender: Sender, t0: float, concurrency: int,
+                       duration: float | None, on_done: OnDone | None) -> list[RequestRecord]:
+    records: list[tuple[int, RequestRecord]] = []
+    order = itertools.count()
+
+    async def worker() -> None:
+        while duration is None or time.perf_counter() - t0 < duration:
+            spec = next(it, None)   # asyncio is single-threaded: no lock needed around next()
+            if spec is None:
+                return
+            n = next(order)
+            rec = await sender.send(spec, t0)
+            records.append((n, rec))
+            if on_done is not None:
+                on_done(rec)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [rec for _, rec in sorted(records, key=lambda x: x[0])]
+
+
+class InprocessStats:
+    """Per-step totals of an in-process run (fed by the engine's stats listener)."""
+
+    def __init__(self) -> None:
+        self.num_steps = 0
+        self.busy_s = 0.0
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.sum_batch_size = 0
+        self.num_preempted = 0
+        self.max_kv_usage = 0.0
+
+    def add(self, stats: Any) -> None:
+        self.num_steps += 1
+        self.busy_s += stats.total_s
+        self.num_prefill_tokens += stats.num_prefill_tokens
+        self.num_decode_tokens += stats.num_decode_tokens
+        self.sum_batch_size += stats.batch_size
+        self.num_preempted += stats.num_preempted
+        self.max_kv_usage = max(self.max_kv_usage, stats.kv_usage)
+
+    def as_dict(self) -> dict[str, float | int]:
+        n = max(1, self.num_steps)
+        return {"num_steps": self.num_steps, "busy_s": self.busy_s, "mean_step_s": self.busy_s / n,
+                "mean_batch_size": self.sum_batch_size / n, "prefill_tokens": self.num_prefill_tokens,
+                "decode_tokens": self.num_decode_tokens, "preempted": self.num_preempted,
+                "max_kv_usage": self.max_kv_usage}
+
+
+def run_inprocess(specs: Iterable[RequestSpec], engine: Any, *, endpoint: str = "completions",
+                  temperature: float = 0.0, concurrency: int | None = None, closed_loop: bool = False,
+                  duration: float | None = None, on_done: OnDone | None = None,
+                  ) -> tuple[list[RequestRecord], float, InprocessStats]:
+    """Run specs on `engine` (a `pacer.engine.Engine`) in this thread. A request is added at the
+    first step boundary after its arrival time, with that arrival time, so time spent waiting
+    for a running step counts in its TTFT as it would on a server."""
+    from pacer.request import SamplingParams
+
+    stats = InprocessStats()
+    engine.stats_listeners.append(stats.add)
+    clock = engine.clock
+    t0 = clock.now()
+    it = iter(specs)
+    pending: RequestSpec | None = next(it, None)
+    by_id: dict[str, RequestSpec] = {}
+    records: dict[str, RequestRecord] = {}
+    order: list[str] = []
+    in_flight = 0
+
+    def add(spec: RequestSpec, arrival: float) -> None:
+        nonlocal in_flight
+        order.append(spec.request_id)
+        ids = list(spec.prompt_token_ids)
+        if endpoint == "chat" and engine.tokenizer is not None:
+            ids = engine.tokenizer.apply_chat_template([m.as_dict() for m in spec.messages])
+        params = SamplingParams(max_tokens=spec.output_tokens, temperature=temperature, ignore_eos=spec.ignore_eos)
+        try:
+            engine.add_request(ids, params, request_id=spec.request_id, priority=spec.priority,
+                               tenant=spec.tenant, arrival_time=arrival)
+        except (ValueError, TypeError) as e:
+            rec = RequestRecord(spec.request_id, spec.request_class, arrival - t0, status=STATUS_ERROR,
+                                error=str(e), finish_time=arrival - t0, prompt_tokens=len(ids))
+            records[spec.request_id] = rec
+            if on_done is not None:
+                on_done(rec)
+            return
+        by_id[spec.request_id] = spec
+        in_flight += 1
+
+    try:
+        while True:
+            now = clock.now()
+            if duration is not None and now - t0 > duration:
+                pending = None
+            if closed_loop:
+                while pending is not None and in_flight < (concurrency or 1):
+                    add(pending, now)
+                    pending = next(it, None)
+            else:
+                while pending is not None and t0 + (pending.arrival_time or 0.0) <= now and (
+                        concurrency is None or in_flight < concurrency):
+                    add(pending, t0 + (pending.arrival_time or 0.0))
+                    pending = next(it, None)
+            if engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished and out.request_id in by_id:
+                        spec = by_id.pop(out.request_id)
+                        in_flight -= 1
+                        rec = _record(out, spec, t0)
+                        records[spec.request_id] = rec
+                        if on_done is not None:
+                            on_done(rec)
+            elif pending is None:
+                break
+            else:
+                time.sleep(max(0.0, t0 + (pending.arrival_time or 0.0) - clock.now()))
+    finally:
+        engine.stats_listeners.remove(stats.add)
+    return [records[rid] for rid in order if rid in records], t0, stats
+
+
+def _record(out: Any, spec: RequestSpec, t0: float) -> RequestRecord:
+    status = STATUS_ERROR if out.finish_reason in ("abort", "error") else STATUS_OK
+    rec = RequestRecord.from_metrics(out.metrics, request_id=spec.request_id, request_class=spec.request_class,
+                                     t0=t0, status=status, tenant=spec.tenant, priority=spec.priority,
+                                     session=spec.session)
+    rec.cached_tokens = max(rec.cached_tokens, int(out.num_cached_tokens or 0))
+    return rec
