@@ -35,7 +35,7 @@ def create_app(service: Service) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
         yield
-        service.shutdown()
+        await service.shutdown()
 
     app = FastAPI(title="pacer", lifespan=lifespan)
     app.state.service = service

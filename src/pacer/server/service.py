@@ -86,16 +86,27 @@ class Service:
         self._log_start = engine.clock.now()
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
+        self._all_finished = asyncio.Event()   # set whenever _contexts empties
         self.loop.listeners.append(self._on_output)
         self.loop.failure_listeners.append(self._on_failure)
 
     def start(self) -> None:
         self.loop.start(asyncio.get_running_loop())
 
-    def shutdown(self) -> None:
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort what is still running, let the engine report those aborts (metrics, request
+        log) for up to `timeout` seconds, then stop the engine thread."""
         self.draining = True
-        for rid in list(self._contexts):
+        for rid, ctx in list(self._contexts.items()):
+            if ctx.status == 200:
+                ctx.status = 503
             self.loop.abort(rid)
+        if self._contexts and self.loop.alive:
+            self._all_finished.clear()
+            try:
+                await asyncio.wait_for(self._all_finished.wait(), timeout)
+            except TimeoutError:
+                log.warning("%d requests still unfinished at shutdown", len(self._contexts))
         self.loop.stop()
         if self.request_log is not None:
             self.request_log.close()
@@ -228,6 +239,8 @@ class Service:
             return
         self.admission.release(out.request_id)
         self._contexts.pop(out.request_id, None)
+        if not self._contexts:
+            self._all_finished.set()
         reason = out.finish_reason or "abort"
         if reason == "error":
             ctx.status = 500
