@@ -84,7 +84,7 @@ class AdmissionController:
         times = self._start_times
         if len(times) < 2 or now <= times[0]:
             return 1
-        rate = (len(times) - 1) / max(now - times[0], 1e-9)
+        rate = len(times) / (now - times[0])   # starts per second over the recent window
         return int(min(60, max(1, math.ceil(1.0 / rate))))
 
     def _add(self, request_id: str, priority: int) -> None:
