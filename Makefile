@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: venv
+	$(VENV)/bin/pacer serve --host 127.0.0.1 --port 8000
+
+generate: venv
 	$(VENV)/bin/pacer generate --chat "What is the capital of France?"
 
 test: venv
