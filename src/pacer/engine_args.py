@@ -22,6 +22,29 @@ def _base_type(tp: Any) -> Any:
     return tp
 
 
+def _mapping_parser(value_type: Any) -> Any:
+    """'a=4,b=1' (or JSON '{"a": 4}') -> {"a": 4, "b": 1} with values of `value_type`."""
+    def parse(text: str) -> dict[str, Any]:
+        import json
+
+        if text.strip().startswith("{"):
+            items = list(json.loads(text).items())
+        else:
+            items = [tuple(part.split("=", 1)) for part in text.split(",") if part.strip()]
+        out: dict[str, Any] = {}
+        for item in items:
+            if len(item) != 2 or not str(item[0]).strip():
+                raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs separated by commas, got {text!r}")
+            try:
+                out[str(item[0]).strip()] = value_type(item[1])
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item[0]}: {item[1]!r} is not a {value_type.__name__}") from None
+        return out
+
+    parse.__name__ = "mapping"
+    return parse
+
+
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     group = parser.add_argument_group("engine")
     for klass in _CLASSES:
@@ -34,6 +57,9 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
             tp = _base_type(hints[f.name])
             if tp is bool:
                 group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+            elif get_origin(tp) is dict:
+                group.add_argument(flag, dest=f.name, type=_mapping_parser(get_args(tp)[1]), default=None,
+                                   metavar="NAME=VALUE,...", help=help_)
             else:
                 group.add_argument(flag, dest=f.name, type=tp, default=None, help=help_)
 

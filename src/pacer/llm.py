@@ -25,6 +25,11 @@ def _per_prompt(name: str, value: Any, n: int, default: Any) -> list[Any]:
     return [value] * n
 
 
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list | tuple) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 class LLM:
     """Generate with an in-process engine. Engine options use vLLM's names
     (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, block_size, max_model_len,
@@ -68,6 +73,24 @@ class LLM:
             convs = list(messages)  # type: ignore[arg-type]
         prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant)
+
+    def prewarm(self, prompts: Prompt | Sequence[Prompt] | Sequence[Sequence[Message]], *, public: bool = True,
+                tenant: str = "default", pin: bool = True) -> list[int]:
+        """Compute prefixes now (system prompts, tool definitions, few-shot examples) and pin
+        them in the prefix cache, so the first user already hits them. Each prompt is text,
+        token ids, or a list of chat messages (rendered without a generation prompt, so a
+        system message prewarms the start of every conversation that begins with it).
+        `public=True` shares them with every tenant even under tenant isolation. Returns the
+        number of cached tokens per prompt (whole blocks)."""
+        items: list[Prompt] = []
+        for p in ([prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)):
+            if isinstance(p, list | tuple) and p and isinstance(p[0], dict):
+                if self.engine.tokenizer is None:
+                    raise ValueError("prewarm: chat messages need a tokenizer with a chat template")
+                items.append(self.engine.tokenizer.apply_chat_template(list(p), add_generation_prompt=False))
+            else:
+                items.append(p)  # type: ignore[arg-type]
+        return self.engine.prewarm(items, public=public, tenant=tenant, pin=pin)
 
     @staticmethod
     def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -326,3 +326,20 @@ def test_swap_falls_back_to_recompute_when_the_cpu_tier_is_full():
     assert stats["preemptions"]["recompute"] > 0 and stats["swap_fallbacks"] > 0
     for rid, pr in prompts.items():
         assert finals[rid].token_ids == reference_output(pr, p)
+
+
+def test_cli_flags_for_cache_options_parse_tenant_maps():
+    import argparse
+
+    from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--eviction-policy", "weighted-lru", "--tenant-weights", "gold=4,free=1",
+                              "--tenant-isolation", "partitioned", "--tenant-quotas", '{"a": 3, "*": 2}',
+                              "--cache-ttl", "900"])
+    kw = engine_kwargs_from_args(args)
+    assert kw["tenant_weights"] == {"gold": 4.0, "free": 1.0} and kw["tenant_quotas"] == {"a": 3, "*": 2}
+    assert EngineConfig.from_kwargs(**kw).cache.cache_ttl == 900.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tenant-quotas", "a=lots"])
