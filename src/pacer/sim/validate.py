@@ -1,0 +1,59 @@
+"""`pacer sim validate`: one trace through the real engine and through the simulator; each
+metric's error against the targets (p50 latencies and throughput within 10%, p99 within 20%)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MetricError", "compare_summaries", "VALIDATION_METRICS", "format_errors"]
+
+# (summary key, tolerance)
+VALIDATION_METRICS: tuple[tuple[str, float], ...] = (
+    ("ttft_p50", 0.10), ("ttft_p99", 0.20), ("tpot_p50", 0.10), ("tpot_p99", 0.20),
+    ("itl_p50", 0.10), ("e2e_p50", 0.10), ("output_tok_s", 0.10), ("total_tok_s", 0.10),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricError:
+    metric: str
+    real: float | None
+    sim: float | None
+    tolerance: float
+
+    @property
+    def rel_error(self) -> float | None:
+        if self.real is None or self.sim is None or self.real == 0:
+            return None
+        return (self.sim - self.real) / self.real
+
+    @property
+    def ok(self) -> bool:
+        e = self.rel_error
+        return e is not None and abs(e) <= self.tolerance
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "real": self.real, "sim": self.sim, "rel_error": self.rel_error,
+                "tolerance": self.tolerance, "ok": self.ok}
+
+
+def compare_summaries(real: Mapping[str, Any], sim: Mapping[str, Any]) -> list[MetricError]:
+    out = []
+    for key, tol in VALIDATION_METRICS:
+        r, s = real.get(key), sim.get(key)
+        out.append(MetricError(key, None if r is None else float(r), None if s is None else float(s), tol))
+    return out
+
+
+def format_errors(errors: list[MetricError]) -> list[str]:
+    lines = [f"{'metric':14s} {'real':>12s} {'sim':>12s} {'error':>8s} {'target':>7s}"]
+    for e in errors:
+        scale, unit = (1.0, "") if e.metric.endswith("tok_s") else (1000.0, " ms")
+        r = "n/a" if e.real is None else f"{e.real * scale:.1f}{unit}"
+        s = "n/a" if e.sim is None else f"{e.sim * scale:.1f}{unit}"
+        err = "n/a" if e.rel_error is None else f"{e.rel_error * 100:+.1f}%"
+        lines.append(f"{e.metric:14s} {r:>12s} {s:>12s} {err:>8s} {'<=' + format(e.tolerance * 100, '.0f') + '%':>7s}"
+                     f"  {'ok' if e.ok else 'MISS'}")
+    return lines
