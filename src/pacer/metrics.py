@@ -184,8 +184,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0
                     3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                   0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+_LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
-# base name -> (kind, help); histograms carry `model_name` and `class` labels
+# base name -> (help, buckets); histograms carry `model_name` and `class` labels
 _HISTOGRAMS = {
     "time_to_first_token_seconds": ("Time to first token: first token - arrival.", _LATENCY_BUCKETS),
     "inter_token_latency_seconds": ("Gap between consecutive output tokens.", _TOKEN_BUCKETS),
@@ -196,6 +197,9 @@ _HISTOGRAMS = {
                                    _LATENCY_BUCKETS),
     "request_prefill_time_seconds": ("First scheduled to first token.", _LATENCY_BUCKETS),
     "request_decode_time_seconds": ("First token to finish.", _LATENCY_BUCKETS),
+    "request_inference_time_seconds": ("First scheduled to finish.", _LATENCY_BUCKETS),
+    "request_prompt_tokens": ("Prompt tokens per finished request.", _LENGTH_BUCKETS),
+    "request_generation_tokens": ("Output tokens per finished request.", _LENGTH_BUCKETS),
 }
 
 
@@ -302,6 +306,10 @@ class ServingMetrics:
             h["request_time_per_output_token_seconds"].labels(*labels).observe(m.tpot)
         if m.e2e is not None:
             h["e2e_request_latency_seconds"].labels(*labels).observe(m.e2e)
+        if m.first_scheduled_time is not None and m.finish_time is not None:
+            h["request_inference_time_seconds"].labels(*labels).observe(m.finish_time - m.first_scheduled_time)
+        h["request_prompt_tokens"].labels(*labels).observe(m.prompt_tokens)
+        h["request_generation_tokens"].labels(*labels).observe(len(m.token_times))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

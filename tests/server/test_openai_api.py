@@ -55,6 +55,16 @@ def test_completions_sync(client, refs):
         assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
 
 
+def test_stop_string_never_streamed(client):
+    kwargs = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0,
+              "stop": ["\n\nThe", "zzz"]}
+    r = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    assert r.choices[0].finish_reason == "stop" and "\n\nThe" not in r.choices[0].text
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_batched_prompts_keep_order(client, refs):
     r = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=16, temperature=0)
     assert [c.index for c in r.choices] == list(range(len(PROMPTS)))

@@ -176,6 +176,10 @@ class _Chunks:
         self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": job.created, "model": job.parsed.model}
         self.extra = {"usage": None} if job.parsed.include_usage else {}
+        # text that could still turn out to start a stop string is held back until it cannot
+        # (the engine cuts a matched stop string from `text`, and what was sent cannot be unsent)
+        self.holdback = max((len(s) for s in job.parsed.sampling.get("stop", ())), default=1) - 1
+        self.sent: dict[int, int] = {}
 
     def _choice(self, choice: dict[str, Any]) -> str:
         return _sse({**self.base, "choices": [choice], **self.extra})
@@ -186,16 +190,23 @@ class _Chunks:
         return [self._choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}) for i in range(num_choices)]
 
+    def _new_text(self, index: int, out: RequestOutput) -> str:
+        start = self.sent.get(index, 0)
+        end = len(out.text) if out.finished else max(start, len(out.text) - self.holdback)
+        self.sent[index] = end
+        return out.text[start:end]
+
     def for_output(self, index: int, out: RequestOutput) -> list[str]:
         finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
             "finish_reason": None}
+        text = self._new_text(index, out)
         if not self.chat:
-            if not out.new_text and not out.finished:
+            if not text and not out.finished:
                 return []
-            return [self._choice({"index": index, "text": out.new_text, "logprobs": None, **finish})]
+            return [self._choice({"index": index, "text": text, "logprobs": None, **finish})]
         chunks = []
-        if out.new_text:
-            chunks.append(self._choice({"index": index, "delta": {"content": out.new_text}, "logprobs": None,
+        if text:
+            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": None,
                                         "finish_reason": None}))
         if out.finished:
             chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
