@@ -20,7 +20,7 @@ def test_sim_run_prints_and_saves_the_bench_report(tmp_path, capsys):
     assert report.to_dict()["schema"] == SCHEMA
     overall = report.summary["overall"]
     assert overall["num_ok"] == 24 and overall["output_tokens"] == 24 * 16
-    assert report.meta["backend"] == "sim" and report.meta["engine"]["max_num_seqs"] == 8
+    assert report.meta["target"] == "sim" and report.meta["engine_args"]["max_num_seqs"] == 8
     events = json.loads(trace.read_text())["traceEvents"]
     assert events and {e["name"] for e in events} <= {"prefill", "decode", "mixed"}
     assert "prefill" in {e["name"] for e in events}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +20,93 @@ from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 __all__ = ["add_args", "run", "add_workload_args", "build_specs"]
 
 MODES = ("run", "calibrate", "validate")
+DEFAULT_NUM_PROMPTS = 100
+DEFAULT_VALIDATE_PROMPTS = 24
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The workload and arrival flags of `pacer bench`."""
-    g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="mixed",
-                   help="chat | rag | agent | batch | mixed | fixed, or a .yaml/.json workload spec")
-    g.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens (default 1024)")
-    g.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens (default 128)")
-    g.add_argument("--input-cv", type=float, default=None, help="override every class's prompt-length CV")
-    g.add_argument("--output-cv", type=float, default=None, help="override every class's output-length CV")
-    g.add_argument("--num-prompts", type=int, default=None, help="requests to send (default 1000; validate: 24)")
-    g.add_argument("--duration", type=float, default=None, help="stop sending after this many seconds")
-    g.add_argument("--request-rate", type=float, default=None,
-                   help="requests/s, Poisson (inf: all at once; the default without --concurrency)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps (1: Poisson)")
-    g.add_argument("--concurrency", type=int, default=None,
-                   help="closed loop with this many clients; with --request-rate, a cap on requests in flight")
-    g.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
-    g.add_argument("--slo", action="append", default=[], help="e.g. ttft=300ms,itl=50ms or rag:ttft=2s (repeatable)")
-    g.add_argument("--out", default=None, help="save the run report (pacer bench's run.json schema)")
+    """The workload, arrival and report flags of `pacer bench` (same names, same meanings)."""
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default=None,
+                   help="chat (default) | rag | agent | batch | mixed | fixed (default with --input-len), "
+                        "or a .yaml/.json workload spec")
+    w.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens per request")
+    w.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens per request")
+    w.add_argument("--prompt-cv", type=float, default=None, help="override every class's prompt length CV")
+    w.add_argument("--output-cv", type=float, default=None, help="override every class's output length CV")
+    w.add_argument("--trace", default=None, help="replay a JSONL trace (timestamp, prompt|prompt_tokens, ...)")
+    w.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
+    a = p.add_argument_group("arrivals")
+    a.add_argument("--request-rate", default=None,
+                   help="req/s, Poisson (or gamma with --burstiness); 'inf' sends all at once (the default "
+                        "without --concurrency); a list 1,2,4,8 sweeps load")
+    a.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, <1 burstier")
+    a.add_argument("--concurrency", type=int, default=None,
+                   help="closed loop with N clients; with --request-rate, a cap on requests in flight")
+    a.add_argument("--num-prompts", type=int, default=None,
+                   help=f"requests to send (default {DEFAULT_NUM_PROMPTS}; validate: {DEFAULT_VALIDATE_PROMPTS})")
+    a.add_argument("--duration", type=float, default=None, help="send for this many (simulated) seconds instead")
+    r = p.add_argument_group("report")
+    r.add_argument("--slo", action="append", default=[],
+                   help="e.g. ttft=300ms,itl=50ms or rag:ttft=2s (repeatable)")
+    r.add_argument("--out", default=None, help="write the run as pacer bench's run.json (a sweep: one per rate)")
+
+
+def parse_rates(text: str | None, concurrency: int | None) -> list[float | None]:
+    """`--request-rate` as a list; None means closed loop (only with --concurrency)."""
+    if text is None:
+        return [None] if concurrency is not None else [math.inf]
+    rates: list[float | None] = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"--request-rate: expected numbers such as 2 or 1,2,4,8 or inf, got {part!r}") from None
+        if not value > 0:
+            raise ValueError(f"--request-rate must be > 0, got {part!r}")
+        rates.append(value)
+    return rates
+
+
+def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int, tokenizer: Any = None,
+                default_num: int = 0) -> tuple[list[Any], str, str]:
+    """(request specs, workload name, arrivals description) from the workload and arrival flags."""
+    from pacer.bench.arrivals import ClosedLoop, make_arrivals
+    from pacer.bench.trace import load_trace
+    from pacer.bench.workloads import builtin_workload, generate_requests, load_workload
+
+    num = args.num_prompts
+    if num is None and args.duration is None:
+        num = default_num or DEFAULT_NUM_PROMPTS
+    if args.trace:
+        specs = load_trace(args.trace, tokenizer=tokenizer, seed=args.seed)
+        if num is not None:
+            specs = specs[:num]
+        if args.concurrency is not None and args.request_rate is None:
+            return [s.with_arrival(None) for s in specs], f"trace:{args.trace}", ClosedLoop(args.concurrency).describe()
+        return specs, f"trace:{args.trace}", "at the trace's timestamps"
+    name = args.workload or ("fixed" if args.input_len is not None else "chat")
+    if name == "fixed":
+        wl = builtin_workload("fixed", args.input_len, args.output_len)
+    elif args.input_len is not None or args.output_len is not None:
+        raise ValueError("--input-len/--output-len apply to the fixed workload (drop --workload or use fixed)")
+    else:
+        wl = load_workload(name)
+    wl = wl.with_lengths(prompt_cv=args.prompt_cv, output_cv=args.output_cv)
+    arrivals = make_arrivals(rate, args.burstiness, args.concurrency)
+    specs = generate_requests(wl, arrivals, seed=args.seed, num_requests=num, duration=args.duration,
+                              tokenizer=tokenizer, max_model_len=max_model_len)
+    return specs, wl.name, arrivals.describe()
+
+
+def _meta(args: argparse.Namespace, kwargs: dict[str, Any], workload: str, arrivals: str, rate: float | None,
+          n: int) -> dict[str, Any]:
+    """Keys of `pacer bench`'s meta, plus what was simulated."""
+    return {"target": "sim", "engine": "sim", "model": args.model, "workload": workload, "arrivals": arrivals,
+            "request_rate": rate if rate is None or math.isfinite(rate) else "inf", "burstiness": args.burstiness, "concurrency": args.concurrency,
+            "num_prompts": n, "duration": args.duration, "seed": args.seed,
+            "engine_args": json.loads(json.dumps(kwargs, default=str)), "argv": sys.argv[1:],
+            "hardware": args.hardware, "tp": args.tp}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -63,46 +130,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, skip=("seed",))
 
 
-def build_specs(args: argparse.Namespace, max_model_len: int, tokenizer: Any = None,
-                default_num: int = 1000) -> tuple[list[Any], Any, Any]:
-    """(request specs, workload, arrival process) from the workload flags."""
-    from pacer.bench.arrivals import make_arrivals
-    from pacer.bench.workloads import builtin_workload, generate_requests, load_workload
-
-    if args.workload == "fixed":
-        wl = builtin_workload("fixed", args.input_len, args.output_len)
-    elif args.input_len is not None or args.output_len is not None:
-        raise ValueError(f"--input-len/--output-len apply to the 'fixed' workload, not {args.workload!r}")
-    else:
-        wl = load_workload(args.workload)
-    if args.input_cv is not None or args.output_cv is not None:
-        wl = wl.with_lengths(prompt_cv=args.input_cv, output_cv=args.output_cv)
-    rate = args.request_rate
-    if rate is None and args.concurrency is None:
-        rate = math.inf
-    arrivals = make_arrivals(rate, args.burstiness, args.concurrency)
-    num = args.num_prompts if args.num_prompts is not None else (None if args.duration else default_num)
-    specs = generate_requests(wl, arrivals, seed=args.seed, num_requests=num, duration=args.duration,
-                              tokenizer=tokenizer, max_model_len=max_model_len)
-    return specs, wl, arrivals
-
-
-def _meta(args: argparse.Namespace, kwargs: dict[str, Any], wl: Any, arrivals: Any, n: int) -> dict[str, Any]:
-    return {"tool": "pacer sim", "workload": wl.name, "arrivals": arrivals.describe(), "seed": args.seed,
-            "num_prompts": n, "engine": {k: v for k, v in kwargs.items() if k != "model"},
-            "hardware": args.hardware, "tp": args.tp}
-
-
 def _print_report(report: Any, title: str) -> None:
     from rich.console import Console
 
     from pacer.bench.tables import report_table
 
-    Console().print(report_table(report, title=title))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 140))   # full tables in logs and pipes
+    console.print(report_table(report, title=title))
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from pacer.bench.report import build_report, parse_slo
+    from pacer.bench.report import OVERALL, build_report, parse_slo
     from pacer.config import EngineConfig
     from pacer.sim.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, simulate, utilisation_summary, write_chrome_trace
@@ -110,30 +150,43 @@ def _run_sim(args: argparse.Namespace) -> int:
     hw, model = get_hardware(args.hardware), get_model(args.model)
     kwargs = engine_kwargs_from_args(args)
     config = EngineConfig.from_kwargs(**kwargs)
-    engine, executor, clock = build_sim_engine(config, hw, model, tp=args.tp,
-                                               gpu_memory_utilization=args.gpu_memory_utilization,
-                                               keep_records=True)
-    specs, wl, arrivals = build_specs(args, engine.max_model_len)
-    result = simulate(engine, executor, clock, specs,
-                      concurrency=args.concurrency)
-    meta = _meta(args, kwargs, wl, arrivals, len(specs))
-    meta.update({"backend": "sim", "model": model.name, "cost_model": result.cost_model,
-                 "kv_blocks": result.num_kv_blocks, "sim": result.stats()})
-    report = build_report(result.records, slo=parse_slo(args.slo), meta=meta)
-    _print_report(report, f"pacer sim: {model.name} on {hw.name} x{args.tp} ({result.cost_model})")
-    print(f"simulated {result.sim_duration_s:.1f} s in {result.wall_s:.2f} s wall: "
-          f"{result.speedup:.1f} simulated s per wall s ({result.num_steps} steps, "
-          f"{result.num_steps / max(result.wall_s, 1e-9):.0f} steps/s, {result.num_preemptions} preemptions, "
-          f"{result.num_kv_blocks} KV blocks)")
-    for line in utilisation_summary(executor.records):
-        print(line)
-    if args.out:
-        report.save(args.out)
-        print(f"report saved to {args.out}")
-    if args.chrome_trace:
-        write_chrome_trace(result, args.chrome_trace)
-        print(f"chrome trace saved to {args.chrome_trace}")
+    slo = parse_slo(args.slo)
+    rates = parse_rates(args.request_rate, args.concurrency)
+    for rate in rates:
+        engine, executor, clock = build_sim_engine(config, hw, model, tp=args.tp,
+                                                   gpu_memory_utilization=args.gpu_memory_utilization)
+        specs, workload, arrivals = build_specs(args, rate, engine.max_model_len)
+        result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
+        meta = _meta(args, kwargs, workload, arrivals, rate, len(specs))
+        meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats()})
+        report = build_report(result.records, slo=slo, meta=meta)
+        _print_report(report, f"pacer sim: {model.name} on {hw.name} x{args.tp}, {workload}, {arrivals}")
+        print(f"simulated {result.sim_duration_s:.1f} s in {result.wall_s:.2f} s wall: "
+              f"{result.speedup:.1f} simulated s per wall s ({result.num_steps} steps, "
+              f"{result.num_steps / max(result.wall_s, 1e-9):.0f} steps/s, {result.num_preemptions} preemptions, "
+              f"{result.num_kv_blocks} KV blocks, {result.cost_model})")
+        for line in utilisation_summary(executor.records):
+            print(line)
+        if len(rates) > 1:
+            s = report.summary[OVERALL]
+            print(f"rate {rate:g}: {s['output_tok_s']:.1f} out tok/s, ttft p99 {_ms(s['ttft_p99'])}, "
+                  f"tpot p99 {_ms(s['tpot_p99'])}, goodput {s['goodput_req_s']:.2f} req/s")
+        suffix = "" if len(rates) == 1 else f".rate-{'closed' if rate is None else format(rate, 'g')}"
+        if args.out:
+            path = Path(args.out)
+            path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
+            report.save(path)
+            print(f"report saved to {path}")
+        if args.chrome_trace:
+            path = Path(args.chrome_trace)
+            path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
+            write_chrome_trace(result, path)
+            print(f"chrome trace saved to {path}")
     return 0
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v * 1000:.1f} ms"
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
@@ -164,19 +217,21 @@ def _run_validate(args: argparse.Namespace) -> int:
 
     kwargs = engine_kwargs_from_args(args)
     real_engine = Engine.from_kwargs(**kwargs)
-    specs, wl, arrivals = build_specs(args, real_engine.max_model_len, tokenizer=real_engine.tokenizer,
-                                      default_num=24)
-    closed = arrivals.is_closed_loop
-    print(f"validate: {len(specs)} requests of {wl.name!r}, {arrivals.describe()}, through the real engine ...",
-          flush=True)
+    rates = parse_rates(args.request_rate, args.concurrency)
+    if len(rates) != 1:
+        raise ValueError("validate runs one rate; give a single --request-rate")
+    specs, workload, arrivals = build_specs(args, rates[0], real_engine.max_model_len,
+                                            tokenizer=real_engine.tokenizer, default_num=DEFAULT_VALIDATE_PROMPTS)
+    closed = rates[0] is None
+    print(f"validate: {len(specs)} requests of {workload!r}, {arrivals}, through the real engine ...", flush=True)
     records, _, _ = run_inprocess(specs, real_engine, concurrency=args.concurrency, closed_loop=closed)
-    meta = _meta(args, kwargs, wl, arrivals, len(specs))
-    real = build_report(records, meta={**meta, "backend": "inprocess"})
+    meta = _meta(args, kwargs, workload, arrivals, rates[0], len(specs))
+    real = build_report(records, meta={**meta, "target": "inprocess", "engine": "inprocess"})
     hw = get_hardware(args.hardware)
     model = dataclasses.replace(get_model(args.model), max_model_len=real_engine.max_model_len)
     engine, executor, clock = build_sim_engine(EngineConfig.from_kwargs(**kwargs), hw, model)
     result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
-    sim = build_report(result.records, meta={**meta, "backend": "sim", "cost_model": result.cost_model})
+    sim = build_report(result.records, meta={**meta, "cost_model": result.cost_model})
     errors = compare_summaries(real.summary["overall"], sim.summary["overall"])
     print(f"real engine vs simulator ({result.cost_model}), same {len(specs)}-request trace:")
     for line in format_errors(errors):
