@@ -101,6 +101,8 @@ async def _generate(service: Service, request: Request,
             return JSONResponse(await _collect(service, job))
         finally:
             watcher.cancel()
+            if not job.done:   # failed, or cancelled (client gone, drain timeout)
+                service.cancel(job, 499)
     try:
         first = await job.queue.get()
         _raise_if_failed(service, job, first)

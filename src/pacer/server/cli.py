@@ -51,6 +51,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be >= 1 (omit it for no cap), got {args.max_waiting}")
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
