@@ -1,0 +1,118 @@
+"""EngineLoop with a scripted fake engine: outputs reach the right queues, a failing step
+fails the requests in flight without killing the thread, and repeated failures stop it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from types import SimpleNamespace
+
+from pacer.request import RequestMetrics, SamplingParams
+from pacer.server.engine_loop import EngineLoop, Route
+
+
+class FakeEngine:
+    """Each request yields `n` one-token outputs, one per step; `fail_next` steps raise."""
+
+    def __init__(self, n: int = 3) -> None:
+        self.n = n
+        self.lock = threading.Lock()
+        self.inbox: deque = deque()
+        self.live: dict[str, int] = {}
+        self.fail_next = 0
+        self.num_steps = 0
+        self.scheduler = SimpleNamespace(num_running=0, num_waiting=0, num_preemptions=0)
+        pool = SimpleNamespace(num_free_blocks=8)
+        self.kv = SimpleNamespace(num_blocks=8, pool=pool, usage=0.0, num_available_blocks=lambda: 8)
+
+    def add_request(self, prompt, params, *, request_id, priority, tenant):
+        self.inbox.append(("add", request_id))
+
+    def abort_request(self, request_id):
+        self.inbox.append(("abort", request_id))
+
+    def has_unfinished_requests(self):
+        return bool(self.inbox) or bool(self.live)
+
+    def step(self):
+        outs = []
+        while self.inbox:
+            kind, rid = self.inbox.popleft()
+            if kind == "add":
+                self.live[rid] = 0
+            elif rid in self.live:
+                del self.live[rid]
+                outs.append(_out(rid, 0, True, "abort"))
+        self.num_steps += 1
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("boom")
+        for rid in list(self.live):
+            self.live[rid] += 1
+            done = self.live[rid] == self.n
+            outs.append(_out(rid, self.live[rid], done, "length" if done else None))
+            if done:
+                del self.live[rid]
+        return outs
+
+
+def _out(rid, n, finished, reason):
+    return SimpleNamespace(request_id=rid, new_token_ids=[n] if n else [], finished=finished,
+                           finish_reason=reason, metrics=RequestMetrics(0.0))
+
+
+async def _drain(queue):
+    items = []
+    while True:
+        item = await asyncio.wait_for(queue.get(), 10)
+        items.append(item)
+        if not isinstance(item, tuple) or item[1].finished:
+            return items
+
+
+def test_outputs_are_routed_and_thread_idles():
+    async def go():
+        engine = FakeEngine()
+        loop = EngineLoop(engine)
+        loop.start(asyncio.get_running_loop())
+        queues = [asyncio.Queue() for _ in range(3)]
+        for i, q in enumerate(queues):
+            loop.add(f"r{i}", [1], SamplingParams(), priority=0, tenant="t", route=Route(q, i, None))
+        results = [await _drain(q) for q in queues]
+        steps = engine.num_steps
+        loop.stop()
+        return results, steps, loop
+
+    results, steps, loop = asyncio.run(go())
+    for i, items in enumerate(results):
+        assert [idx for idx, _ in items] == [i] * 3
+        assert [o.finish_reason for _, o in items] == [None, None, "length"]
+    assert steps <= 4 and loop.num_routes == 0
+
+
+def test_failing_step_fails_in_flight_and_recovers():
+    async def go():
+        engine = FakeEngine(n=2)
+        loop = EngineLoop(engine, max_consecutive_failures=3)
+        failed = []
+        loop.failure_listeners.append(lambda ids, err: failed.extend(ids))
+        loop.start(asyncio.get_running_loop())
+        q1 = asyncio.Queue()
+        engine.fail_next = 1
+        loop.add("a", [1], SamplingParams(), priority=0, tenant="t", route=Route(q1, 0, None))
+        first = await _drain(q1)
+        alive_after_one = loop.alive
+        q2 = asyncio.Queue()
+        loop.add("b", [1], SamplingParams(), priority=0, tenant="t", route=Route(q2, 0, None))
+        second = await _drain(q2)
+        engine.fail_next = 3
+        q3 = asyncio.Queue()
+        loop.add("c", [1], SamplingParams(), priority=0, tenant="t", route=Route(q3, 0, None))
+        await asyncio.to_thread(lambda: loop._thread.join(10))
+        return failed, first, alive_after_one, second, loop
+
+    failed, first, alive_after_one, second, loop = asyncio.run(go())
+    assert failed[0] == "a" and alive_after_one
+    assert second[-1][1].finish_reason == "length"      # the loop kept serving
+    assert not loop.alive and isinstance(loop.error, RuntimeError) and not loop.state.alive
