@@ -227,3 +227,8 @@ def test_request_log_lines(served, client):
     assert rec["finish_reason"] == r.choices[0].finish_reason and rec["status"] == 200
     assert 0 <= rec["timestamp"] <= rec["first_token_at"] <= rec["finished_at"]
     assert rec["ttft"] > 0 and rec["e2e"] >= rec["ttft"]
+    r = httpx.post(f"{served.v1}/completions", headers={"X-Pacer-Agent": "1"},
+                   json={"model": MODEL, "prompt": "Call a tool", "max_tokens": 2})
+    api_id = r.json()["id"]
+    rec = wait_for(lambda: [x for x in read_request_log(served.log_path) if x["api_id"] == api_id], 10, "log")[0]
+    assert rec["class"] == "agent" and rec["tenant"] == "default"

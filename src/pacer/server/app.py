@@ -110,7 +110,8 @@ async def _generate(service: Service, request: Request,
         watcher.cancel()
         service.cancel(job, 499)
         raise
-    return StreamingResponse(_stream(service, job, first, watcher), media_type="text/event-stream")
+    return StreamingResponse(_stream(service, job, first, watcher), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
@@ -231,6 +232,7 @@ async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[
             except APIError as e:
                 if e.status != 499:
                     yield _sse(e.body())
+                    yield "data: [DONE]\n\n"
                 return
             index, out = item
             for c in chunks.for_output(index, out):
