@@ -75,7 +75,7 @@ def specs_from_trace(rows: list[Mapping[str, Any]], *, tokenizer: TokenizerLike 
         if session is not None:
             last_in_session[session] = (ids, out_len)
         specs.append(RequestSpec(
-            request_id=str(row.get("request_id", f"trace-{i}")), request_class=str(row.get("class") or "trace"),
+            request_id=f"trace-{i}", request_class=str(row.get("class") or "trace"),
             prompt=prompt, prompt_token_ids=ids, output_tokens=out_len,
             messages=(ChatMessage("user", prompt.strip()),), arrival_time=ts, session=session,
             tenant=str(row.get("tenant") or "default"), priority=int(row.get("priority") or 0),
