@@ -153,9 +153,10 @@ class Engine:
             ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            # set(map(type)) / min / max run in C: the per-token check was ~10% of a simulation
+            if set(map(type, ids)) - {int} and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
                 raise TypeError("prompt token ids must be integers")
-            if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
+            if self.vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
                 raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         if not ids:
             raise ValueError("prompt must not be empty (0 tokens)")
