@@ -77,7 +77,8 @@ def serve(engine: Any, *flags: str) -> Iterator[Served]:
 
 @pytest.fixture(scope="session")
 def llm() -> LLM:
-    return LLM(num_threads=1)   # 2 shared cores: one torch thread is ~10x faster than two contending
+    # 2 shared cores: one torch thread is ~10x faster than two contending ones
+    return LLM(num_threads=1, kv_cache_memory="512MiB")
 
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)

@@ -25,6 +25,10 @@ def _idle(served):
             and srv["num_in_flight"] == 0 and srv["num_admission_waiting"] == 0)
 
 
+def _waiting(served):
+    return _state(served)["server"]["num_admission_waiting"]
+
+
 def _metric(served, name, **labels):
     text = httpx.get(served.base_url + "/metrics").text
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
@@ -115,9 +119,10 @@ def test_overload_sheds_low_priority_first(gated):
     async def go():
         async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as client:
             gate.close()
-            low = [asyncio.create_task(client.post("/v1/completions", json=body(10, i))) for i in range(4)]
-            await asyncio.to_thread(wait_for, lambda: _state(served)["server"]["num_admission_waiting"] == 4,
-                                    30, "four waiting requests")
+            low = []
+            for i in range(4):   # one at a time, so that their arrival order is known
+                low.append(asyncio.create_task(client.post("/v1/completions", json=body(10, i))))
+                await asyncio.to_thread(wait_for, lambda n=i + 1: _waiting(served) == n, 30, f"{i + 1} waiting")
             refused = [await client.post("/v1/completions", json=body(10, 10 + i)) for i in range(3)]
             high = [asyncio.create_task(client.post("/v1/completions", json=body(0, 20 + i))) for i in range(2)]
             await asyncio.to_thread(wait_for, lambda: sum(t.done() for t in low) == 2, 30, "two displaced")
