@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -334,17 +335,24 @@ def _jsonable(value: Any) -> Any:
 def _load_tokenizer(path: str | None, console: Console) -> TokenizerLike | None:
     """The tokenizer prompts are cut with: `path` if it is a local model, else pacer's default model."""
     from pacer.model.loader import default_model_path
-    from pacer.model.tokenizer import Tokenizer
 
     try:
         source = path if path is not None and Path(path).exists() else default_model_path()
         if path is not None and not Path(path).exists():
             console.print(f"[yellow]--model {path!r} is not a local path; cutting prompts with pacer's default "
                           "model tokenizer (pass --tokenizer for exact lengths)[/yellow]")
-        return Tokenizer.load(source)
+        return _tokenizer_at(str(Path(source).resolve()))
     except (FileNotFoundError, ValueError, OSError) as e:
         console.print(f"[yellow]no tokenizer ({e}); prompt lengths are approximate (one word per token)[/yellow]")
         return None
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_at(path: str) -> TokenizerLike | None:
+    """Loaded once per process (a sweep, or several runs in one test session)."""
+    from pacer.model.tokenizer import Tokenizer
+
+    return Tokenizer.load(path)
 
 
 pacer.cli.COMMANDS["bench"] = (add_args, run)
