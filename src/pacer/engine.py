@@ -284,9 +284,11 @@ class Engine:
             except Exception:
                 log.exception("request %s failed alone; finishing it with an error", sr.request_id)
                 failed.append(sr.request_id)
+        starts = {sr.request_id: sr.start_position for sr in out.scheduled}
         for rid in failed:
             req = self.scheduler.requests.get(rid)
             if req is not None and not req.is_finished:
+                req.num_computed_tokens = starts[rid]   # this step's KV is unreliable: never cache it
                 self.scheduler.finish_request(req, FinishReason.ERROR)
                 outputs.append(self._finish_output(self._tracked[rid], [], ""))
         return _IsolatedResult(sampled)

@@ -174,5 +174,13 @@ def test_executor_failure_fails_only_that_request(llm):
             assert httpx.get(served.base_url + "/health").status_code == 200
             wait_for(lambda: _idle(served), 30, "idle after the failure")
             assert _metric(served, "pacer_request_success_total", finished_reason="error") == 2
+            # a failed request's KV is never adopted by the prefix cache (it may be garbage)
+            cached = _state(served)["engine"]["num_cached_blocks"]
+            long_prompt = " ".join(f"word{i}" for i in range(60)) + " Zzyzx"
+            r = httpx.post(served.v1 + "/completions", json={"model": MODEL, "prompt": long_prompt, "max_tokens": 2},
+                           timeout=60)
+            assert r.status_code == 500
+            wait_for(lambda: _idle(served), 30, "idle after the failure")
+            assert _state(served)["engine"]["num_cached_blocks"] == cached
     finally:
         engine.executor = original
