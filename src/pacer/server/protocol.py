@@ -4,6 +4,8 @@ Fields follow the OpenAI API (and vLLM's extensions `top_k`, `min_tokens`, `igno
 `stop_token_ids`, `priority`); `tenant` is a pacer extension, also read from `user`.
 Options we do not implement (logprobs, echo, penalties, n > 1, ...) are refused with a 400
 rather than ignored. Unknown keys are ignored, as OpenAI-compatible servers commonly do.
+`tools` only marks a chat request as class `agent`: tool definitions are not rendered into the
+prompt and tool calls are not parsed.
 """
 
 from __future__ import annotations
