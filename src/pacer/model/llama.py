@@ -141,7 +141,8 @@ class LlamaModel:
         sin = self._sin[positions].unsqueeze(1)
         x = F.embedding(input_ids, self.embed)
         hidden_norm = (x.shape[-1],)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        last = len(self.layers) - 1
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             h = F.rms_norm(x, hidden_norm, layer.in_norm, eps)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b).view(T, nh + 2 * nkv, d)
             q, k, v = qkv.split([nh, nkv, nkv], dim=1)
@@ -151,12 +152,15 @@ class LlamaModel:
             q = self._rope(q, cos, sin)
             k = self._rope(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel)
-            x = x + F.linear(attn.view(T, nh * d), layer.o_w)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel).view(T, nh * d)
+            if i == last:
+                # Past the last KV write only the rows that need logits matter: skip the
+                # output projection and MLP of every other prefill token.
+                x, attn = x[logits_rows], attn[logits_rows]
+            x = x + F.linear(attn, layer.o_w)
             h = F.rms_norm(x, hidden_norm, layer.post_norm, eps)
             gate, up = F.linear(h, layer.gate_up_w).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down_w)
-        x = x[logits_rows]
         x = F.rms_norm(x, hidden_norm, self.final_norm, eps)
         return F.linear(x, self.lm_head).float()
 
