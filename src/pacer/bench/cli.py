@@ -177,18 +177,18 @@ class _Bench:
         self.slo = slo
         self.console = console
         self.engine: Any = None
-        self.engine_kwargs = engine_kwargs_from_args(args)
+        self.engine_kwargs = engine_kwargs_from_args(args)   # includes --seed: the engine's sampler seed too
         self.tokenizer: TokenizerLike | None = None
         self.max_model_len: int | None = args.max_model_len
         self.model_name: str | None = args.model
         if mode == "inprocess":
             from pacer.engine import Engine
 
-            self.engine = Engine.from_kwargs(**self.engine_kwargs, seed=args.seed)
+            self.engine = Engine.from_kwargs(**self.engine_kwargs)
             self.tokenizer = self.engine.tokenizer
             self.max_model_len = self.engine.max_model_len
         else:
-            self.engine_kwargs.pop("model", None)
+            self.engine_kwargs = {k: v for k, v in self.engine_kwargs.items() if k not in ("model", "seed")}
             self.tokenizer = _load_tokenizer(args.tokenizer or args.model, console)
             self._probe_server()
         self.workload = self._workload()
@@ -267,7 +267,8 @@ class _Bench:
             "endpoint": args.endpoint, "model": self.model_name, "started_at": started,
             "workload": self.workload.name if self.workload else f"trace:{args.trace}",
             "classes": [_class_meta(c) for c in self.workload.classes] if self.workload else [],
-            "arrivals": arrivals_desc, "request_rate": rate, "burstiness": args.burstiness,
+            "arrivals": arrivals_desc,
+            "request_rate": "inf" if rate is not None and math.isinf(rate) else rate, "burstiness": args.burstiness,
             "concurrency": args.concurrency, "num_prompts": args.num_prompts, "duration": args.duration,
             "seed": args.seed, "temperature": args.temperature, "engine_args": _jsonable(self.engine_kwargs),
             "argv": sys.argv[1:], **extra,
