@@ -123,3 +123,14 @@ def test_seed_physics_decode_memory_bound_prefill_compute_bound():
     one = cm.step_cost(BatchFeatures(num_tokens=1, num_seqs=1, num_single=1, single_kv_tokens=600, single_max_ctx=600,
                                      num_sampled=1, num_decode_tokens=1))
     assert 0.008 < one.time_s < 0.011   # 16 GB of weights over 2 TB/s
+
+
+def test_any_hf_config_json_is_a_model_profile(tmp_path):
+    cfg = {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 24,
+           "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    m = get_model(str(tmp_path))
+    assert (m.num_layers, m.head_dim, m.num_kv_heads, m.max_model_len) == (24, 128, 4, 4096)
+    assert get_model(str(tmp_path / "config.json")) == m
+    with pytest.raises(ValueError, match="model must be one of"):
+        get_model("no-such-model")

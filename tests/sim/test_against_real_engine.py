@@ -1,0 +1,48 @@
+"""The simulator against the real engine on the same trace (default model, CPU).
+
+With every request arriving at t=0 scheduling does not depend on step times, so the real
+engine and the simulator must take exactly the same steps; latencies are only checked for
+sanity here (the numeric targets are `pacer sim validate`'s job on a quiet machine)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pacer.bench.arrivals import make_arrivals
+from pacer.bench.runner import run_inprocess
+from pacer.bench.workloads import builtin_workload, generate_requests
+from pacer.config import EngineConfig
+from pacer.engine import Engine
+from pacer.sim.profiles import get_hardware, get_model
+from pacer.sim.simulator import build_sim_engine, simulate
+
+
+@pytest.fixture(scope="module")
+def real_engine():
+    try:
+        return Engine.from_kwargs(max_num_seqs=4, max_num_batched_tokens=96, num_kv_blocks=64)
+    except FileNotFoundError as e:   # pragma: no cover - the default model is part of `make venv`
+        pytest.skip(str(e))
+
+
+def test_same_trace_same_steps_as_the_real_engine(real_engine):
+    wl = builtin_workload("chat").with_lengths(prompt_mean=40, output_mean=6)
+    specs = generate_requests(wl, make_arrivals(float("inf")), seed=3, num_requests=10,
+                              tokenizer=real_engine.tokenizer, max_model_len=real_engine.max_model_len)
+    real_records, _, _ = run_inprocess(specs, real_engine)
+    real_steps = [(s.batch_size, s.num_prefill_tokens, s.num_decode_tokens) for s in real_engine.step_stats]
+
+    cfg = EngineConfig.from_kwargs(max_num_seqs=4, max_num_batched_tokens=96, num_kv_blocks=64)
+    model = dataclasses.replace(get_model(None), max_model_len=real_engine.max_model_len)
+    engine, ex, clock = build_sim_engine(cfg, get_hardware("cpu-local"), model)
+    result = simulate(engine, ex, clock, specs)
+    sim_steps = [(r.batch_size, r.num_prefill_tokens, r.num_decode_tokens) for r in ex.records]
+
+    assert sim_steps == real_steps
+    assert [r.output_tokens for r in result.records] == [r.output_tokens for r in real_records]
+    assert [r.cached_tokens for r in result.records] == [r.cached_tokens for r in real_records]
+    assert [r.preemptions for r in result.records] == [r.preemptions for r in real_records]
+    for sim_r, real_r in zip(result.records, real_records):
+        assert sim_r.ttft is not None and real_r.ttft is not None and sim_r.ttft > 0
