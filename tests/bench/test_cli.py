@@ -51,9 +51,11 @@ def test_bench_http_report_out_plots_and_compare(server: str, tmp_path: Path,
 
 def test_bench_sweep_and_trace_replay(server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["bench", "--base-url", server, "--input-len", "20", "--output-len", "3", "--num-prompts", "4",
-               "--request-rate", "50,100", "--endpoint", "chat", "--out", str(tmp_path / "s.json"), "--no-progress"])
+               "--request-rate", "50,100", "--endpoint", "chat", "--out", str(tmp_path / "s.json"), "--no-progress",
+               "--plots", str(tmp_path / "plots")])
     assert rc == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.rate-100.json", "s.rate-50.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["s.rate-100.json", "s.rate-50.json"]
+    assert (tmp_path / "plots" / "sweep.png").is_file() and (tmp_path / "plots" / "rate-50-timeline.png").is_file()
     assert "load sweep" in capsys.readouterr().out
     trace = tmp_path / "trace.jsonl"
     rows = [{"timestamp": 0.0, "prompt_tokens": 30, "output_tokens": 2, "class": "a"},

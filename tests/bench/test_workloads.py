@@ -131,3 +131,23 @@ def test_trace_replay_from_lengths_and_text(tmp_path: Path) -> None:
     p.write_text('{"prompt_tokens": 3}\n')
     with pytest.raises(ValueError, match="timestamp"):
         load_trace(p)
+
+
+def test_prompts_are_exact_under_the_default_models_tokenizer() -> None:
+    from pacer.model.loader import default_model_path
+    from pacer.model.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.load(default_model_path())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert tok is not None
+    specs = generate_requests(builtin_workload("mixed"), Poisson(5), seed=0, num_requests=60, tokenizer=tok,
+                              max_model_len=2048)
+    for s in specs:
+        assert tuple(tok.encode(s.prompt)) == s.prompt_token_ids   # the text re-encodes to the same tokens
+    fixed = generate_requests(builtin_workload("fixed", 333, 4), Poisson(5), num_requests=3, tokenizer=tok)
+    assert [len(tok.encode(s.prompt)) for s in fixed] == [333] * 3
+    chat = next(s for s in specs if s.request_class == "chat" and s.turn > 0)
+    assert [m.role for m in chat.messages][:3] == ["system", "user", "assistant"]
+    assert len(tok.apply_chat_template([m.as_dict() for m in chat.messages])) > chat.prompt_tokens
