@@ -18,7 +18,10 @@ __all__ = ["plot_report", "plot_sweep"]
 
 
 def _plt() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ValueError("--plots needs matplotlib: pip install 'pacer[bench]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -252,7 +252,8 @@ def run_duration(records: Sequence[RequestRecord]) -> float:
 
 def summarize(records: Sequence[RequestRecord], duration: float, slo: Slo = Slo()) -> Summary:
     """One summary object (a class's or `overall`): counts, rates over `duration`, latency
-    percentiles over completed requests, goodput under `slo`."""
+    percentiles over completed requests, goodput under `slo` (`slo_attainment` is the share of
+    all requests, failed ones included, that met it)."""
     ok = [r for r in records if r.ok]
     out: Summary = {
         "num_requests": len(records), "num_ok": len(ok),
