@@ -343,3 +343,18 @@ def test_cli_flags_for_cache_options_parse_tenant_maps():
     assert EngineConfig.from_kwargs(**kw).cache.cache_ttl == 900.0
     with pytest.raises(SystemExit):
         parser.parse_args(["--tenant-quotas", "a=lots"])
+
+
+def test_running_requests_share_their_computed_blocks_before_finishing():
+    eng, ex = make_engine()
+    long_run = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    prompt = list(range(1, 22))
+    eng.add_request(prompt, long_run, request_id="first")
+    for _ in range(3):
+        eng.step()                                         # prefilled, decoding
+    assert eng.kv.num_cached_blocks == 5 and eng.kv.cache.num_evictable_blocks == 0   # cached, locked
+    eng.add_request(prompt[:17] + [99], GREEDY, request_id="second")
+    finals = run(eng, ex)
+    assert finals["second"].num_cached_tokens == 16
+    assert finals["first"].token_ids == reference_output(prompt, long_run)
+    assert finals["second"].token_ids == reference_output(prompt[:17] + [99], GREEDY)

@@ -219,6 +219,26 @@ class KVCacheManager:
             self.pool.free(block_ids)
             self.stats.evicted_blocks[reason] = self.stats.evicted_blocks.get(reason, 0) + len(block_ids)
 
+    def _cache_progress(self, req: Request) -> None:
+        """Share a running request's newly completed blocks at once (not only when it
+        finishes), so requests admitted meanwhile hit them. The request's lock moves to the
+        deeper node, keeping what it uses out of eviction."""
+        rid = req.request_id
+        table = self.block_tables.get(rid)
+        if self.cache is None or not table or rid in self._swapped or rid in self._public_ids:
+            return
+        n_full = min(req.num_computed_tokens // self.block_size, len(table))
+        old = self._handles.get(rid)
+        if n_full <= (old.num_blocks if old else 0):
+            return
+        tokens = req.token_ids_slice(0, n_full * self.block_size)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], self._owner(req), req.tenant, start=old)
+        self.pool.incref(adopted)
+        self.cache.lock(handle)
+        if old is not None:
+            self.cache.unlock(old)
+        self._handles[rid] = handle
+
     def _cache_request(self, req: Request, table: list[int]) -> None:
         assert self.cache is not None
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
@@ -229,7 +249,8 @@ class KVCacheManager:
             self._pin_ids.discard(rid)
             return
         tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant,
+                                            start=self._handles.get(rid))
         self.pool.incref(adopted)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
@@ -260,6 +281,7 @@ class KVCacheManager:
         """Ensure room for `num_new_tokens` more tokens, evicting cached blocks on demand;
         returns the blocks added, or None (and changes nothing) when they cannot be had.
         A swapped-out request gets its CPU blocks scheduled for swap-in here."""
+        self._cache_progress(req)
         need = self.blocks_needed(req, num_new_tokens)
         if need > self.num_available_blocks(req.tenant):
             return None

@@ -162,15 +162,18 @@ class PrefixCache:
         return PrefixMatch(node, tuple(blocks))
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
-               tenant: str = PUBLIC) -> tuple[list[int], PrefixMatch]:
+               tenant: str = PUBLIC, start: PrefixMatch | None = None) -> tuple[list[int], PrefixMatch]:
         """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens
         [i*bs, (i+1)*bs)). Returns the block ids newly adopted (the caller adds one ref to
         each) and a handle to the deepest node of the path. Blocks already cached for the
-        same tokens are kept; the caller's duplicates are not adopted."""
+        same tokens are kept; the caller's duplicates are not adopted. `start`, a locked
+        handle on a prefix of `token_ids`, skips the walk down to it."""
         bs = self.block_size
         n = min(len(token_ids) // bs, len(block_ids))
         owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
         node, done, adopted = self.root, 0, []
+        if start is not None and start.num_blocks <= n:
+            node, done = start.node, start.num_blocks
         while done < n:
             pos = done * bs
             child = self._child(node, owners, token_ids[pos:pos + bs])
