@@ -118,14 +118,16 @@ requests_strategy = st.lists(
 @given(reqs=requests_strategy, budget=st.integers(2, 40), max_num_seqs=st.integers(1, 5),
        block_size=st.sampled_from([1, 2, 4]), extra_blocks=st.integers(0, 12),
        num_cpu_blocks=st.sampled_from([0, 6, 64]),
-       isolation=st.sampled_from(["shared", "isolated"]), policy=st.sampled_from(["lru", "weighted-lru"]))
+       isolation=st.sampled_from(["shared", "isolated", "partitioned"]), policy=st.sampled_from(["lru", "weighted-lru"]))
 def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, max_num_seqs, block_size,
                                                            extra_blocks, num_cpu_blocks, isolation, policy):
     max_len = 48
     num_blocks = -(-max_len // block_size) + extra_blocks
+    quotas = {"a": extra_blocks // 2, "b": extra_blocks - extra_blocks // 2} if isolation == "partitioned" else None
     eng, ex = make_engine(num_blocks=num_blocks, block_size=block_size, max_len=max_len,
                           max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, preemption_mode=mode,
-                          num_cpu_blocks=num_cpu_blocks, tenant_isolation=isolation, eviction_policy=policy)
+                          num_cpu_blocks=num_cpu_blocks, tenant_isolation=isolation, eviction_policy=policy,
+                          tenant_quotas=quotas)
     prefixes = [[(7 * k + 3 * j) % 50 + 100 for j in range(12)] for k in range(3)] + [[]]
     expected, aborts, finals = {}, {}, {}
     pending = sorted(enumerate(reqs), key=lambda x: x[1][3])
@@ -149,6 +151,10 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
         if ex.steps:
             assert ex.steps[-1].num_scheduled_tokens <= budget
         eng.scheduler.check_invariants()
+        if quotas:   # a tenant's cache exceeds its quota only by blocks in use (locked)
+            for t in quotas:
+                assert eng.kv.cache.evictable_blocks([t]) <= quotas[t]
+            assert eng.kv.cache.cached_blocks("*") == 0
         eng.clock.advance(0.01)
         step += 1
         assert step < 3_000, "no progress"

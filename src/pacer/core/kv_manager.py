@@ -329,7 +329,7 @@ class KVCacheManager:
         rid = req.request_id
         if rid in self._pending_in:   # resumed earlier in this same step: its KV is still on CPU
             del self._pending_in[rid]
-            self._drop_device_blocks(rid)
+            self._drop_device_blocks(req)
             self.stats.swap_out_requests += 1
             return True
         n = -(-req.num_computed_tokens // self.block_size)
@@ -340,18 +340,21 @@ class KVCacheManager:
         cpu = self.cpu_pool.allocate(n)
         self._pending_out.extend(zip(table[:n], cpu))
         self._swapped[rid] = cpu
-        self._drop_device_blocks(rid)
+        self._drop_device_blocks(req)
         self.stats.swap_out_requests += 1
         self.stats.swap_out_blocks += n
         return True
 
-    def _drop_device_blocks(self, rid: str) -> None:
-        table = self.block_tables.pop(rid, None)
-        match = self._handles.pop(rid, None)
+    def _drop_device_blocks(self, req: Request) -> None:
+        table = self.block_tables.pop(req.request_id, None)
+        match = self._handles.pop(req.request_id, None)
         if match is not None and self.cache is not None:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
+        if match is not None and self.cache is not None and self.isolation == "partitioned":
+            self._deferred_quota.append(self._quota_group(req.tenant))   # its blocks became evictable
+            self._enforce_quotas()
 
     def is_swapped(self, request_id: str) -> bool:
         return request_id in self._swapped
