@@ -7,8 +7,10 @@ CPU swap tier. The scheduler asks it for slots (`allocate_slots`), cached prefix
 Holders of a block: each request whose table lists it, plus the cache node that owns it.
 The manager is the only one that changes ref counts: a cache hit adds the request's ref,
 `insert` reports the blocks the cache adopted (one ref each), eviction drops the cache's
-ref. A request's full computed blocks are inserted when it finishes, aborts or is
-preempted by recompute, so the next turn of a conversation (or the resumed request) hits.
+ref. A running request's full computed blocks are inserted as soon as they are computed
+(its lock moves down the path), and the rest when it finishes, aborts or is preempted by
+recompute, so concurrent requests, the next turn of a conversation and the resumed
+request hit them.
 
 Tenants: `shared` puts every block in one namespace; `isolated` gives each tenant its own
 namespace (only public, prewarmed prefixes are shared); `partitioned` adds hard per-tenant
