@@ -184,10 +184,12 @@ class KVCacheManager:
 
     def cancel_match(self, req: Request) -> None:
         """Undo `match_prefix` for a request that could not be admitted after all."""
+        if self.cache is None:
+            return
         self.stats.queried_tokens -= req.num_tokens
         match = self._handles.pop(req.request_id, None)
         table = self.block_tables.pop(req.request_id, None)
-        if match is None or self.cache is None:
+        if match is None:
             return
         self.stats.hit_tokens -= match.num_blocks * self.block_size
         self.cache.unlock(match)
@@ -241,7 +243,7 @@ class KVCacheManager:
             self.cache.unlock(old)
         self._handles[rid] = handle
 
-    def _cache_request(self, req: Request, table: list[int]) -> None:
+    def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> None:
         assert self.cache is not None
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         rid = req.request_id
@@ -251,8 +253,7 @@ class KVCacheManager:
             self._pin_ids.discard(rid)
             return
         tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant,
-                                            start=self._handles.get(rid))
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start)
         self.pool.incref(adopted)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
@@ -312,7 +313,7 @@ class KVCacheManager:
         if cpu is not None and self.cpu_pool is not None:
             self.cpu_pool.free(cpu)
         if self.cache is not None and table and not swapping_in:
-            self._cache_request(req, table)
+            self._cache_request(req, table, match)
         if match is not None and self.cache is not None:
             self.cache.unlock(match)
         if table:
