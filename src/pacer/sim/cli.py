@@ -213,7 +213,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     from pacer.engine import Engine
     from pacer.sim.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, simulate
-    from pacer.sim.validate import compare_summaries, format_errors
+    from pacer.sim.validate import StepRecorder, compare_summaries, format_errors
 
     kwargs = engine_kwargs_from_args(args)
     real_engine = Engine.from_kwargs(**kwargs)
@@ -224,6 +224,9 @@ def _run_validate(args: argparse.Namespace) -> int:
                                             tokenizer=real_engine.tokenizer, default_num=DEFAULT_VALIDATE_PROMPTS)
     closed = rates[0] is None
     _warm_up(real_engine)
+    recorder = StepRecorder(real_engine.executor)
+    real_engine.executor = recorder   # observe only: features and StepStats of every real step
+    real_engine.stats_listeners.append(recorder.on_stats)
     print(f"validate: {len(specs)} requests of {workload!r}, {arrivals}, through the real engine ...", flush=True)
     records, _, _ = run_inprocess(specs, real_engine, concurrency=args.concurrency, closed_loop=closed)
     meta = _meta(args, kwargs, workload, arrivals, rates[0], len(specs))
@@ -236,6 +239,9 @@ def _run_validate(args: argparse.Namespace) -> int:
     errors = compare_summaries(real.summary["overall"], sim.summary["overall"])
     print(f"real engine vs simulator ({result.cost_model}), same {len(specs)}-request trace:")
     for line in format_errors(errors):
+        print("  " + line)
+    print("step times, real engine vs cost model on the real engine's own steps:")
+    for line in recorder.step_errors(executor.cost_model):
         print("  " + line)
     for path, rep in ((args.real_out, real), (args.sim_out, sim)):
         if path:

@@ -57,3 +57,52 @@ def format_errors(errors: list[MetricError]) -> list[str]:
         lines.append(f"{e.metric:14s} {r:>12s} {s:>12s} {err:>8s} {'<=' + format(e.tolerance * 100, '.0f') + '%':>7s}"
                      f"  {'ok' if e.ok else 'MISS'}")
     return lines
+
+
+class StepRecorder:
+    """Wraps the real executor during validation: each step's batch features and the engine's
+    own StepStats, so measured and predicted step times can be compared step by step."""
+
+    def __init__(self, inner: Any) -> None:
+        from pacer.sim.cost_model import BatchFeatures
+
+        self.inner = inner
+        self.features: dict[int, BatchFeatures] = {}
+        self.stats: list[Any] = []
+
+    def execute(self, out: Any) -> Any:
+        from pacer.sim.cost_model import batch_features
+
+        if out.scheduled:
+            self.features[out.step_id] = batch_features(out)
+        return self.inner.execute(out)
+
+    def on_stats(self, stats: Any) -> None:
+        self.stats.append(stats)
+
+    def step_errors(self, cost_model: Any) -> list[str]:
+        """Median measured / predicted step time by step kind, and the time between steps."""
+        by_kind: dict[str, list[tuple[float, float]]] = {}
+        gaps: list[float] = []
+        prev_end: float | None = None
+        for s in self.stats:
+            f = self.features.get(s.step_id)
+            if f is None:
+                continue
+            kind = "mixed" if f.num_prefill_tokens and f.num_decode_tokens else (
+                "prefill" if f.num_prefill_tokens else "decode")
+            by_kind.setdefault(kind, []).append((s.total_s, cost_model.step_cost(f).time_s))
+            if prev_end is not None:
+                gaps.append(s.time - s.total_s - prev_end)
+            prev_end = s.time
+        lines = []
+        for kind, pairs in by_kind.items():
+            ratios = sorted(m / p for m, p in pairs if p > 0)
+            meas = sorted(m for m, _ in pairs)
+            lines.append(f"{kind:8s} steps: {len(pairs):5d}, measured median {meas[len(meas) // 2] * 1000:8.1f} ms, "
+                         f"measured/predicted median {ratios[len(ratios) // 2]:.2f} "
+                         f"(p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[(9 * len(ratios)) // 10]:.2f})")
+        small = sorted(g for g in gaps if 0 <= g < 0.05)   # gaps longer than that are idle waits for arrivals
+        if small:
+            lines.append(f"between steps (driver): median {small[len(small) // 2] * 1000:.2f} ms")
+        return lines
