@@ -68,8 +68,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--temperature", type=float, default=0.0)
     a = p.add_argument_group("arrivals")
     a.add_argument("--request-rate", default=None,
-                   help="req/s, Poisson (or gamma with --burstiness); 'inf' sends all at once; a list 1,2,4,8 "
-                        "sweeps load")
+                   help="req/s, Poisson (or gamma with --burstiness); 'inf' (the default without --concurrency) "
+                        "sends all at once; a list 1,2,4,8 sweeps load")
     a.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, <1 burstier")
     a.add_argument("--concurrency", type=int, default=None,
                    help="closed loop with N clients; with --request-rate: cap on requests in flight")
@@ -240,6 +240,8 @@ class _Bench:
     def run_once(self, rate: float | None) -> Report:
         args = self.args
         if self.workload is not None:
+            if rate is None and args.concurrency is None:
+                rate = math.inf   # neither flag: everything at once, like vLLM's benchmark
             arrivals: ArrivalProcess = make_arrivals(rate, args.burstiness, args.concurrency)
             arrivals_desc = arrivals.describe()
         elif args.concurrency is not None:      # a trace replayed back to back by N clients
