@@ -106,3 +106,12 @@ class StepRecorder:
         if small:
             lines.append(f"between steps (driver): median {small[len(small) // 2] * 1000:.2f} ms")
         return lines
+
+
+def refit_on_steps(recorder: StepRecorder, model: Any, hw: Any, dtype: str) -> tuple[dict[str, float], Any]:
+    """The step-time fit redone on the real run's own steps (same machine load as the run)."""
+    from pacer.sim.calibrate import Sample, fit_samples
+
+    samples = [Sample(recorder.features[s.step_id], s.total_s) for s in recorder.stats
+               if s.step_id in recorder.features and s.total_s > 0]
+    return fit_samples(samples, model, hw, dtype)
