@@ -1,0 +1,52 @@
+"""Validation arithmetic: relative errors against per-metric tolerances; the in-run refit."""
+
+from __future__ import annotations
+
+from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.sim.cost_model import LINEAR_FEATURES, LinearCostModel
+from pacer.sim.profiles import get_hardware, get_model
+from pacer.sim.validate import StepRecorder, compare_summaries, format_errors, refit_on_steps
+
+
+def test_errors_against_tolerances():
+    real = {"ttft_p50": 0.100, "ttft_p99": 1.0, "tpot_p50": 0.050, "tpot_p99": None, "output_tok_s": 100.0}
+    sim = {"ttft_p50": 0.109, "ttft_p99": 1.25, "tpot_p50": 0.050, "tpot_p99": 0.2, "output_tok_s": 89.0}
+    errs = {e.metric: e for e in compare_summaries(real, sim)}
+    assert errs["ttft_p50"].ok and abs(errs["ttft_p50"].rel_error - 0.09) < 1e-9
+    assert not errs["ttft_p99"].ok            # +25% > 20%
+    assert errs["tpot_p50"].ok
+    assert errs["tpot_p99"].rel_error is None and not errs["tpot_p99"].ok
+    assert not errs["output_tok_s"].ok        # -11%
+    lines = format_errors(list(errs.values()))
+    assert any("MISS" in line for line in lines) and any("+9.0%" in line for line in lines)
+
+
+class _Stats:
+    def __init__(self, step_id: int, total_s: float, t: float) -> None:
+        self.step_id, self.total_s, self.time = step_id, total_s, t
+
+
+class _Null:
+    def execute(self, out):
+        return None
+
+
+def test_refit_on_recorded_steps_recovers_the_step_times():
+    hw, model = get_hardware("cpu-local"), get_model("smollm2-135m")
+    true = dict.fromkeys(LINEAR_FEATURES, 0.0) | {"const": 0.01, "tokens": 0.002, "single_kv_tokens": 1e-5}
+    truth = LinearCostModel(hw, model, "float32", true)
+    rec = StepRecorder(_Null())
+    t = 0.0
+    for i in range(40):
+        rows = [ScheduledRequest(f"d{j}", [1], 100 + 10 * i, [], False, True, False, 0) for j in range(1 + i % 7)]
+        if i % 5 == 0:
+            rows.append(ScheduledRequest("p", list(range(16 * (i + 1))), 0, [], True, True, True, 0))
+        out = SchedulerOutput(i, rows, sum(r.num_tokens for r in rows if r.is_prefill),
+                              sum(r.num_tokens for r in rows if not r.is_prefill))
+        rec.execute(out)
+        dt = truth.step_cost(rec.features[i]).time_s
+        t += dt
+        rec.on_stats(_Stats(i, dt, t))
+    coef, fit = refit_on_steps(rec, model, hw, "float32")
+    assert fit.n == 40 and fit.max_rel_err < 1e-3
+    assert any("measured/predicted median 1.00" in line for line in rec.step_errors(truth))
