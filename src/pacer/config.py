@@ -43,6 +43,11 @@ class SchedulerConfig:
         default="fcfs", metadata={"help": "Waiting-queue order: fcfs | priority | sjf."}
     )
     preemption_mode: str = field(default="recompute", metadata={"help": "recompute | swap."})
+    long_prefill_token_threshold: int | None = field(
+        default=None,
+        metadata={"help": "With chunked prefill: most prompt tokens one request may take in a step, so a "
+                          "long prompt leaves budget for short newcomers (vLLM's name; default: no cap)."},
+    )
 
     def validate(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
@@ -50,6 +55,8 @@ class SchedulerConfig:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
+        if self.long_prefill_token_threshold is not None:
+            _positive_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if not isinstance(self.enable_chunked_prefill, bool):

@@ -208,12 +208,14 @@ requests_strategy = st.lists(
     block_size=st.sampled_from([1, 2, 4, 16]),
     extra_blocks=st.integers(0, 30),
     policy=st.sampled_from(["fcfs", "priority", "sjf"]),
+    long_prefill=st.one_of(st.none(), st.integers(1, 20)),
 )
 def test_property_invariants_and_exact_outputs(reqs, chunked, budget, max_num_seqs, block_size,
-                                                extra_blocks, policy):
+                                                extra_blocks, policy, long_prefill):
     max_len = 64
     num_blocks = -(-max_len // block_size) + extra_blocks
-    kwargs = dict(max_num_seqs=max_num_seqs, scheduling_policy=policy, enable_chunked_prefill=chunked)
+    kwargs = dict(max_num_seqs=max_num_seqs, scheduling_policy=policy, enable_chunked_prefill=chunked,
+                  long_prefill_token_threshold=long_prefill)
     kwargs["max_num_batched_tokens"] = budget if chunked else max_len + budget
     eng, ex = make_engine(num_blocks=num_blocks, block_size=block_size, max_len=max_len, **kwargs)
     expected = {}
@@ -253,3 +255,16 @@ def test_property_invariants_and_exact_outputs(reqs, chunked, budget, max_num_se
             assert out.token_ids == expected[rid], rid
     assert eng.kv.num_available_blocks() == num_blocks  # free, or cached and evictable
     assert not eng.kv.block_tables
+
+
+def test_long_prefill_threshold_leaves_room_for_short_newcomers():
+    eng, ex = make_engine(max_num_batched_tokens=64, num_blocks=128, long_prefill_token_threshold=32)
+    p = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 201)), p, request_id="long")
+    eng.step()
+    eng.add_request([5, 6, 7, 8], p, request_id="short")
+    eng.step()
+    sizes = {s.request_id: s.num_tokens for s in ex.steps[-1].scheduled}
+    assert sizes == {"long": 32, "short": 4}
+    finals = run(eng, ex)
+    assert finals["long"].token_ids == reference_output(list(range(1, 201)), p)

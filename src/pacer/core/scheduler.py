@@ -74,6 +74,8 @@ class Scheduler:
         self.kv = kv
         self.clock = clock
         self.policy = make_policy(config.scheduling_policy)
+        cap = config.long_prefill_token_threshold
+        self._prefill_cap: int = cap if cap is not None and config.enable_chunked_prefill else self.max_num_batched_tokens
         self.waiting = WaitingQueue(self.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -158,7 +160,7 @@ class Scheduler:
                 return
             n = req.num_remaining_tokens
             if chunked:
-                n = min(n, step.budget.tokens_left)
+                n = min(n, step.budget.tokens_left, self._prefill_cap)
             elif n > step.budget.tokens_left:
                 continue
             blocks = self._allocate_or_preempt(step, req, n)
@@ -193,7 +195,7 @@ class Scheduler:
             if not chunked and n > step.budget.tokens_left:
                 self._cancel_match(req, matched)
                 return
-            n = min(n, step.budget.tokens_left)
+            n = min(n, step.budget.tokens_left, self._prefill_cap)
             blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
                 self._cancel_match(req, matched)
