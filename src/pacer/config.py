@@ -126,6 +126,17 @@ class CacheConfig:
         if self.cache_ttl is not None:
             if isinstance(self.cache_ttl, bool) or not isinstance(self.cache_ttl, int | float) or self.cache_ttl <= 0:
                 raise ValueError(f"cache_ttl must be > 0 seconds, got {self.cache_ttl!r}")
+        self._validate_tenants()
+        if self.num_kv_blocks is not None:
+            _positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_cache_memory is not None:
+            parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
+        if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
+
+    def _validate_tenants(self) -> None:
         for name, value in (("tenant_weights", self.tenant_weights), ("tenant_quotas", self.tenant_quotas)):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"{name} must be a dict of tenant -> number, got {value!r}")
@@ -138,14 +149,6 @@ class CacheConfig:
             raise ValueError("tenant_weights apply only with eviction_policy='weighted-lru'")
         if self.tenant_quotas and self.tenant_isolation != "partitioned":
             raise ValueError("tenant_quotas apply only with tenant_isolation='partitioned'")
-        if self.num_kv_blocks is not None:
-            _positive_int("num_kv_blocks", self.num_kv_blocks)
-        if self.kv_cache_memory is not None:
-            parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
-        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
-            raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
-        if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
-            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 
     def resolve_num_blocks(self, bytes_per_token: int) -> int:
         if self.num_kv_blocks is not None:
