@@ -46,3 +46,22 @@ def test_same_trace_same_steps_as_the_real_engine(real_engine):
     assert [r.preemptions for r in result.records] == [r.preemptions for r in real_records]
     for sim_r, real_r in zip(result.records, real_records):
         assert sim_r.ttft is not None and real_r.ttft is not None and sim_r.ttft > 0
+
+
+@pytest.mark.slow
+def test_validate_command_prints_each_metric_error(tmp_path, capsys):
+    from pacer.cli import main
+
+    out = tmp_path / "val.json"
+    rc = main(["sim", "validate", "--input-len", "24", "--output-len", "4", "--num-prompts", "4", "--request-rate",
+               "inf", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--out", str(out),
+               "--sim-out", str(tmp_path / "sim.json"), "--real-out", str(tmp_path / "real.json")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for metric in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "output_tok_s"):
+        assert text.count(metric) == 2   # saved calibration, then refitted on the run
+    assert "measured/predicted" in text
+    import json
+
+    saved = json.loads(out.read_text())
+    assert {e["metric"] for e in saved["errors"]} >= {"ttft_p50", "tpot_p99", "output_tok_s"}

@@ -205,16 +205,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _run_validate(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from pacer.bench.report import build_report
     from pacer.bench.runner import run_inprocess
-    from pacer.config import EngineConfig
     from pacer.engine import Engine
-    from pacer.sim.cost_model import LinearCostModel
-    from pacer.sim.profiles import get_hardware, get_model
-    from pacer.sim.simulator import build_sim_engine, resolve_dtype, simulate
-    from pacer.sim.validate import StepRecorder, compare_summaries, format_errors, refit_on_steps
+    from pacer.sim.validate import StepRecorder
 
     kwargs = engine_kwargs_from_args(args)
     real_engine = Engine.from_kwargs(**kwargs)
@@ -223,18 +216,34 @@ def _run_validate(args: argparse.Namespace) -> int:
         raise ValueError("validate runs one rate; give a single --request-rate")
     specs, workload, arrivals = build_specs(args, rates[0], real_engine.max_model_len,
                                             tokenizer=real_engine.tokenizer, default_num=DEFAULT_VALIDATE_PROMPTS)
-    closed = rates[0] is None
     _warm_up(real_engine)
     recorder = StepRecorder(real_engine.executor)
     real_engine.executor = recorder   # observe only: features and StepStats of every real step
     real_engine.stats_listeners.append(recorder.on_stats)
     print(f"validate: {len(specs)} requests of {workload!r}, {arrivals}, through the real engine ...", flush=True)
-    records, _, _ = run_inprocess(specs, real_engine, concurrency=args.concurrency, closed_loop=closed)
+    records, _, _ = run_inprocess(specs, real_engine, concurrency=args.concurrency, closed_loop=rates[0] is None)
     meta = _meta(args, kwargs, workload, arrivals, rates[0], len(specs))
+    return _compare_with_sim(args, kwargs, specs, records, recorder, real_engine.max_model_len, meta)
+
+
+def _compare_with_sim(args: argparse.Namespace, kwargs: dict[str, Any], specs: list[Any], records: list[Any],
+                      recorder: Any, max_model_len: int, meta: dict[str, Any]) -> int:
+    """Simulate the real run's trace with the saved calibration and with step times refitted on
+    the run itself; print each metric's error for both."""
+    import dataclasses
+
+    from pacer.bench.report import build_report
+    from pacer.config import EngineConfig
+    from pacer.sim.cost_model import LinearCostModel
+    from pacer.sim.profiles import get_hardware, get_model
+    from pacer.sim.simulator import build_sim_engine, resolve_dtype, simulate
+    from pacer.sim.validate import compare_summaries, format_errors, refit_on_steps
+
     real = build_report(records, meta={**meta, "target": "inprocess", "engine": "inprocess"})
     hw = get_hardware(args.hardware)
-    model = dataclasses.replace(get_model(args.model), max_model_len=real_engine.max_model_len)
+    model = dataclasses.replace(get_model(args.model), max_model_len=max_model_len)
     config = EngineConfig.from_kwargs(**kwargs)
+    dtype = resolve_dtype(config.model.dtype, hw)
     engine, executor, clock = build_sim_engine(config, hw, model)
     result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
     sim = build_report(result.records, meta={**meta, "cost_model": result.cost_model})
@@ -245,13 +254,11 @@ def _run_validate(args: argparse.Namespace) -> int:
     print("step times, real engine vs cost model on the real engine's own steps:")
     for line in recorder.step_errors(executor.cost_model):
         print("  " + line)
-    # the same comparison with step times fitted on this run: separates the event loop and
-    # scheduler's fidelity from how well the saved calibration matches the machine's load now
-    dtype = resolve_dtype(config.model.dtype, hw)
+    # step times fitted on this run: separates the event loop and scheduler's fidelity from how
+    # well the saved calibration matches the machine's load now
     coef, fit = refit_on_steps(recorder, model, hw, dtype)
     engine2, executor2, clock2 = build_sim_engine(config, hw, model, cost_model=LinearCostModel(hw, model, dtype, coef))
-    result2 = simulate(engine2, executor2, clock2, specs, concurrency=args.concurrency)
-    insitu = build_report(result2.records, meta=meta)
+    insitu = build_report(simulate(engine2, executor2, clock2, specs, concurrency=args.concurrency).records)
     errors2 = compare_summaries(real.summary["overall"], insitu.summary["overall"])
     print(f"with step times refitted on this run's {fit.n} steps (median fit error {fit.median_rel_err * 100:.1f}%):")
     for line in format_errors(errors2):
