@@ -70,6 +70,9 @@ class StepStats:
     forward_s: float
     sample_s: float
     update_s: float
+    num_cached_tokens: int = 0    # prefix-cache hit tokens of the requests admitted this step
+    num_swap_out_blocks: int = 0  # KV blocks copied to / from the CPU tier this step
+    num_swap_in_blocks: int = 0
 
     @property
     def total_s(self) -> float:
@@ -122,6 +125,7 @@ class Engine:
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []
         self.total_prompt_tokens = 0
+        self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
 
     # ------------------------------------------------------------------ construction
@@ -362,7 +366,10 @@ class Engine:
             num_preempted=len(out.preempted_ids), kv_usage=self.kv.usage, schedule_s=sched_s,
             prepare_s=prepare, forward_s=forward, sample_s=sample,
             update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
+            num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
+            num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
         )
+        self._hit_tokens_seen = self.kv.stats.hit_tokens
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)

@@ -358,3 +358,14 @@ def test_running_requests_share_their_computed_blocks_before_finishing():
     assert finals["second"].num_cached_tokens == 16
     assert finals["first"].token_ids == reference_output(prompt, long_run)
     assert finals["second"].token_ids == reference_output(prompt[:17] + [99], GREEDY)
+
+
+def test_step_stats_carry_hits_and_swaps():
+    eng, ex = make_engine()
+    generate(eng, ex, list(range(1, 22)))
+    generate(eng, ex, list(range(1, 22)))
+    assert sum(s.num_cached_tokens for s in eng.step_stats) == eng.kv.stats.hit_tokens == 20
+    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48, preemption_mode="swap", num_cpu_blocks=64)
+    _preempting_workload(eng)
+    run(eng, ex)
+    assert sum(s.num_swap_out_blocks for s in eng.step_stats) == eng.kv.stats.swap_out_blocks > 0
