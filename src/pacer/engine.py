@@ -110,7 +110,7 @@ class Engine:
         self.scheduler_config = config.scheduler.resolved(model_max_len)
         self.kv = KVCacheManager.from_config(config.cache, num_kv_blocks, self.clock.now,
                                              block_bytes=getattr(executor, "kv_block_bytes", None),
-                                             max_model_len=self.scheduler_config.max_model_len)
+                                             max_model_len=self.scheduler_config.max_model_len or model_max_len)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock)
         self.executor = executor
         self.tokenizer = tokenizer
