@@ -107,7 +107,7 @@ requests_strategy = st.lists(
         st.integers(1, 10),      # max_tokens
         st.integers(0, 8),       # arrival step
         st.sampled_from(["a", "b"]),
-        st.integers(0, 40),      # abort after this many steps (>= 30: never)
+        st.integers(0, 120),     # abort after this many steps (>= 30: never)
     ),
     min_size=4, max_size=10,
 )
