@@ -9,8 +9,10 @@ prefills, then new requests from the waiting queue, while the budget admits them
 it (classic), a step either prefills whole waiting prompts or decodes the running ones.
 
 When KV blocks run out the request with the largest policy key (lowest priority, latest
-arrival) is preempted by recompute: it frees its blocks and goes back to the waiting
-queue at its place. Under the `priority` policy a waiting request of strictly higher
+arrival) is preempted by recompute: it frees its blocks (leaving its computed ones in the
+prefix cache, where its resume may hit them) and goes back to the waiting queue at its
+place. With preemption_mode="swap" its blocks go to the KV manager's CPU tier instead and
+come back on resume (recompute when the tier is full). Under the `priority` policy a waiting request of strictly higher
 priority preempts the worst running one when max_num_seqs or KV is what holds it back
 (even one already picked for this step: its share of the budget is handed back).
 """
