@@ -40,7 +40,45 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--agent-header", default="x-pacer-agent",
                    help="request class agent: requests with this HTTP header (or with tools)")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--prewarm", default=None, metavar="FILE",
+                   help="compute these prefixes at start-up and pin them in the prefix cache (public to all "
+                        "tenants): a JSON list or JSONL file whose items are text, token ids, "
+                        '{"prompt": text} or {"messages": [...]} (rendered without a generation prompt)')
     add_engine_args(p)
+
+
+def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
+    """Prompts from a --prewarm file: a JSON list, or one JSON value per line."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError(f"--prewarm {path}: the file is empty")
+    try:
+        items = json.loads(stripped) if stripped.startswith("[") else None
+    except json.JSONDecodeError:
+        items = None
+    if not isinstance(items, list) or (items and isinstance(items[0], int)):
+        try:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--prewarm {path}: line {e.lineno} is not JSON ({e.msg})") from None
+    prompts: list[Any] = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and "messages" in item:
+            if tokenizer is None:
+                raise ValueError(f"--prewarm {path}: item {i} has messages but the model has no chat template")
+            prompts.append(tokenizer.apply_chat_template(item["messages"], add_generation_prompt=False))
+        elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            prompts.append(item["prompt"])
+        elif isinstance(item, str) or (isinstance(item, list) and all(isinstance(t, int) for t in item)):
+            prompts.append(item)
+        else:
+            raise ValueError(f"--prewarm {path}: item {i} must be text, token ids, {{'prompt': ...}} or "
+                             f"{{'messages': [...]}}, got {type(item).__name__}")
+    return prompts
 
 
 def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
@@ -62,6 +100,9 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
                              class_rules=rules)
     if engine is None:
         engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
+    if getattr(args, "prewarm", None):
+        cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
+        print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
     return Service(engine, options)
 
 
