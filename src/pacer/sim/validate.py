@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MetricError", "compare_summaries", "VALIDATION_METRICS", "format_errors"]
+__all__ = ["MetricError", "compare_summaries", "VALIDATION_METRICS", "format_errors", "StepRecorder",
+           "refit_on_steps", "STALL_RATIO"]
+
+STALL_RATIO = 4.0   # a real step this much slower than predicted was descheduled, not computing
 
 # (summary key, tolerance)
 VALIDATION_METRICS: tuple[tuple[str, float], ...] = (
@@ -105,6 +108,12 @@ class StepRecorder:
         small = sorted(g for g in gaps if 0 <= g < 0.05)   # gaps longer than that are idle waits for arrivals
         if small:
             lines.append(f"between steps (driver): median {small[len(small) // 2] * 1000:.2f} ms")
+        stalls = [(m, p) for pairs in by_kind.values() for m, p in pairs if p > 0 and m > STALL_RATIO * p]
+        if stalls:
+            lost = sum(m - p for m, p in stalls)
+            lines.append(f"STALLS: {len(stalls)} steps took > {STALL_RATIO:g}x their prediction ({lost:.1f} s lost, "
+                         f"longest {max(m for m, _ in stalls):.1f} s): the machine was busy with other work, so "
+                         "latency errors above measure the machine's load, not the simulator")
         return lines
 
 
