@@ -3,6 +3,7 @@ request of any tenant already hits them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import openai
@@ -13,6 +14,15 @@ from tests.server.conftest import MODEL, serve
 
 SYSTEM = ("You are a meticulous assistant for a travel agency. Answer briefly, cite the policy section, "
           "and never invent prices. Policy sections: refunds, changes, baggage, lounges, upgrades. ") * 3
+
+
+@contextlib.contextmanager
+def unpinned(engine):
+    """The session's engine is shared: leave no pinned blocks behind for later tests."""
+    try:
+        yield
+    finally:
+        assert engine.kv.unpin() == 1
 
 
 def test_prewarm_file_formats(tmp_path, llm):
@@ -36,7 +46,7 @@ def test_prewarm_file_formats(tmp_path, llm):
 def test_first_request_hits_prewarmed_system_prompt(tmp_path, llm):
     f = tmp_path / "prewarm.jsonl"
     f.write_text(json.dumps({"messages": [{"role": "system", "content": SYSTEM}]}) + "\n")
-    with serve(llm.engine, "--prewarm", str(f)) as served:
+    with serve(llm.engine, "--prewarm", str(f)) as served, unpinned(llm.engine):
         client = openai.OpenAI(base_url=served.v1, api_key="x")
         r = client.chat.completions.create(
             model=MODEL, max_tokens=4, temperature=0, user="tenant-a",
