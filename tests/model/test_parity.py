@@ -62,7 +62,7 @@ def default_expected(hf_default):
     return prompts, hf_greedy(hf_default[0], prompts)
 
 
-@pytest.mark.parametrize("backend", ["cpp", pytest.param("torch", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
 def test_default_model_matches_hf_with_chunking_and_preemption(default_expected, backend):
     prompts, expected = default_expected
     llm = LLM(max_num_batched_tokens=32, num_kv_blocks=12, block_size=16, attention_backend=backend,
