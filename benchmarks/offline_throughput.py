@@ -25,6 +25,7 @@ import time
 import torch
 
 from pacer import LLM, SamplingParams
+from pacer.model.hf_reference import hf_llama_from_checkpoint
 from pacer.model.loader import load_checkpoint
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -74,20 +75,7 @@ def run_pacer(llm: LLM, prompts: list[list[int]], outs: list[int]) -> float:
 
 
 def hf_model(dtype: torch.dtype) -> torch.nn.Module:
-    import transformers
-
-    ckpt = load_checkpoint(None)
-    a = ckpt.arch
-    cfg = transformers.LlamaConfig(
-        vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
-        rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings,
-        tie_word_embeddings=True,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    model.load_state_dict(ckpt.tensors, strict=False)
-    model.tie_weights()
-    return model.to(dtype)
+    return hf_llama_from_checkpoint(load_checkpoint(None), dtype)
 
 
 def run_hf_static(model: torch.nn.Module, prompts: list[list[int]], outs: list[int]) -> float:

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from pacer import LLM, SamplingParams
+from pacer.model.hf_reference import hf_llama_from_checkpoint
 from pacer.model.loader import load_checkpoint
 
 MAX_NEW = 12
@@ -28,18 +29,7 @@ def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], n: int = MAX_NEW
 
 def hf_from_checkpoint(path: str | None) -> tuple[torch.nn.Module, list[int]]:
     ckpt = load_checkpoint(path)
-    a = ckpt.arch
-    cfg = transformers.LlamaConfig(
-        vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
-        rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings,
-        tie_word_embeddings=a.tie_word_embeddings,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    missing, unexpected = model.load_state_dict(ckpt.tensors, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    model.tie_weights()
-    return model, list(a.eos_token_ids)
+    return hf_llama_from_checkpoint(ckpt), list(ckpt.arch.eos_token_ids)
 
 
 def default_prompts_from(tok) -> list[list[int]]:
