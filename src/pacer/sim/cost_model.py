@@ -173,7 +173,12 @@ LINEAR_FEATURES = (
     "chunk_kv_tokens",      # context gathered back from the paged cache for later chunks
     "single_kv_tokens",     # decode attention: keys read (a block-table kernel reads each row's own)
     "single_padded_kv",     # decode attention: rows x longest context (the torch reference backend pads)
+    "gemm_step",            # 1 when the step has >= 2 tokens: matrix-matrix kernels instead of
+                            # matrix-vector ones, a different (CPU: slower per step) regime
+    "tiny_gemm_step",       # 1 for 2-3 tokens, the least efficient GEMM shapes
 )
+# added after the first calibrations: a calibration without them reads them as 0
+_OPTIONAL_FEATURES = ("gemm_step", "tiny_gemm_step")
 
 
 def feature_vector(f: BatchFeatures, counts: StepCounts, peak_flops: float, peak_bw: float) -> list[float]:
@@ -181,21 +186,22 @@ def feature_vector(f: BatchFeatures, counts: StepCounts, peak_flops: float, peak
     roof = max(lin_flops / peak_flops, lin_bytes / peak_bw)
     return [1.0 if f.num_seqs else 0.0, roof, float(f.num_tokens), float(f.num_sampled), float(f.num_seqs),
             float(f.num_chunks), float(f.chunk_attn_pairs), float(f.chunk_kv_tokens), float(f.single_kv_tokens),
-            float(f.num_single * f.single_max_ctx)]
+            float(f.num_single * f.single_max_ctx), 1.0 if f.num_tokens >= 2 else 0.0,
+            1.0 if 2 <= f.num_tokens <= 3 else 0.0]
 
 
 class LinearCostModel:
     """Step time = sum(coefficient x feature), fitted on this machine by `pacer sim calibrate`."""
 
     def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, coefficients: dict[str, float]) -> None:
-        missing = [k for k in LINEAR_FEATURES if k not in coefficients]
+        missing = [k for k in LINEAR_FEATURES if k not in coefficients and k not in _OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"calibration lacks coefficients for {missing}")
         self.name = f"calibrated:{hw.name}:{model.name}:{dtype}"
         self.counts = StepCounts(model, dtype)
         self.peak_flops = hw.flops(dtype)
         self.peak_bw = hw.mem_bandwidth
-        self.coef = [float(coefficients[k]) for k in LINEAR_FEATURES]
+        self.coef = [float(coefficients.get(k, 0.0)) for k in LINEAR_FEATURES]
 
     def step_cost(self, f: BatchFeatures) -> StepCost:
         x = feature_vector(f, self.counts, self.peak_flops, self.peak_bw)
@@ -203,7 +209,7 @@ class LinearCostModel:
         parts = [ci * xi for ci, xi in zip(c, x)]
         linear_s = parts[1] + parts[2] + parts[3]
         attention_s = parts[5] + parts[6] + parts[7] + parts[8] + parts[9]
-        overhead_s = parts[0] + parts[4]
+        overhead_s = parts[0] + parts[4] + parts[10] + parts[11]
         lin_flops, lin_bytes = self.counts.linear(f)
         att_flops, att_bytes = self.counts.attention(f)
         return _cost(linear_s, attention_s, 0.0, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
