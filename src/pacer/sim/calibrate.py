@@ -56,9 +56,9 @@ def _decode(batch: int, ctx: int) -> GridPoint:
 
 def default_grid(quick: bool = False) -> list[GridPoint]:
     """Prefill sizes x start positions, decode batch x context, and mixed steps."""
-    prefill = [16, 64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024]
+    prefill = [16, 64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
     grid = [GridPoint(f"prefill {n}", ((n, 0, True),)) for n in prefill]
-    for n, start in ([(256, 1024)] if quick else [(256, 256), (256, 1024), (256, 2048), (512, 1536)]):
+    for n, start in ([(256, 1024)] if quick else [(256, 256), (256, 1024), (256, 2048), (512, 1536), (1024, 64)]):
         grid.append(GridPoint(f"chunk {n}@{start}", ((n, start, False),)))
     grid.append(GridPoint("4 chunks of 128", tuple((128, 0, True) for _ in range(4))))
     if not quick:
