@@ -88,8 +88,11 @@ def exp1(quick: bool) -> None:
     seed's 4,891 -> 6,240 looks like, i.e. the seed's throughput excludes prefill time.
   - The TPOT p99 knee from KV exhaustion does not happen on an 80 GB A100 at 0.9 utilisation:
     128 x 640 tokens x 128 KiB = 10.7 GB of KV against ~52 GB free, so nothing is preempted or
-    swapped; with a ~7 GB KV budget (0.3) the scheduler preempts at 128 and the p99 jumps, so the
-    seed's knee needs a memory limit it does not state.""")
+    swapped. With a ~7 GB KV budget (0.3) the scheduler does preempt at 128 (recompute), but the
+    cost lands on TTFT p99 (4.2 -> 6.7 s) and throughput (2,673 -> 2,038 tok/s), not on TPOT p99:
+    the victims are the latest admitted, which have produced few tokens. Our TPOT p99 at 64 -> 128
+    (24 -> 44 ms) rises from prefill stalls, not KV; the seed's 148 ms knee needs swap traffic and
+    a memory limit it does not state.""")
 
 
 def exp2(quick: bool) -> None:
