@@ -134,3 +134,17 @@ def test_any_hf_config_json_is_a_model_profile(tmp_path):
     assert get_model(str(tmp_path / "config.json")) == m
     with pytest.raises(ValueError, match="model must be one of"):
         get_model("no-such-model")
+
+
+def test_swapped_blocks_cost_host_link_time():
+    hw = HardwareProfile("h", memory_bytes=10_000, peak_flops={"bfloat16": 1000.0}, mem_bandwidth=100.0,
+                         host_link_bandwidth=32.0, step_overhead_s=0.0, seq_overhead_s=0.0)
+    cm = RooflineCostModel(hw, TINY, "bfloat16", block_size=4)
+    base = BatchFeatures(num_tokens=1, num_seqs=1, num_single=1, single_kv_tokens=4, single_max_ctx=4, num_sampled=1)
+    import dataclasses
+
+    with_swap = dataclasses.replace(base, num_swap_blocks=3)
+    # a block is 16 B/token x 4 tokens = 64 B; 3 blocks over 32 B/s = 6 s
+    assert cm.step_cost(with_swap).time_s - cm.step_cost(base).time_s == pytest.approx(6.0)
+    out = SchedulerOutput(0, [sr("a", 1, 3)], 0, 1, swap_out=[(1, 0), (2, 1)], swap_in=[(0, 5)])
+    assert batch_features(out).num_swap_blocks == 3

@@ -152,3 +152,21 @@ def test_concurrency_caps_requests_in_flight():
     assert len(res.records) == 20 and max(seen) <= 3
     # closed loop: a request's arrival is when it was sent, so no one queues behind the cap
     assert all(r.queue_wait is not None and r.queue_wait < 0.05 for r in res.records)
+
+
+def test_swap_preemption_runs_through_the_simulator_and_costs_time():
+    specs = [SimRequest(f"r{i}", 0.0, list(range(1 + 1000 * i, 300 + 1000 * i)), 60) for i in range(8)]
+
+    def run(mode):
+        cfg = EngineConfig.from_kwargs(max_num_seqs=8, num_kv_blocks=64, preemption_mode=mode,
+                                       enable_prefix_caching=False)
+        engine, ex, clock = build_sim_engine(cfg, A100, L8B)
+        res = simulate(engine, ex, clock, specs)
+        return res, ex
+
+    res_swap, ex_swap = run("swap")
+    res_rec, _ = run("recompute")
+    assert res_swap.num_preemptions > 0 and len(res_swap.records) == 8
+    assert sum(r.cost.comm_s for r in ex_swap.records) > 0   # swap copies were costed
+    assert all(r.output_tokens == 60 for r in res_swap.records)
+    assert res_rec.num_preemptions > 0

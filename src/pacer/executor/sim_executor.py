@@ -37,8 +37,9 @@ class SimStepRecord:
 
 class SimExecutor:
     def __init__(self, cost_model: CostModel, clock: VirtualClock, sample_token_id: int = 0,
-                 keep_records: bool = True) -> None:
+                 keep_records: bool = True, kv_block_bytes: int | None = None) -> None:
         self.cost_model = cost_model
+        self.kv_block_bytes = kv_block_bytes   # read by the engine to size the swap tier (swap_space GiB)
         self.clock = clock
         self.sample_token_id = sample_token_id
         self.keep_records = keep_records

@@ -42,6 +42,7 @@ class BatchFeatures:
     num_sampled: int = 0           # rows through the LM head and sampler
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_swap_blocks: int = 0       # KV blocks copied to / from host memory before the step (swap preemption)
 
 
 def batch_features(out: SchedulerOutput) -> BatchFeatures:
@@ -65,6 +66,7 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
         num_single=num_single, single_kv_tokens=single_kv, single_max_ctx=single_max, num_chunks=chunks,
         chunk_attn_pairs=pairs, chunk_kv_tokens=chunk_kv, num_sampled=sampled,
         num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+        num_swap_blocks=len(out.swap_out) + len(out.swap_in),
     )
 
 
@@ -73,7 +75,7 @@ class StepCost:
     time_s: float
     linear_s: float        # projections + MLP + LM head
     attention_s: float
-    comm_s: float          # tensor-parallel all-reduces
+    comm_s: float          # tensor-parallel all-reduces and KV swap copies over the host link
     overhead_s: float
     flops: float
     bytes: float
@@ -122,7 +124,8 @@ class StepCounts:
 class RooflineCostModel:
     """Datasheet roofline per operator group, divided over `tp` devices, plus all-reduces."""
 
-    def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1) -> None:
+    def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
+                 block_size: int = 16) -> None:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
         self.name = f"roofline:{hw.name}x{tp}:{model.name}:{dtype}"
@@ -132,6 +135,7 @@ class RooflineCostModel:
         self.peak_bw = hw.mem_bandwidth * tp
         self.eff_flops = self.peak_flops * hw.compute_efficiency
         self.eff_bw = self.peak_bw * hw.bandwidth_efficiency
+        self.swap_block_s = model.kv_bytes_per_token(dtype, tp) * block_size / hw.host_link_bandwidth
 
     def comm_time(self, num_tokens: int) -> float:
         if self.tp == 1 or num_tokens == 0:
@@ -147,7 +151,7 @@ class RooflineCostModel:
         att_flops, att_bytes = self.counts.attention(f)
         linear_s = max(lin_flops / self.eff_flops, lin_bytes / self.eff_bw)
         attention_s = max(att_flops / self.eff_flops, att_bytes / self.eff_bw)
-        comm_s = self.comm_time(f.num_tokens)
+        comm_s = self.comm_time(f.num_tokens) + self.swap_block_s * f.num_swap_blocks
         overhead_s = self.hw.step_overhead_s + self.hw.seq_overhead_s * f.num_seqs if f.num_seqs else 0.0
         return _cost(linear_s, attention_s, comm_s, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
                      self.peak_flops, self.peak_bw)
@@ -193,7 +197,8 @@ def feature_vector(f: BatchFeatures, counts: StepCounts, peak_flops: float, peak
 class LinearCostModel:
     """Step time = sum(coefficient x feature), fitted on this machine by `pacer sim calibrate`."""
 
-    def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, coefficients: dict[str, float]) -> None:
+    def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, coefficients: dict[str, float],
+                 block_size: int = 16) -> None:
         missing = [k for k in LINEAR_FEATURES if k not in coefficients and k not in _OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"calibration lacks coefficients for {missing}")
@@ -202,6 +207,7 @@ class LinearCostModel:
         self.peak_flops = hw.flops(dtype)
         self.peak_bw = hw.mem_bandwidth
         self.coef = [float(coefficients.get(k, 0.0)) for k in LINEAR_FEATURES]
+        self.swap_block_s = model.kv_bytes_per_token(dtype) * block_size / hw.host_link_bandwidth
 
     def step_cost(self, f: BatchFeatures) -> StepCost:
         x = feature_vector(f, self.counts, self.peak_flops, self.peak_bw)
@@ -212,13 +218,14 @@ class LinearCostModel:
         overhead_s = parts[0] + parts[4] + parts[10] + parts[11]
         lin_flops, lin_bytes = self.counts.linear(f)
         att_flops, att_bytes = self.counts.attention(f)
-        return _cost(linear_s, attention_s, 0.0, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
+        return _cost(linear_s, attention_s, self.swap_block_s * f.num_swap_blocks, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
                      self.peak_flops, self.peak_bw)
 
 
-def make_cost_model(hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1) -> CostModel:
+def make_cost_model(hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
+                    block_size: int = 16) -> CostModel:
     """The calibrated model when this hardware has a fit for this model and dtype, else the roofline."""
     calib = hw.calibration
     if calib and tp == 1 and calib.get("model") == model.name and calib.get("dtype") == dtype:
-        return LinearCostModel(hw, model, dtype, dict(calib["coefficients"]))
-    return RooflineCostModel(hw, model, dtype, tp)
+        return LinearCostModel(hw, model, dtype, dict(calib["coefficients"]), block_size)
+    return RooflineCostModel(hw, model, dtype, tp, block_size)

@@ -44,6 +44,7 @@ class HardwareProfile:
     compute_efficiency: float = 0.7       # fraction of peak reached on large GEMMs
     bandwidth_efficiency: float = 0.85    # fraction of peak reached streaming weights / KV
     link_bandwidth: float = 0.0           # bytes/s per direction per device (NVLink)
+    host_link_bandwidth: float = 25e9     # bytes/s device <-> host (PCIe), for swap preemption
     allreduce_latency_s: float = 8e-6     # fixed cost of one all-reduce
     step_overhead_s: float = 3e-4         # scheduling, launch, sampling: per step
     seq_overhead_s: float = 2e-6          # per scheduled sequence (metadata, sampling)
@@ -101,21 +102,22 @@ class ModelProfile:
         return 2 * self.num_layers * kv_heads * self.head_dim * dtype_bytes(dtype)
 
 
-def _gpu(name: str, mem: int, bf16: float, bw: float, link: float) -> HardwareProfile:
+def _gpu(name: str, mem: int, bf16: float, bw: float, link: float, pcie: float) -> HardwareProfile:
     return HardwareProfile(name=name, memory_bytes=mem,
                            peak_flops={"bfloat16": bf16, "float16": bf16, "fp8": 2 * bf16, "float32": bf16 / 2},
-                           mem_bandwidth=bw, link_bandwidth=link)
+                           mem_bandwidth=bw, link_bandwidth=link, host_link_bandwidth=pcie)
 
 
 HARDWARE: dict[str, HardwareProfile] = {
     # A100 SXM 80GB: 312 TFLOP/s bf16 dense, 2,039 GB/s HBM2e, NVLink3 600 GB/s bidirectional
-    "a100-80g": _gpu("a100-80g", 80 * _GIB, 312e12, 2.039e12, 300e9),
+    # host links: PCIe Gen4 x16 (A100), Gen5 x16 (H100, H200, B200), at ~80% of 32 / 64 GB/s
+    "a100-80g": _gpu("a100-80g", 80 * _GIB, 312e12, 2.039e12, 300e9, 25e9),
     # H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, NVLink4 900 GB/s bidirectional
-    "h100-sxm": _gpu("h100-sxm", 80 * _GIB, 989e12, 3.35e12, 450e9),
+    "h100-sxm": _gpu("h100-sxm", 80 * _GIB, 989e12, 3.35e12, 450e9, 50e9),
     # H200 SXM: H100 compute, 141 GB HBM3e at 4.8 TB/s
-    "h200-sxm": _gpu("h200-sxm", 141 * _GB, 989e12, 4.8e12, 450e9),
+    "h200-sxm": _gpu("h200-sxm", 141 * _GB, 989e12, 4.8e12, 450e9, 50e9),
     # B200 (HGX): 2.25 PFLOP/s bf16 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional
-    "b200": _gpu("b200", 180 * _GB, 2.25e15, 8.0e12, 900e9),
+    "b200": _gpu("b200", 180 * _GB, 2.25e15, 8.0e12, 900e9, 50e9),
 }
 
 MODELS: dict[str, ModelProfile] = {
@@ -132,6 +134,7 @@ MODELS: dict[str, ModelProfile] = {
 _CPU_LOCAL = HardwareProfile(
     name="cpu-local", memory_bytes=8 * _GIB, peak_flops={"float32": 170e9, "bfloat16": 396e9},
     mem_bandwidth=58e9, compute_efficiency=1.0, bandwidth_efficiency=1.0, step_overhead_s=2e-3,
+    host_link_bandwidth=10e9,   # "swap" on a CPU is a copy between two tensors in RAM
     seq_overhead_s=1e-4, default_dtype="float32", reserve_bytes=0, is_cpu=True,
 )
 

@@ -102,8 +102,9 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
     else:
         num_blocks = kv_capacity_blocks(hw, model, dtype, tp, cache.block_size, gpu_memory_utilization)
     clock = VirtualClock()
-    cm = cost_model or make_cost_model(hw, model, dtype, tp)
-    executor = SimExecutor(cm, clock, keep_records=keep_records)
+    cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size)
+    executor = SimExecutor(cm, clock, keep_records=keep_records,
+                           kv_block_bytes=model.kv_bytes_per_token(dtype, tp) * cache.block_size)
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
                     vocab_size=model.vocab_size)
