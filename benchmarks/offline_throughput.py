@@ -104,7 +104,9 @@ def run_vllm(dtype: str, quick: bool) -> float | None:
         w["prompts"] = w["prompts"][:8]
         workload = pathlib.Path("/tmp/pacer_w_quick.json")
         workload.write_text(json.dumps(w))
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="4")
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{torch.get_num_threads() - 1}")  # same threads as pacer
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     cmd = [str(py), str(PEERS / "vllm_offline.py"), "--model", str(model), "--workload", str(workload),
            "--dtype", dtype]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
