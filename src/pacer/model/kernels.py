@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import sys
 import threading
 from typing import Any
 
@@ -30,6 +31,11 @@ def load() -> Any | None:
             return _module
         try:
             from torch.utils import cpp_extension
+
+            # ninja may be installed in this environment's bin (pip's `ninja`) without being on PATH
+            bin_dir = os.path.dirname(sys.executable)
+            if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+                os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
             src = pathlib.Path(__file__).parent / "csrc" / "paged_attention.cpp"
             build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
