@@ -44,7 +44,7 @@ def load() -> Any | None:
             _module = cpp_extension.load(
                 name="pacer_paged_attention", sources=[str(src)], build_directory=str(build),
                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-                extra_ldflags=["-fopenmp"], verbose=False,
+                extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
             )
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
             log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)

@@ -1,6 +1,6 @@
 // Paged attention for single-token query rows (decode), read straight from the block
-// tables: no gather copy of the context. One task per (request, kv head); the query heads
-// of a GQA group share each key/value read. Online softmax in float32.
+// tables: no gather copy of the context. One task per request; the query heads of a GQA
+// group share each key/value read. Softmax in float32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -18,49 +18,57 @@ template <typename T>
 void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens,
                    T* out, int64_t num_rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t bs,
                    int64_t max_blocks, float scale) {
+  // One task per row. Keys are read token by token in cache order (all kv heads of a slot
+  // are contiguous), so each block is streamed from memory once; then one vectorisable exp
+  // over each head's scores; then the weighted sum of values in the same order.
   const int64_t group = n_heads / n_kv;
-  at::parallel_for(0, num_rows * n_kv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * d), acc(group * d), m(group), l(group), s(group);
-    std::vector<float> kf(d), vf(d);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / n_kv, kvh = task % n_kv;
+  const int64_t hd = n_heads * d;
+  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(hd), acc(hd), scores, kv(n_kv * d), inv(n_heads);
+    for (int64_t row = begin; row < end; ++row) {
       const int64_t ctx = ctx_lens[row];
       const int64_t* table = tables + row * max_blocks;
-      for (int64_t g = 0; g < group; ++g) {
-        const T* qp = q + (row * n_heads + kvh * group + g) * d;
-        for (int64_t i = 0; i < d; ++i) qf[g * d + i] = to_f(qp[i]) * scale;
-        m[g] = -std::numeric_limits<float>::infinity();
-        l[g] = 0.f;
+      scores.resize(n_heads * ctx);
+      const T* qp = q + row * hd;
+      for (int64_t i = 0; i < hd; ++i) qf[i] = to_f(qp[i]) * scale;
+      for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t slot = table[t / bs] * bs + (t % bs);
+        const T* kp = kc + slot * n_kv * d;
+        for (int64_t i = 0; i < n_kv * d; ++i) kv[i] = to_f(kp[i]);
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const float* qh = qf.data() + h * d;
+          const float* kh = kv.data() + (h / group) * d;
+          float dot = 0.f;
+          for (int64_t i = 0; i < d; ++i) dot += qh[i] * kh[i];
+          scores[h * ctx + t] = dot;
+        }
+      }
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* sh = scores.data() + h * ctx;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < ctx; ++t) m = sh[t] > m ? sh[t] : m;
+        float l = 0.f;
+        for (int64_t t = 0; t < ctx; ++t) {
+          sh[t] = std::exp(sh[t] - m);
+          l += sh[t];
+        }
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
-        const T* kp = kc + (slot * n_kv + kvh) * d;
-        const T* vp = vc + (slot * n_kv + kvh) * d;
-        for (int64_t i = 0; i < d; ++i) kf[i] = to_f(kp[i]);
-        for (int64_t i = 0; i < d; ++i) vf[i] = to_f(vp[i]);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * d;
-          float dot = 0.f;
-          for (int64_t i = 0; i < d; ++i) dot += qg[i] * kf[i];
-          float* ag = acc.data() + g * d;
-          if (dot > m[g]) {
-            const float c = std::exp(m[g] - dot);
-            l[g] = l[g] * c + 1.f;
-            for (int64_t i = 0; i < d; ++i) ag[i] = ag[i] * c + vf[i];
-            m[g] = dot;
-          } else {
-            const float p = std::exp(dot - m[g]);
-            l[g] += p;
-            for (int64_t i = 0; i < d; ++i) ag[i] += p * vf[i];
-          }
+        const T* vp = vc + slot * n_kv * d;
+        for (int64_t i = 0; i < n_kv * d; ++i) kv[i] = to_f(vp[i]);
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const float p = scores[h * ctx + t];
+          const float* vh = kv.data() + (h / group) * d;
+          float* ah = acc.data() + h * d;
+          for (int64_t i = 0; i < d; ++i) ah[i] += p * vh[i];
         }
       }
-      for (int64_t g = 0; g < group; ++g) {
-        T* op = out + (row * n_heads + kvh * group + g) * d;
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t i = 0; i < d; ++i) op[i] = static_cast<T>(acc[g * d + i] * inv);
-      }
+      T* op = out + row * hd;
+      for (int64_t h = 0; h < n_heads; ++h)
+        for (int64_t i = 0; i < d; ++i) op[h * d + i] = static_cast<T>(acc[h * d + i] * inv[h]);
     }
   });
 }
