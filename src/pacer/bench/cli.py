@@ -26,16 +26,16 @@ from rich.table import Table
 
 import pacer.cli
 from pacer.bench.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
+from pacer.bench.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
 from pacer.bench.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
 from pacer.bench.tables import compare_table, report_table
 from pacer.bench.text import TokenizerLike
 from pacer.bench.trace import load_trace
-from pacer.bench.workloads import RequestSpec, Workload, builtin_workload, iter_requests, load_workload
+from pacer.bench.workloads import RequestSpec, Workload, iter_requests
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_args", "run"]
 
-DEFAULT_NUM_PROMPTS = 100
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -55,30 +55,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default $OPENAI_API_KEY")
     t.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
     t.add_argument("--extra-body", default=None, help="JSON merged into every request body")
-    w = p.add_argument_group("workload")
-    w.add_argument("--workload", default=None,
-                   help="chat | rag | agent | batch | mixed | fixed, or a .yaml/.json spec (default chat; fixed "
-                        "when --input-len is given)")
-    w.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens per request")
-    w.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens per request")
-    w.add_argument("--prompt-cv", type=float, default=None, help="override every class's prompt length CV")
-    w.add_argument("--output-cv", type=float, default=None, help="override every class's output length CV")
-    w.add_argument("--trace", default=None, help="replay a JSONL trace (timestamp, prompt|prompt_tokens, ...)")
-    w.add_argument("--seed", type=int, default=0, help="workload, arrivals and engine seed (default 0)")
-    w.add_argument("--temperature", type=float, default=0.0)
-    a = p.add_argument_group("arrivals")
-    a.add_argument("--request-rate", default=None,
-                   help="req/s, Poisson (or gamma with --burstiness); 'inf' (the default without --concurrency) "
-                        "sends all at once; a list 1,2,4,8 sweeps load")
-    a.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, <1 burstier")
-    a.add_argument("--concurrency", type=int, default=None,
-                   help="closed loop with N clients; with --request-rate: cap on requests in flight")
-    a.add_argument("--num-prompts", type=int, default=None, help=f"requests to send (default {DEFAULT_NUM_PROMPTS})")
-    a.add_argument("--duration", type=float, default=None, help="send for this many seconds instead")
-    r = p.add_argument_group("report")
-    r.add_argument("--slo", action="append", default=[],
-                   help="goodput targets, e.g. ttft=300ms,itl=50ms or per class rag:ttft=2s (repeatable)")
-    r.add_argument("--out", default=None, help="write the run as JSON (a sweep writes one file per rate)")
+    r = add_workload_args(p, seed_help="workload, arrivals and engine seed (default 0)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request")
     r.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_args(p, skip=("seed",))
@@ -102,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and args.request_rate:
         raise ValueError("--trace replays its own timestamps; drop --request-rate (or use --concurrency)")
     slo = parse_slo(args.slo)
-    rates = _parse_rates(args.request_rate)
+    rates = parse_rates(args.request_rate)
     bench = _Bench(args, engine_mode, slo, console)
     reports: list[Report] = []
     for rate in rates:
@@ -128,21 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
             console.print(f"[dim]wrote {plot_sweep([r or 0.0 for r in rates], reports, args.plots)}[/dim]")
     return 0
-
-
-def _parse_rates(text: str | None) -> list[float | None]:
-    if text is None:
-        return [None]
-    rates: list[float | None] = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise ValueError(f"--request-rate: expected numbers such as 2 or 1,2,4,8 or inf, got {part!r}") from None
-        if not value > 0:
-            raise ValueError(f"--request-rate must be > 0, got {part!r}")
-        rates.append(value)
-    return rates
 
 
 def _rate_label(rate: float | None) -> str:
@@ -210,16 +173,7 @@ class _Bench:
             self.max_model_len = server_len
 
     def _workload(self) -> Workload | None:
-        if self.args.trace:
-            return None
-        name = self.args.workload or ("fixed" if self.args.input_len is not None else "chat")
-        if name == "fixed":
-            wl = builtin_workload("fixed", self.args.input_len, self.args.output_len)
-        elif self.args.input_len is not None or self.args.output_len is not None:
-            raise ValueError("--input-len/--output-len apply to the fixed workload (drop --workload or use fixed)")
-        else:
-            wl = load_workload(name)
-        return wl.with_lengths(prompt_cv=self.args.prompt_cv, output_cv=self.args.output_cv)
+        return None if self.args.trace else workload_from_args(self.args)
 
     def _specs(self, arrivals: ArrivalProcess) -> tuple[Iterator[RequestSpec], int | None]:
         args = self.args

@@ -14,66 +14,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pacer.bench.options import DEFAULT_NUM_PROMPTS
 from pacer.cli import COMMANDS
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_args", "run", "add_workload_args", "build_specs"]
 
 MODES = ("run", "calibrate", "validate")
-DEFAULT_NUM_PROMPTS = 100
 DEFAULT_VALIDATE_PROMPTS = 24
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The workload, arrival and report flags of `pacer bench` (same names, same meanings)."""
-    w = p.add_argument_group("workload")
-    w.add_argument("--workload", default=None,
-                   help="chat (default) | rag | agent | batch | mixed | fixed (default with --input-len), "
-                        "or a .yaml/.json workload spec")
-    w.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens per request")
-    w.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens per request")
-    w.add_argument("--prompt-cv", type=float, default=None, help="override every class's prompt length CV")
-    w.add_argument("--output-cv", type=float, default=None, help="override every class's output length CV")
-    w.add_argument("--trace", default=None, help="replay a JSONL trace (timestamp, prompt|prompt_tokens, ...)")
-    w.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
-    a = p.add_argument_group("arrivals")
-    a.add_argument("--request-rate", default=None,
-                   help="req/s, Poisson (or gamma with --burstiness); 'inf' sends all at once (the default "
-                        "without --concurrency); a list 1,2,4,8 sweeps load")
-    a.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, <1 burstier")
-    a.add_argument("--concurrency", type=int, default=None,
-                   help="closed loop with N clients; with --request-rate, a cap on requests in flight")
-    a.add_argument("--num-prompts", type=int, default=None,
-                   help=f"requests to send (default {DEFAULT_NUM_PROMPTS}; validate: {DEFAULT_VALIDATE_PROMPTS})")
-    a.add_argument("--duration", type=float, default=None, help="send for this many (simulated) seconds instead")
-    r = p.add_argument_group("report")
-    r.add_argument("--slo", action="append", default=[],
-                   help="e.g. ttft=300ms,itl=50ms or rag:ttft=2s (repeatable)")
-    r.add_argument("--out", default=None, help="write the run as pacer bench's run.json (a sweep: one per rate)")
+    """The workload, arrival and report flags of `pacer bench` (the same definition)."""
+    from pacer.bench.options import add_workload_args as add_bench_workload_args
+
+    add_bench_workload_args(p, num_prompts_help=(f"requests to send (default {DEFAULT_NUM_PROMPTS}; "
+                                                 f"validate: {DEFAULT_VALIDATE_PROMPTS})"))
 
 
 def parse_rates(text: str | None, concurrency: int | None) -> list[float | None]:
-    """`--request-rate` as a list; None means closed loop (only with --concurrency)."""
-    if text is None:
-        return [None] if concurrency is not None else [math.inf]
-    rates: list[float | None] = []
-    for part in str(text).split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise ValueError(f"--request-rate: expected numbers such as 2 or 1,2,4,8 or inf, got {part!r}") from None
-        if not value > 0:
-            raise ValueError(f"--request-rate must be > 0, got {part!r}")
-        rates.append(value)
-    return rates
+    """`--request-rate` as a list; None means closed loop (only with --concurrency), else inf."""
+    from pacer.bench.options import parse_rates as parse_bench_rates
+
+    return [math.inf if r is None and concurrency is None else r for r in parse_bench_rates(text)]
 
 
 def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int, tokenizer: Any = None,
                 default_num: int = 0) -> tuple[list[Any], str, str]:
     """(request specs, workload name, arrivals description) from the workload and arrival flags."""
     from pacer.bench.arrivals import ClosedLoop, make_arrivals
+    from pacer.bench.options import workload_from_args
     from pacer.bench.trace import load_trace
-    from pacer.bench.workloads import builtin_workload, generate_requests, load_workload
+    from pacer.bench.workloads import generate_requests
 
     num = args.num_prompts
     if num is None and args.duration is None:
@@ -85,14 +57,7 @@ def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int
         if args.concurrency is not None and args.request_rate is None:
             return [s.with_arrival(None) for s in specs], f"trace:{args.trace}", ClosedLoop(args.concurrency).describe()
         return specs, f"trace:{args.trace}", "at the trace's timestamps"
-    name = args.workload or ("fixed" if args.input_len is not None else "chat")
-    if name == "fixed":
-        wl = builtin_workload("fixed", args.input_len, args.output_len)
-    elif args.input_len is not None or args.output_len is not None:
-        raise ValueError("--input-len/--output-len apply to the fixed workload (drop --workload or use fixed)")
-    else:
-        wl = load_workload(name)
-    wl = wl.with_lengths(prompt_cv=args.prompt_cv, output_cv=args.output_cv)
+    wl = workload_from_args(args)
     arrivals = make_arrivals(rate, args.burstiness, args.concurrency)
     specs = generate_requests(wl, arrivals, seed=args.seed, num_requests=num, duration=args.duration,
                               tokenizer=tokenizer, max_model_len=max_model_len)
