@@ -219,11 +219,6 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests()
 
-    @property
-    def num_unfinished_requests(self) -> int:
-        return self.scheduler.num_running + self.scheduler.num_waiting + sum(
-            1 for kind, _ in list(self._inbox) if kind == "add")
-
     # ------------------------------------------------------------------ the loop
 
     def _drain_inbox(self) -> list[RequestOutput]:

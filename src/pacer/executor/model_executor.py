@@ -144,7 +144,7 @@ class ModelExecutor:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
             single_block_tables=single_tables, single_mask=single_mask, single_context_lens=lens,
-            prefills=prefills, block_size=bs,
+            prefills=prefills,
         )
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)

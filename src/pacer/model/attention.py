@@ -34,7 +34,6 @@ class AttentionMetadata:
     single_mask: torch.Tensor | None    # [D, 1, 1, max_blocks*block_size] bool: key visible (torch path)
     single_context_lens: torch.Tensor | None  # [D] long (C++ path)
     prefills: list[PrefillSeq]
-    block_size: int
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

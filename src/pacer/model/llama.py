@@ -9,7 +9,6 @@ Only the rows that need a next token go through the final norm and the LM head.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -163,9 +162,3 @@ class LlamaModel:
             x = x + F.linear(F.silu(gate) * up, layer.down_w)
         x = F.rms_norm(x, hidden_norm, self.final_norm, eps)
         return F.linear(x, self.lm_head).float()
-
-    def describe(self) -> dict[str, Any]:
-        a = self.arch
-        return {"arch": a.arch, "layers": a.num_layers, "hidden": a.hidden_size, "heads": a.num_heads,
-                "kv_heads": a.num_kv_heads, "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
-                "attention_backend": self.attention_backend}
