@@ -176,6 +176,11 @@ class ModelConfig:
         metadata={"help": "auto | cpp | torch: decode attention kernel (cpp reads paged KV in place; "
                           "compiled on first use) or the torch reference path."},
     )
+    linear_backend: str = field(
+        default="auto",
+        metadata={"help": "auto | onednn | torch: projections through oneDNN with weights packed once "
+                          "(auto on CPU when torch has it) or plain F.linear."},
+    )
 
     def validate(self) -> None:
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
@@ -184,6 +189,7 @@ class ModelConfig:
         if self.num_threads is not None:
             _positive_int("num_threads", self.num_threads)
         _choice("attention_backend", self.attention_backend, ("auto", "cpp", "torch"))
+        _choice("linear_backend", self.linear_backend, ("auto", "onednn", "torch"))
 
 
 @dataclass(slots=True)

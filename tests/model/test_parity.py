@@ -54,9 +54,11 @@ def default_expected(hf_default):
 
 @pytest.mark.parametrize("backend", ["cpp", "torch"])
 def test_default_model_matches_hf_with_chunking_and_preemption(default_expected, backend):
+    # "cpp": the C++ attention kernel and auto linears (oneDNN-packed on CPU);
+    # "torch": the reference paths for both, as on a build without either.
     prompts, expected = default_expected
     llm = LLM(max_num_batched_tokens=32, num_kv_blocks=12, block_size=16, attention_backend=backend,
-              enable_prefix_caching=False)
+              linear_backend="auto" if backend == "cpp" else "torch", enable_prefix_caching=False)
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"

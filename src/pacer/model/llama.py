@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pacer.model.attention import AttentionMetadata, paged_attention, write_kv
+from pacer.model.linear import Linear
 from pacer.model.loader import ModelArch
 
 __all__ = ["LlamaModel", "rope_inv_freq"]
@@ -45,10 +46,10 @@ def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
 
 
 class _Layer:
-    __slots__ = ("in_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "gate_up_w", "down_w", "q_norm", "k_norm")
+    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
 
     def __init__(self, t: dict[str, torch.Tensor], i: int, arch: ModelArch, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, linear_backend: str) -> None:
         p = f"model.layers.{i}."
 
         def w(name: str) -> torch.Tensor:
@@ -56,15 +57,15 @@ class _Layer:
 
         self.in_norm = w("input_layernorm.weight")
         self.post_norm = w("post_attention_layernorm.weight")
-        self.qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
-                                w("self_attn.v_proj.weight")]).contiguous()
-        self.qkv_b = None
+        qkv_b = None
         if arch.attention_bias:
-            self.qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"),
-                                    w("self_attn.v_proj.bias")]).contiguous()
-        self.o_w = w("self_attn.o_proj.weight")
-        self.gate_up_w = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous()
-        self.down_w = w("mlp.down_proj.weight")
+            qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"),
+                               w("self_attn.v_proj.bias")]).contiguous()
+        self.qkv = Linear(torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
+                                     w("self_attn.v_proj.weight")]), qkv_b, linear_backend)
+        self.o = Linear(w("self_attn.o_proj.weight"), None, linear_backend)
+        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), None, linear_backend)
+        self.down = Linear(w("mlp.down_proj.weight"), None, linear_backend)
         self.q_norm = w("self_attn.q_norm.weight") if arch.qk_norm else None
         self.k_norm = w("self_attn.k_norm.weight") if arch.qk_norm else None
 
@@ -73,7 +74,8 @@ class LlamaModel:
     """Weights plus a pure forward function; holds no per-request state."""
 
     def __init__(self, arch: ModelArch, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", attention_backend: str = "auto") -> None:
+                 device: torch.device | str = "cpu", attention_backend: str = "auto",
+                 linear_backend: str = "auto") -> None:
         self.arch = arch
         self.dtype = dtype
         self.device = torch.device(device)
@@ -81,11 +83,11 @@ class LlamaModel:
         self.embed = tensors["model.embed_tokens.weight"].to(device=dev, dtype=dtype).contiguous()
         head = tensors.get("lm_head.weight")
         if arch.tie_word_embeddings or head is None:
-            self.lm_head = self.embed
-        else:
-            self.lm_head = head.to(device=dev, dtype=dtype).contiguous()
+            head = self.embed  # a packed backend keeps its own copy; the lookup keeps this one
+        self.lm_head = Linear(head.to(device=dev, dtype=dtype).contiguous(), None, linear_backend)
+        self.linear_backend = self.lm_head.backend
         self.final_norm = tensors["model.norm.weight"].to(device=dev, dtype=dtype)
-        self.layers = [_Layer(tensors, i, arch, dtype, dev) for i in range(arch.num_layers)]
+        self.layers = [_Layer(tensors, i, arch, dtype, dev, linear_backend) for i in range(arch.num_layers)]
         self.scale = arch.head_dim ** -0.5
         self.kernel = None
         if attention_backend in ("auto", "cpp") and self.device.type == "cpu":
@@ -143,7 +145,7 @@ class LlamaModel:
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             h = F.rms_norm(x, hidden_norm, layer.in_norm, eps)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b).view(T, nh + 2 * nkv, d)
+            qkv = layer.qkv(h).view(T, nh + 2 * nkv, d)
             q, k, v = qkv.split([nh, nkv, nkv], dim=1)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = F.rms_norm(q, (d,), layer.q_norm, eps)
@@ -156,9 +158,9 @@ class LlamaModel:
                 # Past the last KV write only the rows that need logits matter: skip the
                 # output projection and MLP of every other prefill token.
                 x, attn = x[logits_rows], attn[logits_rows]
-            x = x + F.linear(attn, layer.o_w)
+            x = x + layer.o(attn)
             h = F.rms_norm(x, hidden_norm, layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up_w).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         x = F.rms_norm(x, hidden_norm, self.final_norm, eps)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()

@@ -29,7 +29,7 @@ def build_model_executor(config: EngineConfig) -> tuple[ModelExecutor, Checkpoin
     ckpt = load_checkpoint(mc.model)
     dtype = resolve_dtype(mc.dtype, mc.device)
     model = LlamaModel(ckpt.arch, ckpt.tensors, dtype=dtype, device=mc.device,
-                       attention_backend=mc.attention_backend)
+                       attention_backend=mc.attention_backend, linear_backend=mc.linear_backend)
     ckpt.tensors = {}  # the model holds its own (fused) copies
     num_blocks = config.cache.resolve_num_blocks(model.kv_bytes_per_token)
     executor = ModelExecutor(model, num_blocks, config.cache.block_size, seed=mc.seed)

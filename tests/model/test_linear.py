@@ -1,0 +1,40 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pacer.model.linear import Linear, onednn_available
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_backend_matches_f_linear(dtype, rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    w = (torch.randn(96, 80, generator=g) * 0.1).to(dtype)
+    b = torch.randn(96, generator=g).to(dtype) if bias else None
+    x = torch.randn(rows, 80, generator=g).to(dtype)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    backends = ["torch", "auto"] + (["onednn"] if onednn_available(dtype) else [])
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for backend in backends:
+        lin = Linear(w, b, backend)
+        got = lin(x)
+        assert got.shape == (rows, 96) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+
+
+def test_auto_picks_onednn_on_cpu_when_torch_has_it():
+    lin = Linear(torch.randn(32, 16), None, "auto")
+    assert lin.backend == ("onednn" if onednn_available(torch.float32) else "torch")
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="linear_backend"):
+        Linear(torch.randn(4, 4), None, "blas")
+
+
+def test_engine_config_rejects_unknown_linear_backend():
+    from pacer.config import EngineConfig
+
+    with pytest.raises(ValueError, match="linear_backend"):
+        EngineConfig.from_kwargs(linear_backend="blas").validate()
