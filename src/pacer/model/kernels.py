@@ -1,8 +1,9 @@
-"""Optional C++ kernels, compiled on first use with torch's cpp_extension (cached on disk).
+"""Optional C++ kernels (csrc/), compiled on first use with torch's cpp_extension (cached on disk).
 
 `paged_decode_attention` reads keys and values straight from the block tables, so a decode
-step does not copy every request's context. If the compiler or ninja is missing the
-engine falls back to the torch reference path (`attention.py`) and says so once.
+step does not copy every request's context; `rope_write_kv`, `silu_and_mul` and
+`add_rms_norm_` fuse the elementwise steps of a layer into one pass each. If the compiler
+or ninja is missing the engine falls back to the torch reference path and says so once.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def load() -> Any | None:
             if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
-            src = pathlib.Path(__file__).parent / "csrc" / "paged_attention.cpp"
+            sources = sorted(str(f) for f in (pathlib.Path(__file__).parent / "csrc").glob("*.cpp"))
             build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
             build = build / "kernels"
             build.mkdir(parents=True, exist_ok=True)
             _module = cpp_extension.load(
-                name="pacer_paged_attention", sources=[str(src)], build_directory=str(build),
+                name="pacer_kernels", sources=sources, build_directory=str(build),
                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
                 extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
             )

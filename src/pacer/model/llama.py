@@ -113,15 +113,52 @@ class LlamaModel:
         n = max(n, 2 * self._rope_cache_len)
         t = torch.arange(n, device=self.device, dtype=torch.float32)
         freqs = torch.outer(t, self._inv_freq)
-        self._cos = freqs.cos().to(self.dtype)
-        self._sin = freqs.sin().to(self.dtype)
+        self._cos_f, self._sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()  # C++ path
+        self._cos, self._sin = self._cos_f.to(self.dtype), self._sin_f.to(self.dtype)  # torch path, as HF
         self._rope_cache_len = n
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # rotate_half convention (HF / neox); x [T, heads, d], cos/sin [T, 1, d/2]
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def _qkv_rope_write(self, qkv: torch.Tensor, layer: _Layer, positions: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [T, nh + 2 nkv, d] -> rotated q, k and v; k and v are stored in the cache."""
+        a = self.arch
+        nh, nkv, d, eps = a.num_heads, a.num_kv_heads, a.head_dim, a.rms_norm_eps
+        q, k, v = qkv.split([nh, nkv, nkv], dim=1)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = F.rms_norm(q, (d,), layer.q_norm, eps)
+            k = F.rms_norm(k, (d,), layer.k_norm, eps)
+            if self.kernel is not None:
+                qkv[:, :nh] = q
+                qkv[:, nh:nh + nkv] = k
+        if self.kernel is not None:
+            self.kernel.rope_write_kv(qkv, positions, self._cos_f, self._sin_f, k_cache, v_cache, slot_mapping, nh)
+            return qkv.split([nh, nkv, nkv], dim=1)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q, k, v
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """x += delta (in place, the residual stream), then rms_norm(x) * weight."""
+        if self.kernel is not None:
+            return self.kernel.add_rms_norm_(x, delta, weight, self.arch.rms_norm_eps)
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.arch.rms_norm_eps)
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel.silu_and_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         a = self.arch
@@ -135,32 +172,20 @@ class LlamaModel:
         """input_ids, positions [T]; returns float32 logits [len(logits_rows), vocab]."""
         a = self.arch
         nh, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-        eps = a.rms_norm_eps
         T = input_ids.shape[0]
         self._ensure_rope(int(positions.max()) + 1)
-        cos = self._cos[positions].unsqueeze(1)
-        sin = self._sin[positions].unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)
-        hidden_norm = (x.shape[-1],)
+        x = F.embedding(input_ids, self.embed)   # the residual stream, updated in place
+        h = self._add_norm(x, None, self.layers[0].in_norm)
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            h = F.rms_norm(x, hidden_norm, layer.in_norm, eps)
             qkv = layer.qkv(h).view(T, nh + 2 * nkv, d)
-            q, k, v = qkv.split([nh, nkv, nkv], dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = F.rms_norm(q, (d,), layer.q_norm, eps)
-                k = F.rms_norm(k, (d,), layer.k_norm, eps)
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
-            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel).view(T, nh * d)
+            q, k, v = self._qkv_rope_write(qkv, layer, positions, k_cache, v_cache, meta.slot_mapping)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel).view(-1, nh * d)
             if i == last:
                 # Past the last KV write only the rows that need logits matter: skip the
                 # output projection and MLP of every other prefill token.
                 x, attn = x[logits_rows], attn[logits_rows]
-            x = x + layer.o(attn)
-            h = F.rms_norm(x, hidden_norm, layer.post_norm, eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-        x = F.rms_norm(x, hidden_norm, self.final_norm, eps)
-        return self.lm_head(x).float()
+            h = self._add_norm(x, layer.o(attn), layer.post_norm)
+            mlp = layer.down(self._silu_mul(layer.gate_up(h)))
+            h = self._add_norm(x, mlp, self.layers[i + 1].in_norm if i < last else self.final_norm)
+        return self.lm_head(h).float()

@@ -1,6 +1,8 @@
 // Paged attention for single-token query rows (decode), read straight from the block
 // tables: no gather copy of the context. One task per request; the query heads of a GQA
 // group share each key/value read. Softmax in float32.
+#include "ops.h"
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -94,8 +96,4 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                             n_heads, n_kv, d, bs, bt.size(1), static_cast<float>(scale));
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged attention for single-token rows");
 }

@@ -1,0 +1,134 @@
+// Fused elementwise steps of a decoder layer, each one pass over its rows in float32:
+//   rope_write_kv  rotate q and k in place inside the fused qkv output and store k, v in
+//                  the paged cache (replaces ~12 torch ops per layer)
+//   silu_and_mul   silu(gate) * up from the fused gate_up output
+//   add_rms_norm   x += delta, then rms_norm(x) * weight (the residual add and the next
+//                  norm in one read of x)
+#include "ops.h"
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+
+namespace {
+
+template <typename T>
+inline float f32(T x) { return static_cast<float>(x); }
+
+template <typename T>
+void rope_write_kv_kernel(T* qkv, const int64_t* pos, const float* cos, const float* sin, const int64_t* slots,
+                          T* kc, T* vc, int64_t n_tok, int64_t n_heads, int64_t n_kv, int64_t d) {
+  const int64_t half = d / 2, width = (n_heads + 2 * n_kv) * d;
+  at::parallel_for(0, n_tok, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      T* row = qkv + t * width;
+      const float* c = cos + pos[t] * half;
+      const float* s = sin + pos[t] * half;
+      for (int64_t h = 0; h < n_heads + n_kv; ++h) {  // q heads, then k heads
+        T* x = row + h * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = f32(x[i]), x2 = f32(x[i + half]);
+          x[i] = static_cast<T>(x1 * c[i] - x2 * s[i]);
+          x[i + half] = static_cast<T>(x2 * c[i] + x1 * s[i]);
+        }
+      }
+      const int64_t slot = slots[t];
+      if (slot < 0) continue;
+      const T* k = row + n_heads * d;
+      const T* v = k + n_kv * d;
+      T* kd = kc + slot * n_kv * d;
+      T* vd = vc + slot * n_kv * d;
+      for (int64_t i = 0; i < n_kv * d; ++i) { kd[i] = k[i]; vd[i] = v[i]; }
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_kernel(const T* gu, T* out, int64_t rows, int64_t inter) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gu + r * 2 * inter;
+      const T* u = g + inter;
+      T* o = out + r * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float gf = f32(g[i]);
+        o[i] = static_cast<T>(gf / (1.f + std::exp(-gf)) * f32(u[i]));
+      }
+    }
+  });
+}
+
+template <typename T>
+void add_rms_norm_kernel(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t hidden, float eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * hidden;
+      T* orow = out + r * hidden;
+      float ss = 0.f;
+      if (delta != nullptr) {
+        const T* dr = delta + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) {
+          const T s = static_cast<T>(f32(xr[i]) + f32(dr[i]));  // the residual keeps x's dtype
+          xr[i] = s;
+          ss += f32(s) * f32(s);
+        }
+      } else {
+        for (int64_t i = 0; i < hidden; ++i) ss += f32(xr[i]) * f32(xr[i]);
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + eps);
+      for (int64_t i = 0; i < hidden; ++i) orow[i] = static_cast<T>(f32(xr[i]) * inv * f32(w[i]));
+    }
+  });
+}
+
+}  // namespace
+
+void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                   torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous(), "qkv must be contiguous [tokens, heads + 2 kv_heads, head_dim]");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos/sin must be contiguous float32 [positions, head_dim / 2]");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && slot_mapping.scalar_type() == torch::kLong,
+              "positions and slot_mapping must be int64");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type(),
+              "caches must be contiguous and of qkv's dtype");
+  const int64_t n_tok = qkv.size(0), d = qkv.size(2), n_kv = (qkv.size(1) - n_heads) / 2;
+  TORCH_CHECK(n_kv > 0 && n_heads + 2 * n_kv == qkv.size(1) && k_cache.size(2) == n_kv && k_cache.size(3) == d,
+              "qkv and cache shapes disagree");
+  TORCH_CHECK(cos.size(1) * 2 == d, "cos/sin width must be head_dim / 2");
+  auto p = positions.contiguous();
+  auto s = slot_mapping.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
+    rope_write_kv_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), p.data_ptr<int64_t>(), cos.data_ptr<float>(),
+                                   sin.data_ptr<float>(), s.data_ptr<int64_t>(), k_cache.data_ptr<scalar_t>(),
+                                   v_cache.data_ptr<scalar_t>(), n_tok, n_heads, n_kv, d);
+  });
+}
+
+torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "gate_up must be contiguous [rows, 2 * intermediate]");
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, inter}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
+    silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+  });
+  return out;
+}
+
+torch::Tensor add_rms_norm_(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be contiguous [rows, hidden]");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "weight must be [hidden] of x's dtype");
+  if (delta.has_value())
+    TORCH_CHECK(delta->sizes() == x.sizes() && delta->is_contiguous() && delta->scalar_type() == x.scalar_type(),
+                "delta must be contiguous and match x");
+  auto out = torch::empty_like(x);
+  auto w = weight.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm_", [&] {
+    add_rms_norm_kernel<scalar_t>(x.data_ptr<scalar_t>(), delta.has_value() ? delta->data_ptr<scalar_t>() : nullptr,
+                                  w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0), x.size(1),
+                                  static_cast<float>(eps));
+  });
+  return out;
+}
