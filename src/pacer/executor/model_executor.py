@@ -118,6 +118,7 @@ class ModelExecutor:
                 logits_rows.append(i)
                 sample_reqs.append(sr)
         prefills: list[PrefillSeq] = []
+        prefill_tables: list[list[int]] = []
         row = len(singles)
         for sr in multis:
             table = self._states[sr.request_id].block_table
@@ -127,6 +128,7 @@ class ModelExecutor:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             n_blocks = -(-(start + n) // bs)
             prefills.append(PrefillSeq(row, n, start, torch.tensor(table[:n_blocks], device=self.device)))
+            prefill_tables.append(table[:n_blocks])
             row += n
             if sr.sample:
                 logits_rows.append(row - 1)
@@ -141,10 +143,17 @@ class ModelExecutor:
             if self.model.kernel is None:
                 positions = torch.arange(width * bs, device=dev).unsqueeze(0)
                 single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
+        prefill_batch = None
+        if prefills and self.model.kernel is not None:
+            width = max(len(t) for t in prefill_tables)
+            prefill_batch = (torch.tensor([p.q_start for p in prefills], device=dev),
+                             torch.tensor([p.q_len for p in prefills], device=dev),
+                             torch.tensor([p.start_pos for p in prefills], device=dev),
+                             torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables], device=dev))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
             single_block_tables=single_tables, single_mask=single_mask, single_context_lens=lens,
-            prefills=prefills,
+            prefills=prefills, prefill_batch=prefill_batch,
         )
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)

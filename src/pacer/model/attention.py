@@ -2,9 +2,10 @@
 
 The packed batch puts every single-token row first (decodes, and any one-token chunk):
 those are attended to in one batched call over their gathered block tables, with no Python
-loop per request. Multi-token rows (prefill chunks) follow, one SDPA call each; a chunk
-that starts at position 0 attends to its own keys directly, a later chunk also reads the
-earlier context from the cache.
+loop per request. Multi-token rows (prefill chunks) follow: with the C++ kernels, one call over all of them
+reading the paged cache; on the torch path one SDPA call each, where a chunk that starts at
+position 0 attends to its own keys directly and a later chunk also reads the earlier
+context from the cache.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class AttentionMetadata:
     single_mask: torch.Tensor | None    # [D, 1, 1, max_blocks*block_size] bool: key visible (torch path)
     single_context_lens: torch.Tensor | None  # [D] long (C++ path)
     prefills: list[PrefillSeq]
+    # C++ path: (q_starts, q_lens, start_positions, padded block tables) of `prefills`, one row each
+    prefill_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -70,6 +73,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask,
                                            scale=scale, enable_gqa=True)
         out[:n_single] = o.squeeze(2)
+    if meta.prefills and kernel is not None and meta.prefill_batch is not None:
+        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale)
+        return out
     for p in meta.prefills:
         qs = q[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
         if p.start_pos == 0:

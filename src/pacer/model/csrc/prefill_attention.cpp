@@ -1,0 +1,258 @@
+// Causal paged attention for multi-token query rows (prefill chunks), read from the block
+// tables like the decode kernel: a chunk attends to the context already cached before it
+// and to its own keys (stored by rope_write_kv before this runs).
+//
+// Work is split into tasks of (sequence, tile of query rows, kv head); the query heads of a
+// GQA group share each key/value tile. Keys are processed 16 at a time: the tile of keys is
+// transposed to float [d][16] so one query's 16 scores are a run of vector FMAs, then an
+// online softmax (running max and sum per query) folds the tile's values into float
+// accumulators. Threads pull tasks from a shared counter, longest (latest rows) first.
+#include "ops.h"
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t KT = 16;   // keys per tile
+constexpr int64_t QT = 32;   // query rows per task
+
+struct Task {
+  int64_t seq, row0, rows, kv_head, keys;
+};
+
+#if defined(__AVX512F__)
+// exp for 16 floats: 2^n * p(r), x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial
+// (relative error ~2e-7); inputs below -87 give 0.
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(88.f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
+}
+
+// One 16-key tile for up to RB query vectors at once (RB <= 4), head dim D (a multiple of 16).
+// qf [RB][D] scaled queries, kt [D][16] keys transposed, vt [16][D] values; visible[r] keys
+// of the tile each query may see (causal); mx, sm, acc the running max, sum, output.
+template <int D>
+inline void tile_avx512(const float* qf, const float* kt, const float* vt, const int64_t* visible, int RB,
+                        float* mx, float* sm, float* acc) {
+  constexpr int RBM = 4;
+  __m512 s[RBM], s2[RBM];
+  for (int r = 0; r < RBM; ++r) { s[r] = _mm512_setzero_ps(); s2[r] = _mm512_setzero_ps(); }
+  for (int i = 0; i < D; i += 2) {
+    const __m512 k0 = _mm512_loadu_ps(kt + i * 16), k1 = _mm512_loadu_ps(kt + (i + 1) * 16);
+    for (int r = 0; r < RBM; ++r) {
+      if (r < RB) {
+        s[r] = _mm512_fmadd_ps(_mm512_set1_ps(qf[r * D + i]), k0, s[r]);
+        s2[r] = _mm512_fmadd_ps(_mm512_set1_ps(qf[r * D + i + 1]), k1, s2[r]);
+      }
+    }
+  }
+  alignas(64) float p[RBM][16];
+  float alpha[RBM];
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < RB; ++r) {
+    const int64_t vis = visible[r];
+    const __mmask16 m = vis >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                  : static_cast<__mmask16>(vis <= 0 ? 0 : (1u << vis) - 1);
+    const __m512 sc = _mm512_mask_blend_ps(m, neg_inf, _mm512_add_ps(s[r], s2[r]));
+    const float tmax = m ? _mm512_reduce_max_ps(sc) : -std::numeric_limits<float>::infinity();
+    const float m_new = std::max(mx[r], tmax);
+    alpha[r] = m_new == -std::numeric_limits<float>::infinity() ? 1.f : std::exp(mx[r] - m_new);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+    _mm512_store_ps(p[r], e);
+    sm[r] = sm[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    mx[r] = m_new;
+  }
+  for (int cb = 0; cb < D; cb += 64) {
+    constexpr int NCMAX = 4;
+    const int nc = (D - cb) / 16 < NCMAX ? (D - cb) / 16 : NCMAX;
+    __m512 a[RBM][NCMAX];
+    for (int r = 0; r < RBM; ++r)
+      for (int c = 0; c < NCMAX; ++c)
+        if (r < RB && c < nc) a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + cb + c * 16), _mm512_set1_ps(alpha[r]));
+    for (int j = 0; j < 16; ++j) {
+      for (int c = 0; c < NCMAX; ++c) {
+        if (c < nc) {
+          const __m512 v = _mm512_loadu_ps(vt + j * D + cb + c * 16);
+          for (int r = 0; r < RBM; ++r)
+            if (r < RB) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][j]), v, a[r][c]);
+        }
+      }
+    }
+    for (int r = 0; r < RBM; ++r)
+      for (int c = 0; c < NCMAX; ++c)
+        if (r < RB && c < nc) _mm512_storeu_ps(acc + r * D + cb + c * 16, a[r][c]);
+  }
+}
+#endif
+
+template <typename T>
+void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* kc, const T* vc,
+                    const int64_t* q_starts, const int64_t* q_lens, const int64_t* start_pos,
+                    const int64_t* tables, int64_t max_blocks, int64_t num_seqs, int64_t n_heads, int64_t n_kv,
+                    int64_t d, int64_t bs, float scale) {
+  const int64_t group = n_heads / n_kv;
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int64_t r0 = 0; r0 < q_lens[s]; r0 += QT) {
+      const int64_t rows = std::min(QT, q_lens[s] - r0);
+      for (int64_t g = 0; g < n_kv; ++g) tasks.push_back({s, r0, rows, g, start_pos[s] + r0 + rows});
+    }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.keys > b.keys; });
+  std::atomic<int64_t> next{0};
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    const int64_t M = QT * group;
+    std::vector<float> qf(M * d), acc(M * d), mx(M), sum(M), kt(d * KT), vt(KT * d), p(KT);
+    for (int64_t ti = next++; ti < n_tasks; ti = next++) {
+      const Task& tk = tasks[ti];
+      const int64_t* table = tables + tk.seq * max_blocks;
+      const int64_t pos0 = start_pos[tk.seq] + tk.row0;  // position of the tile's first query
+      const int64_t m_rows = tk.rows * group;             // query vectors: row-major (row, head in group)
+      for (int64_t r = 0; r < tk.rows; ++r)
+        for (int64_t h = 0; h < group; ++h) {
+          const T* src = q + (q_starts[tk.seq] + tk.row0 + r) * q_stride + (tk.kv_head * group + h) * d;
+          float* dst = qf.data() + (r * group + h) * d;
+          for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+        }
+      std::fill(acc.begin(), acc.begin() + m_rows * d, 0.f);
+      std::fill(mx.begin(), mx.begin() + m_rows, neg_inf);
+      std::fill(sum.begin(), sum.begin() + m_rows, 0.f);
+      for (int64_t t0 = 0; t0 < tk.keys; t0 += KT) {
+        const int64_t nk = std::min(KT, tk.keys - t0);
+        for (int64_t j = 0; j < KT; ++j) {
+          if (j < nk) {
+            const int64_t t = t0 + j;
+            const int64_t off = ((table[t / bs] * bs + t % bs) * n_kv + tk.kv_head) * d;
+            for (int64_t i = 0; i < d; ++i) {
+              kt[i * KT + j] = static_cast<float>(kc[off + i]);
+              vt[j * d + i] = static_cast<float>(vc[off + i]);
+            }
+          } else {
+            for (int64_t i = 0; i < d; ++i) { kt[i * KT + j] = 0.f; vt[j * d + i] = 0.f; }
+          }
+        }
+#if defined(__AVX512F__)
+        if (d == 64 || d == 128) {
+          for (int64_t m = 0; m < m_rows; m += 4) {
+            const int rb = static_cast<int>(std::min<int64_t>(4, m_rows - m));
+            int64_t vis[4] = {0, 0, 0, 0};
+            bool any = false;
+            for (int r = 0; r < rb; ++r) {
+              vis[r] = std::min(nk, pos0 + (m + r) / group - t0 + 1);
+              any = any || vis[r] > 0;
+            }
+            if (!any) continue;
+            if (d == 64)
+              tile_avx512<64>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum.data() + m,
+                              acc.data() + m * d);
+            else
+              tile_avx512<128>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum.data() + m,
+                               acc.data() + m * d);
+          }
+          continue;
+        }
+#endif
+        for (int64_t m = 0; m < m_rows; ++m) {
+          const int64_t qpos = pos0 + m / group;
+          const int64_t visible = std::min(nk, qpos - t0 + 1);  // keys t0 .. qpos of this tile
+          if (visible <= 0) continue;
+          float s[KT] = {0.f};
+          const float* qm = qf.data() + m * d;
+          for (int64_t i = 0; i < d; ++i) {
+            const float qv = qm[i];
+            const float* kr = kt.data() + i * KT;
+            for (int64_t j = 0; j < KT; ++j) s[j] += qv * kr[j];
+          }
+          float tile_max = neg_inf;
+          for (int64_t j = 0; j < visible; ++j) tile_max = std::max(tile_max, s[j]);
+          const float m_new = std::max(mx[m], tile_max);
+          const float alpha = std::exp(mx[m] - m_new);
+          float tile_sum = 0.f;
+          for (int64_t j = 0; j < KT; ++j) {
+            const float e = std::exp(s[j] - m_new);
+            p[j] = j < visible ? e : 0.f;
+            tile_sum += p[j];
+          }
+          mx[m] = m_new;
+          sum[m] = sum[m] * alpha + tile_sum;
+          float* am = acc.data() + m * d;
+          for (int64_t i = 0; i < d; ++i) am[i] *= alpha;
+          for (int64_t j = 0; j < visible; ++j) {
+            const float pj = p[j];
+            const float* vr = vt.data() + j * d;
+            for (int64_t i = 0; i < d; ++i) am[i] += pj * vr[i];
+          }
+        }
+      }
+      for (int64_t r = 0; r < tk.rows; ++r)
+        for (int64_t h = 0; h < group; ++h) {
+          const int64_t m = r * group + h;
+          const float inv = sum[m] > 0.f ? 1.f / sum[m] : 0.f;
+          T* dst = out + (q_starts[tk.seq] + tk.row0 + r) * out_stride + (tk.kv_head * group + h) * d;
+          const float* am = acc.data() + m * d;
+          for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(am[i] * inv);
+        }
+    }
+  });
+}
+
+}  // namespace
+
+void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
+                             torch::Tensor block_tables, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [tokens, heads, head_dim] with contiguous heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
+              out.scalar_type() == q.scalar_type(), "out must match q");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
+  for (const auto* t : {&q_starts, &q_lens, &start_pos, &block_tables})
+    TORCH_CHECK(t->scalar_type() == torch::kLong, "sequence descriptors and block tables must be int64");
+  auto qs = q_starts.contiguous(), ql = q_lens.contiguous(), sp = start_pos.contiguous();
+  auto bt = block_tables.contiguous();
+  const int64_t num_seqs = qs.size(0), n_heads = q.size(1), d = q.size(2);
+  const int64_t bs = k_cache.size(1), n_kv = k_cache.size(2);
+  TORCH_CHECK(ql.size(0) == num_seqs && sp.size(0) == num_seqs && bt.size(0) == num_seqs,
+              "one q_start, q_len, start_pos and block-table row per sequence");
+  TORCH_CHECK(n_heads % n_kv == 0 && k_cache.size(3) == d, "q and cache shapes disagree");
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t* qsp = qs.data_ptr<int64_t>();
+    const int64_t* qlp = ql.data_ptr<int64_t>();
+    const int64_t* spp = sp.data_ptr<int64_t>();
+    TORCH_CHECK(qlp[s] >= 0 && qsp[s] >= 0 && qsp[s] + qlp[s] <= q.size(0), "query rows out of range");
+    TORCH_CHECK(spp[s] >= 0 && (spp[s] + qlp[s] + bs - 1) / bs <= bt.size(1), "context exceeds its block table");
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
+    prefill_kernel<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0), q.data_ptr<scalar_t>(), q.stride(0),
+                             k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), qs.data_ptr<int64_t>(),
+                             ql.data_ptr<int64_t>(), sp.data_ptr<int64_t>(), bt.data_ptr<int64_t>(), bt.size(1),
+                             num_seqs, n_heads, n_kv, d, bs, static_cast<float>(scale));
+  });
+}

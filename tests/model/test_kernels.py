@@ -1,0 +1,104 @@
+"""The C++ kernels against the torch reference path they replace, on random data."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pacer.model import kernels
+from pacer.model.attention import AttentionMetadata, PrefillSeq, paged_attention, write_kv
+from pacer.model.llama import LlamaModel
+
+K = kernels.load()
+pytestmark = pytest.mark.skipif(K is None, reason="C++ kernels could not be built here")
+
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _random_batch(dtype, seqs, n_heads=6, n_kv=2, d=32, bs=4, seed=0):
+    """seqs: (start_pos, q_len) per prefill chunk. Caches hold every sequence's context on
+    shuffled blocks; q views a fused qkv buffer as the model produces it."""
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = sum(-(-(s + n) // bs) for s, n in seqs) + 3
+    k_cache = torch.randn(n_blocks, bs, n_kv, d, generator=g).to(dtype)
+    v_cache = torch.randn(n_blocks, bs, n_kv, d, generator=g).to(dtype)
+    perm = torch.randperm(n_blocks, generator=g).tolist()
+    T = sum(n for _, n in seqs)
+    qkv = torch.randn(T, n_heads + 2 * n_kv, d, generator=g).to(dtype)
+    q, k, v = qkv.split([n_heads, n_kv, n_kv], dim=1)
+    prefills, tables, slots, row = [], [], [], 0
+    for start, n in seqs:
+        nb = -(-(start + n) // bs)
+        table = [perm.pop() for _ in range(nb)]
+        tables.append(table)
+        prefills.append(PrefillSeq(row, n, start, torch.tensor(table)))
+        slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        row += n
+    slot_mapping = torch.tensor(slots)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    width = max(len(t) for t in tables)
+    batch = (torch.tensor([p.q_start for p in prefills]), torch.tensor([p.q_len for p in prefills]),
+             torch.tensor([p.start_pos for p in prefills]), torch.tensor([t + [0] * (width - len(t)) for t in tables]))
+    return q, k, v, k_cache, v_cache, prefills, batch, slot_mapping
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seqs", [[(0, 1)], [(0, 37)], [(0, 70), (13, 5), (40, 33), (0, 2)], [(5, 64), (64, 64)]])
+@pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised tile path where there is one
+def test_prefill_attention_matches_torch_reference(dtype, seqs, d):
+    q, k, v, kc, vc, prefills, batch, slots = _random_batch(dtype, seqs, n_heads=6 if d != 64 else 9,
+                                                             n_kv=2 if d != 64 else 3, d=d)
+    meta = AttentionMetadata(slot_mapping=slots, num_single=0, single_block_tables=None, single_mask=None,
+                             single_context_lens=None, prefills=prefills)
+    want = paged_attention(q, k, v, kc, vc, meta, 0.17, kernel=None)
+    got = torch.full_like(want, float("nan"))
+    K.paged_prefill_attention(got, q, kc, vc, *batch, 0.17)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_prefill_attention_rejects_a_context_beyond_its_table():
+    q, _, _, kc, vc, _, batch, _ = _random_batch(torch.float32, [(0, 9)])
+    q_starts, q_lens, _, tables = batch
+    with pytest.raises(RuntimeError, match="block table"):
+        K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, q_starts, q_lens, torch.tensor([40]), tables, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_matches_rotate_then_write(dtype):
+    g = torch.Generator().manual_seed(1)
+    T, nh, nkv, d, bs, nb = 11, 4, 2, 16, 4, 8
+    qkv = torch.randn(T, nh + 2 * nkv, d, generator=g).to(dtype)
+    positions = torch.randint(0, 50, (T,), generator=g)
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    freqs = torch.outer(torch.arange(64, dtype=torch.float32), 1.0 / (10000 ** (torch.arange(0, d, 2) / d)))
+    cos, sin = freqs.cos(), freqs.sin()
+    q, k, v = qkv.split([nh, nkv, nkv], dim=1)
+    c, s = cos[positions].to(dtype).unsqueeze(1), sin[positions].to(dtype).unsqueeze(1)
+    want_q, want_k = LlamaModel._rope(q.float(), c.float(), s.float()), LlamaModel._rope(k.float(), c.float(), s.float())
+    want_kc, want_vc = torch.zeros(nb, bs, nkv, d, dtype=dtype), torch.zeros(nb, bs, nkv, d, dtype=dtype)
+    write_kv(want_kc, want_vc, want_k.to(dtype), v, slots)
+    kc, vc = torch.zeros_like(want_kc), torch.zeros_like(want_vc)
+    K.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, nh)
+    torch.testing.assert_close(q.float(), want_q, **TOL[dtype])
+    torch.testing.assert_close(k.float(), want_k, **TOL[dtype])
+    torch.testing.assert_close(kc.float(), want_kc.float(), **TOL[dtype])
+    assert torch.equal(vc, want_vc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_and_add_rms_norm_match_torch(dtype):
+    g = torch.Generator().manual_seed(2)
+    gate_up = torch.randn(9, 2 * 40, generator=g).to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    torch.testing.assert_close(K.silu_and_mul(gate_up).float(), F.silu(gate) * up, **TOL[dtype])
+
+    x = torch.randn(9, 48, generator=g).to(dtype)
+    delta = torch.randn(9, 48, generator=g).to(dtype)
+    w = torch.rand(48, generator=g).to(dtype)
+    summed = (x.float() + delta.float()).to(dtype)
+    want = F.rms_norm(summed.float(), (48,), w.float(), 1e-5)
+    x2 = x.clone()
+    got = K.add_rms_norm_(x2, delta, w, 1e-5)
+    assert torch.equal(x2, summed), "the residual is updated in place"
+    torch.testing.assert_close(got.float(), want, **TOL[dtype])
+    torch.testing.assert_close(K.add_rms_norm_(x.clone(), None, w, 1e-5).float(),
+                               F.rms_norm(x.float(), (48,), w.float(), 1e-5), **TOL[dtype])
