@@ -4,16 +4,18 @@
 //   silu_and_mul   silu(gate) * up from the fused gate_up output
 //   add_rms_norm   x += delta, then rms_norm(x) * weight (the residual add and the next
 //                  norm in one read of x)
+#include "convert.h"
 #include "ops.h"
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
+#include <vector>
 
 namespace {
 
-template <typename T>
-inline float f32(T x) { return static_cast<float>(x); }
+using pacer::from_f;
+using pacer::to_f;
 
 template <typename T>
 void rope_write_kv_kernel(T* qkv, const int64_t* pos, const float* cos, const float* sin, const int64_t* slots,
@@ -27,9 +29,9 @@ void rope_write_kv_kernel(T* qkv, const int64_t* pos, const float* cos, const fl
       for (int64_t h = 0; h < n_heads + n_kv; ++h) {  // q heads, then k heads
         T* x = row + h * d;
         for (int64_t i = 0; i < half; ++i) {
-          const float x1 = f32(x[i]), x2 = f32(x[i + half]);
-          x[i] = static_cast<T>(x1 * c[i] - x2 * s[i]);
-          x[i + half] = static_cast<T>(x2 * c[i] + x1 * s[i]);
+          const float x1 = to_f(x[i]), x2 = to_f(x[i + half]);
+          x[i] = from_f<T>(x1 * c[i] - x2 * s[i]);
+          x[i + half] = from_f<T>(x2 * c[i] + x1 * s[i]);
         }
       }
       const int64_t slot = slots[t];
@@ -51,8 +53,8 @@ void silu_and_mul_kernel(const T* gu, T* out, int64_t rows, int64_t inter) {
       const T* u = g + inter;
       T* o = out + r * inter;
       for (int64_t i = 0; i < inter; ++i) {
-        const float gf = f32(g[i]);
-        o[i] = static_cast<T>(gf / (1.f + std::exp(-gf)) * f32(u[i]));
+        const float gf = to_f(g[i]);
+        o[i] = from_f<T>(gf / (1.f + std::exp(-gf)) * to_f(u[i]));
       }
     }
   });
@@ -61,22 +63,27 @@ void silu_and_mul_kernel(const T* gu, T* out, int64_t rows, int64_t inter) {
 template <typename T>
 void add_rms_norm_kernel(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t hidden, float eps) {
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(hidden);
+    float* __restrict__ b = buf.data();
     for (int64_t r = begin; r < end; ++r) {
-      T* xr = x + r * hidden;
-      T* orow = out + r * hidden;
+      T* __restrict__ xr = x + r * hidden;
+      T* __restrict__ orow = out + r * hidden;
       float ss = 0.f;
       if (delta != nullptr) {
-        const T* dr = delta + r * hidden;
+        const T* __restrict__ dr = delta + r * hidden;
         for (int64_t i = 0; i < hidden; ++i) {
-          const T s = static_cast<T>(f32(xr[i]) + f32(dr[i]));  // the residual keeps x's dtype
-          xr[i] = s;
-          ss += f32(s) * f32(s);
+          b[i] = to_f(from_f<T>(to_f(xr[i]) + to_f(dr[i])));  // the residual keeps x's dtype
+          ss += b[i] * b[i];
         }
+        for (int64_t i = 0; i < hidden; ++i) xr[i] = from_f<T>(b[i]);
       } else {
-        for (int64_t i = 0; i < hidden; ++i) ss += f32(xr[i]) * f32(xr[i]);
+        for (int64_t i = 0; i < hidden; ++i) {
+          b[i] = to_f(xr[i]);
+          ss += b[i] * b[i];
+        }
       }
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + eps);
-      for (int64_t i = 0; i < hidden; ++i) orow[i] = static_cast<T>(f32(xr[i]) * inv * f32(w[i]));
+      for (int64_t i = 0; i < hidden; ++i) orow[i] = from_f<T>(b[i] * inv * to_f(w[i]));
     }
   });
 }

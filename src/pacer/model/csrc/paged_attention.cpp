@@ -1,6 +1,7 @@
 // Paged attention for single-token query rows (decode), read straight from the block
 // tables: no gather copy of the context. One task per request; the query heads of a GQA
 // group share each key/value read. Softmax in float32.
+#include "convert.h"
 #include "ops.h"
 
 #include <torch/extension.h>
@@ -13,8 +14,8 @@
 
 namespace {
 
-template <typename T>
-inline float to_f(T x) { return static_cast<float>(x); }
+using pacer::from_f;
+using pacer::to_f;
 
 template <typename T>
 void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens,
@@ -70,7 +71,7 @@ void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, 
       }
       T* op = out + row * hd;
       for (int64_t h = 0; h < n_heads; ++h)
-        for (int64_t i = 0; i < d; ++i) op[h * d + i] = static_cast<T>(acc[h * d + i] * inv[h]);
+        for (int64_t i = 0; i < d; ++i) op[h * d + i] = from_f<T>(acc[h * d + i] * inv[h]);
     }
   });
 }

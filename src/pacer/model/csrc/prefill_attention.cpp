@@ -7,6 +7,7 @@
 // transposed to float [d][16] so one query's 16 scores are a run of vector FMAs, then an
 // online softmax (running max and sum per query) folds the tile's values into float
 // accumulators. Threads pull tasks from a shared counter, longest (latest rows) first.
+#include "convert.h"
 #include "ops.h"
 
 #include <torch/extension.h>
@@ -137,7 +138,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
         for (int64_t h = 0; h < group; ++h) {
           const T* src = q + (q_starts[tk.seq] + tk.row0 + r) * q_stride + (tk.kv_head * group + h) * d;
           float* dst = qf.data() + (r * group + h) * d;
-          for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+          for (int64_t i = 0; i < d; ++i) dst[i] = pacer::to_f(src[i]) * scale;
         }
       std::fill(acc.begin(), acc.begin() + m_rows * d, 0.f);
       std::fill(mx.begin(), mx.begin() + m_rows, neg_inf);
@@ -149,8 +150,8 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
             const int64_t t = t0 + j;
             const int64_t off = ((table[t / bs] * bs + t % bs) * n_kv + tk.kv_head) * d;
             for (int64_t i = 0; i < d; ++i) {
-              kt[i * KT + j] = static_cast<float>(kc[off + i]);
-              vt[j * d + i] = static_cast<float>(vc[off + i]);
+              kt[i * KT + j] = pacer::to_f(kc[off + i]);
+              vt[j * d + i] = pacer::to_f(vc[off + i]);
             }
           } else {
             for (int64_t i = 0; i < d; ++i) { kt[i * KT + j] = 0.f; vt[j * d + i] = 0.f; }
@@ -215,7 +216,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
           const float inv = sum[m] > 0.f ? 1.f / sum[m] : 0.f;
           T* dst = out + (q_starts[tk.seq] + tk.row0 + r) * out_stride + (tk.kv_head * group + h) * d;
           const float* am = acc.data() + m * d;
-          for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(am[i] * inv);
+          for (int64_t i = 0; i < d; ++i) dst[i] = pacer::from_f<T>(am[i] * inv);
         }
     }
   });
