@@ -102,3 +102,25 @@ def test_silu_and_mul_and_add_rms_norm_match_torch(dtype):
     torch.testing.assert_close(got.float(), want, **TOL[dtype])
     torch.testing.assert_close(K.add_rms_norm_(x.clone(), None, w, 1e-5).float(),
                                F.rms_norm(x.float(), (48,), w.float(), 1e-5), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised path where there is one
+@pytest.mark.parametrize("lens", [[1], [16, 17, 5, 40], [3, 100, 64, 1, 33, 250]])
+def test_decode_attention_matches_torch_reference(dtype, d, lens):
+    g = torch.Generator().manual_seed(sum(lens) + d)
+    n_heads, n_kv, bs = 6, 2, 16
+    width = max(-(-n // bs) for n in lens)
+    n_blocks = len(lens) * width + 2
+    kc = torch.randn(n_blocks, bs, n_kv, d, generator=g).to(dtype)
+    vc = torch.randn(n_blocks, bs, n_kv, d, generator=g).to(dtype)
+    tables = torch.randperm(n_blocks, generator=g)[:len(lens) * width].view(len(lens), width).contiguous()
+    ctx = torch.tensor(lens)
+    q = torch.randn(len(lens), n_heads, d, generator=g).to(dtype)
+    mask = (torch.arange(width * bs).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_single=len(lens),
+                             single_block_tables=tables, single_mask=mask, single_context_lens=ctx, prefills=[])
+    empty = torch.empty(0, n_kv, d, dtype=dtype)
+    want = paged_attention(q, empty, empty, kc, vc, meta, 0.2, kernel=None)
+    got = K.paged_decode_attention(q, kc, vc, tables, ctx, 0.2)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])

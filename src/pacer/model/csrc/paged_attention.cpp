@@ -1,14 +1,23 @@
 // Paged attention for single-token query rows (decode), read straight from the block
-// tables: no gather copy of the context. One task per request; the query heads of a GQA
-// group share each key/value read. Softmax in float32.
+// tables: no gather copy of the context. The query heads of a GQA group share each
+// key/value read. Softmax in float32, two-pass (all scores, then one exp per score).
+//
+// With AVX-512 and head_dim 64 or 128, tasks are requests (or, with fewer requests than
+// twice the threads, (request, kv head) pairs) pulled from a shared counter; keys go 16 at a time: 16 vectors of per-lane partial dot products are
+// folded into one vector of 16 scores (reduce16), and values are accumulated in registers.
+// Otherwise a portable loop with one task per request.
 #include "convert.h"
 #include "ops.h"
+#include "simd.h"
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -76,6 +85,113 @@ void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, 
   });
 }
 
+#if defined(__AVX512F__)
+template <int D, typename T>
+void decode_avx512(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens, T* out,
+                   int64_t num_rows, int64_t n_heads, int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
+  constexpr int C = D / 16;
+  const int64_t group = n_heads / n_kv;
+  // A task is one request (all its kv heads: each token's keys are one contiguous read),
+  // or, when there are too few requests to keep every thread busy, one (request, kv head).
+  const int64_t split = num_rows >= 2 * at::get_num_threads() ? 1 : n_kv;
+  const int64_t heads_per_task = n_kv / split;
+  const int64_t n_tasks = num_rows * split;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    const int64_t hq = heads_per_task * group;  // query heads of a task
+    const int64_t width = heads_per_task * D;   // floats per token in a tile
+    std::vector<float> scores, qs(hq * D), acc(hq * D), tile(16 * width), inv(hq);
+    for (int64_t task = next++; task < n_tasks; task = next++) {
+      const int64_t row = task / split, g0 = (task % split) * heads_per_task;
+      const int64_t ctx = ctx_lens[row];
+      const int64_t ctx16 = (ctx + 15) / 16 * 16;
+      const int64_t* table = tables + row * max_blocks;
+      scores.resize(hq * ctx16);
+      for (int64_t h = 0; h < hq; ++h)
+        for (int c = 0; c < C; ++c)
+          _mm512_storeu_ps(qs.data() + h * D + c * 16,
+                           _mm512_mul_ps(pacer::load16(q + (row * n_heads + g0 * group + h) * D + c * 16),
+                                         _mm512_set1_ps(scale)));
+      auto load_tile = [&](const T* cache, int64_t t0, int64_t nk) {
+        // ask for the next tile's rows now: blocks are scattered, so the hardware
+        // prefetcher cannot guess where the next one is
+        const int64_t nt0 = t0 + 16, nn = std::min<int64_t>(16, ctx - nt0);
+        for (int64_t j = 0; j < nn; ++j) {
+          const int64_t t = nt0 + j;
+          const char* p = reinterpret_cast<const char*>(cache + ((table[t / bs] * bs + t % bs) * n_kv + g0) * D);
+          for (int64_t b = 0; b < static_cast<int64_t>(width * sizeof(T)); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+        }
+        for (int64_t j = 0; j < 16; ++j) {
+          float* dst = tile.data() + j * width;
+          if (j < nk) {
+            const int64_t t = t0 + j;
+            const T* src = cache + ((table[t / bs] * bs + t % bs) * n_kv + g0) * D;
+            for (int64_t c = 0; c < width; c += 16) _mm512_storeu_ps(dst + c, pacer::load16(src + c));
+          } else {
+            std::memset(dst, 0, width * sizeof(float));
+          }
+        }
+      };
+      // scores; query head h reads kv head h / group of the tile
+      for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+        const int64_t nk = std::min<int64_t>(16, ctx - t0);
+        load_tile(kc, t0, nk);
+        const __mmask16 valid = nk >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << nk) - 1);
+        for (int64_t h = 0; h < hq; ++h) {
+          const float* kt = tile.data() + (h / group) * D;
+          __m512 qv[C], part[16];
+          for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(qs.data() + h * D + c * 16);
+          for (int j = 0; j < 16; ++j) {
+            __m512 sacc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt + j * width));
+            for (int c = 1; c < C; ++c) sacc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + j * width + c * 16), sacc);
+            part[j] = sacc;
+          }
+          const __m512 sc = _mm512_mask_blend_ps(valid, _mm512_set1_ps(neg_inf), pacer::reduce16(part));
+          _mm512_storeu_ps(scores.data() + h * ctx16 + t0, sc);
+        }
+      }
+      // softmax numerators, in place
+      for (int64_t h = 0; h < hq; ++h) {
+        float* sh = scores.data() + h * ctx16;
+        __m512 mv = _mm512_set1_ps(neg_inf);
+        for (int64_t t = 0; t < ctx16; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sh + t));
+        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        __m512 sv = _mm512_setzero_ps();
+        for (int64_t t = 0; t < ctx16; t += 16) {
+          const __m512 e = pacer::exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + t), m));
+          _mm512_storeu_ps(sh + t, e);
+          sv = _mm512_add_ps(sv, e);
+        }
+        const float l = _mm512_reduce_add_ps(sv);
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+      }
+      // weighted sum of values
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+        const int64_t nk = std::min<int64_t>(16, ctx - t0);
+        load_tile(vc, t0, nk);
+        for (int64_t h = 0; h < hq; ++h) {
+          const float* vt = tile.data() + (h / group) * D;
+          __m512 a[C];
+          for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc.data() + h * D + c * 16);
+          const float* ph = scores.data() + h * ctx16 + t0;
+          for (int64_t j = 0; j < nk; ++j) {
+            const __m512 p = _mm512_set1_ps(ph[j]);
+            for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + j * width + c * 16), a[c]);
+          }
+          for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc.data() + h * D + c * 16, a[c]);
+        }
+      }
+      for (int64_t h = 0; h < hq; ++h) {
+        T* op = out + (row * n_heads + g0 * group + h) * D;
+        for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv[h]);
+      }
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -92,6 +208,21 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   TORCH_CHECK(n_heads % n_kv == 0, "heads must be a multiple of kv heads");
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+#if defined(__AVX512F__)
+    {
+      auto run = [&](auto dim) {
+        decode_avx512<decltype(dim)::value, scalar_t>(
+            q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), bt.data_ptr<int64_t>(),
+            cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), rows, n_heads, n_kv, bs, bt.size(1),
+            static_cast<float>(scale));
+      };
+      if (d == 64 || d == 128) {
+        if (d == 64) run(std::integral_constant<int, 64>{});
+        else run(std::integral_constant<int, 128>{});
+        return;
+      }
+    }
+#endif
     decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
                             bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), rows,
                             n_heads, n_kv, d, bs, bt.size(1), static_cast<float>(scale));

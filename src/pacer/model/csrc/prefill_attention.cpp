@@ -9,6 +9,7 @@
 // accumulators. Threads pull tasks from a shared counter, longest (latest rows) first.
 #include "convert.h"
 #include "ops.h"
+#include "simd.h"
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -18,9 +19,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -32,25 +30,7 @@ struct Task {
 };
 
 #if defined(__AVX512F__)
-// exp for 16 floats: 2^n * p(r), x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial
-// (relative error ~2e-7); inputs below -87 give 0.
-inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(88.f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
-}
+using pacer::exp16;
 
 // One 16-key tile for up to RB query vectors at once (RB <= 4), head dim D (a multiple of 16).
 // qf [RB][D] scaled queries, kt [D][16] keys transposed, vt [16][D] values; visible[r] keys
