@@ -173,8 +173,9 @@ class ModelConfig:
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads (CPU)."})
     attention_backend: str = field(
         default="auto",
-        metadata={"help": "auto | cpp | torch: decode attention kernel (cpp reads paged KV in place; "
-                          "compiled on first use) or the torch reference path."},
+        metadata={"help": "auto | cpp | torch: the C++ kernels (paged decode and prefill attention, fused "
+                          "rope + KV write, silu_and_mul, add + RMSNorm; compiled on first use) or the torch "
+                          "reference path."},
     )
     linear_backend: str = field(
         default="auto",
