@@ -8,9 +8,11 @@ or ninja is missing the engine falls back to the torch reference path and says s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pathlib
+import platform
 import sys
 import threading
 from typing import Any
@@ -20,6 +22,17 @@ log = logging.getLogger("pacer.kernels")
 _lock = threading.Lock()
 _module: Any = None
 _failed = False
+
+
+def _cpu_tag() -> str:
+    """A short name for this CPU's model and instruction-set flags."""
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        key = "\n".join(lines) or platform.processor()
+    except OSError:
+        key = platform.machine() + platform.processor()
+    return platform.machine() + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def load() -> Any | None:
@@ -38,13 +51,17 @@ def load() -> Any | None:
             if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
-            sources = sorted(str(f) for f in (pathlib.Path(__file__).parent / "csrc").glob("*.cpp"))
+            csrc = pathlib.Path(__file__).parent / "csrc"
+            sources = sorted(str(f) for f in csrc.glob("*.cpp"))
+            # torch rebuilds when a source or a flag changes; the headers' hash as a flag
+            # makes a header change count too
+            headers = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(csrc.glob("*.h")))).hexdigest()[:16]
             build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
-            build = build / "kernels"
+            build = build / "kernels" / _cpu_tag()   # built with -march=native: one build per CPU kind
             build.mkdir(parents=True, exist_ok=True)
             _module = cpp_extension.load(
                 name="pacer_kernels", sources=sources, build_directory=str(build),
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", f"-DPACER_HEADERS={headers}"],
                 extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
             )
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
