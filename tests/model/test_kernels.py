@@ -124,3 +124,17 @@ def test_decode_attention_matches_torch_reference(dtype, d, lens):
     want = paged_attention(q, empty, empty, kc, vc, meta, 0.2, kernel=None)
     got = K.paged_decode_attention(q, kc, vc, tables, ctx, 0.2)
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_kernels_refuse_tables_and_positions_outside_the_cache():
+    kc = vc = torch.zeros(4, 16, 2, 64)
+    q = torch.zeros(1, 4, 64)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        K.paged_decode_attention(q, kc, vc, torch.tensor([[7]]), torch.tensor([5]), 1.0)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, torch.tensor([0]), torch.tensor([1]),
+                                  torch.tensor([0]), torch.tensor([[-1]]), 1.0)
+    qkv = torch.zeros(1, 8, 64)
+    cos = sin = torch.zeros(10, 32)
+    with pytest.raises(RuntimeError, match="rope table"):
+        K.rope_write_kv(qkv, torch.tensor([10]), cos, sin, kc, vc, torch.tensor([0]), 4)

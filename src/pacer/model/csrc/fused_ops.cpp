@@ -105,6 +105,14 @@ void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos
   TORCH_CHECK(cos.size(1) * 2 == d, "cos/sin width must be head_dim / 2");
   auto p = positions.contiguous();
   auto s = slot_mapping.contiguous();
+  TORCH_CHECK(p.numel() == n_tok && s.numel() == n_tok, "one position and one slot per token");
+  const int64_t* pp = p.data_ptr<int64_t>();
+  const int64_t* sp = s.data_ptr<int64_t>();
+  const int64_t n_slots = k_cache.size(0) * k_cache.size(1);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < cos.size(0), "position ", pp[t], " outside the rope table of ", cos.size(0));
+    TORCH_CHECK(sp[t] < n_slots, "slot ", sp[t], " outside the cache of ", n_slots, " slots");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
     rope_write_kv_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), p.data_ptr<int64_t>(), cos.data_ptr<float>(),
                                    sin.data_ptr<float>(), s.data_ptr<int64_t>(), k_cache.data_ptr<scalar_t>(),

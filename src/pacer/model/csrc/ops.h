@@ -2,6 +2,19 @@
 #pragma once
 #include <torch/extension.h>
 
+// Checks that the first `n_blocks[r]` entries of each block-table row name real cache
+// blocks, so a bad table raises instead of reading outside the cache.
+inline void check_block_tables(const torch::Tensor& tables, const int64_t* n_blocks, int64_t num_cache_blocks) {
+  const int64_t rows = tables.size(0), width = tables.size(1);
+  const int64_t* t = tables.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(n_blocks[r] <= width, "row ", r, " needs ", n_blocks[r], " blocks; its table has ", width);
+    for (int64_t b = 0; b < n_blocks[r]; ++b)
+      TORCH_CHECK(t[r * width + b] >= 0 && t[r * width + b] < num_cache_blocks, "block table entry ",
+                  t[r * width + b], " outside the cache of ", num_cache_blocks, " blocks");
+  }
+}
+
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,

@@ -205,7 +205,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   auto cl = context_lens.contiguous();
   const int64_t rows = q.size(0), n_heads = q.size(1), d = q.size(2);
   const int64_t bs = k_cache.size(1), n_kv = k_cache.size(2);
-  TORCH_CHECK(n_heads % n_kv == 0, "heads must be a multiple of kv heads");
+  TORCH_CHECK(n_heads % n_kv == 0 && k_cache.size(3) == d, "q and cache shapes disagree");
+  TORCH_CHECK(bt.dim() == 2 && bt.size(0) == rows && cl.numel() == rows, "one block-table row and length per row");
+  std::vector<int64_t> used(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = cl.data_ptr<int64_t>()[r];
+    TORCH_CHECK(len >= 1, "context_lens must be >= 1, got ", len);
+    used[r] = (len + bs - 1) / bs;
+  }
+  check_block_tables(bt, used.data(), k_cache.size(0));
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
 #if defined(__AVX512F__)

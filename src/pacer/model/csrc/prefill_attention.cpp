@@ -230,6 +230,9 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k
     TORCH_CHECK(qlp[s] >= 0 && qsp[s] >= 0 && qsp[s] + qlp[s] <= q.size(0), "query rows out of range");
     TORCH_CHECK(spp[s] >= 0 && (spp[s] + qlp[s] + bs - 1) / bs <= bt.size(1), "context exceeds its block table");
   }
+  std::vector<int64_t> used(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) used[s] = (sp.data_ptr<int64_t>()[s] + ql.data_ptr<int64_t>()[s] + bs - 1) / bs;
+  check_block_tables(bt, used.data(), k_cache.size(0));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
     prefill_kernel<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0), q.data_ptr<scalar_t>(), q.stride(0),
                              k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), qs.data_ptr<int64_t>(),
