@@ -34,7 +34,8 @@ using pacer::exp16;
 
 // One 16-key tile for up to RB query vectors at once (RB <= 4), head dim D (a multiple of 16).
 // qf [RB][D] scaled queries, kt [D][16] keys transposed, vt [16][D] values; visible[r] keys
-// of the tile each query may see (causal); mx, sm, acc the running max, sum, output.
+// of the tile each query may see (causal); mx the running max, sm [RB][16] per-lane running
+// sums, acc the output.
 template <int D>
 inline void tile_avx512(const float* qf, const float* kt, const float* vt, const int64_t* visible, int RB,
                         float* mx, float* sm, float* acc) {
@@ -51,20 +52,26 @@ inline void tile_avx512(const float* qf, const float* kt, const float* vt, const
     }
   }
   alignas(64) float p[RBM][16];
-  float alpha[RBM];
+  alignas(64) float diff[16] = {0.f};
+  alignas(64) float alpha[16];
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 masks[RBM];
+  __m512 sc[RBM];
   for (int r = 0; r < RB; ++r) {
     const int64_t vis = visible[r];
-    const __mmask16 m = vis >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                  : static_cast<__mmask16>(vis <= 0 ? 0 : (1u << vis) - 1);
-    const __m512 sc = _mm512_mask_blend_ps(m, neg_inf, _mm512_add_ps(s[r], s2[r]));
-    const float tmax = m ? _mm512_reduce_max_ps(sc) : -std::numeric_limits<float>::infinity();
+    masks[r] = vis >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>(vis <= 0 ? 0 : (1u << vis) - 1);
+    sc[r] = _mm512_mask_blend_ps(masks[r], neg_inf, _mm512_add_ps(s[r], s2[r]));
+    const float tmax = masks[r] ? _mm512_reduce_max_ps(sc[r]) : mx[r];
     const float m_new = std::max(mx[r], tmax);
-    alpha[r] = m_new == -std::numeric_limits<float>::infinity() ? 1.f : std::exp(mx[r] - m_new);
-    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
-    _mm512_store_ps(p[r], e);
-    sm[r] = sm[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    diff[r] = mx[r] - m_new;  // mx starts at a large finite negative, so this is finite
     mx[r] = m_new;
+  }
+  _mm512_store_ps(alpha, exp16(_mm512_load_ps(diff)));  // the rescale factors of all rows at once
+  for (int r = 0; r < RB; ++r) {
+    const __m512 e = _mm512_maskz_mov_ps(masks[r], exp16(_mm512_sub_ps(sc[r], _mm512_set1_ps(mx[r]))));
+    _mm512_store_ps(p[r], e);
+    // per-lane running sums; the lanes are added once at the end
+    _mm512_storeu_ps(sm + r * 16, _mm512_fmadd_ps(_mm512_loadu_ps(sm + r * 16), _mm512_set1_ps(alpha[r]), e));
   }
   for (int cb = 0; cb < D; cb += 64) {
     constexpr int NCMAX = 4;
@@ -108,7 +115,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
 
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     const int64_t M = QT * group;
-    std::vector<float> qf(M * d), acc(M * d), mx(M), sum(M), kt(d * KT), vt(KT * d), p(KT);
+    std::vector<float> qf(M * d), acc(M * d), mx(M), sum(M), sum16(M * 16), kt(d * KT), vt(KT * d), p(KT);
     for (int64_t ti = next++; ti < n_tasks; ti = next++) {
       const Task& tk = tasks[ti];
       const int64_t* table = tables + tk.seq * max_blocks;
@@ -121,8 +128,10 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
           for (int64_t i = 0; i < d; ++i) dst[i] = pacer::to_f(src[i]) * scale;
         }
       std::fill(acc.begin(), acc.begin() + m_rows * d, 0.f);
-      std::fill(mx.begin(), mx.begin() + m_rows, neg_inf);
+      // a finite "minus infinity", so the first tile's rescale exp(mx - m_new) is a plain 0
+      std::fill(mx.begin(), mx.begin() + m_rows, -1e30f);
       std::fill(sum.begin(), sum.begin() + m_rows, 0.f);
+      std::fill(sum16.begin(), sum16.begin() + m_rows * 16, 0.f);
       for (int64_t t0 = 0; t0 < tk.keys; t0 += KT) {
         const int64_t nk = std::min(KT, tk.keys - t0);
         for (int64_t j = 0; j < KT; ++j) {
@@ -149,10 +158,10 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
             }
             if (!any) continue;
             if (d == 64)
-              tile_avx512<64>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum.data() + m,
+              tile_avx512<64>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
                               acc.data() + m * d);
             else
-              tile_avx512<128>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum.data() + m,
+              tile_avx512<128>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
                                acc.data() + m * d);
           }
           continue;
@@ -193,7 +202,9 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
       for (int64_t r = 0; r < tk.rows; ++r)
         for (int64_t h = 0; h < group; ++h) {
           const int64_t m = r * group + h;
-          const float inv = sum[m] > 0.f ? 1.f / sum[m] : 0.f;
+          float total = sum[m];  // the scalar path's sum, or the vector path's lanes
+          for (int64_t l = 0; l < 16; ++l) total += sum16[m * 16 + l];
+          const float inv = total > 0.f ? 1.f / total : 0.f;
           T* dst = out + (q_starts[tk.seq] + tk.row0 + r) * out_stride + (tk.kv_head * group + h) * d;
           const float* am = acc.data() + m * d;
           for (int64_t i = 0; i < d; ++i) dst[i] = pacer::from_f<T>(am[i] * inv);
