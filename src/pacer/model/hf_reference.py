@@ -19,7 +19,8 @@ def hf_llama_from_checkpoint(ckpt: Checkpoint, dtype: torch.dtype = torch.float3
     a = ckpt.arch
     if a.arch != "llama" or a.rope_scaling:
         raise ValueError(f"hf_llama_from_checkpoint supports plain llama checkpoints, got {a.arch} {a.rope_scaling}")
-    cfg = transformers.LlamaConfig(
+    # rope_theta: a keyword of transformers 4 that 5 still accepts (into rope_parameters)
+    cfg = transformers.LlamaConfig(  # type: ignore[call-arg]
         vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
         num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         head_dim=a.head_dim, rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta,
