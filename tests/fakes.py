@@ -1,16 +1,18 @@
 """A fake executor for core tests: no tensors, but it checks the KV bookkeeping.
 
 It keeps a map slot -> (token, position) as a real KV cache would hold keys, verifies that
-every step's cached context is exactly the request's own earlier tokens, and "samples" a
-token that is a deterministic function of the request's whole sequence, like a greedy model.
+every step's cached context is exactly the request's own earlier tokens (and that a new
+request with penalties brings its whole token history), and "samples" a token that is a
+deterministic function of the request's whole sequence, like a greedy model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pacer.core.outputs import SchedulerOutput
+from pacer.core.outputs import ScheduledRequest, SchedulerOutput
 from pacer.core.scheduler import Scheduler
+from pacer.request import Request
 
 
 def next_token(tokens: list[int], vocab: int) -> int:
@@ -47,6 +49,16 @@ class FakeExecutor:
                 else:
                     self.slots[dev * bs + i] = content
 
+    @staticmethod
+    def _check_history(sr: ScheduledRequest, req: Request) -> None:
+        """A new request with penalties carries its whole token history; others carry none."""
+        assert sr.sampling_params is not None
+        if sr.sampling_params.has_penalties:
+            assert sr.prompt_token_ids == req.prompt_token_ids, sr.request_id
+            assert sr.output_token_ids == req.output_token_ids, sr.request_id
+        else:
+            assert sr.prompt_token_ids is None and sr.output_token_ids is None, sr.request_id
+
     def _slot(self, table: list[int], p: int) -> int:
         return table[p // self.block_size] * self.block_size + p % self.block_size
 
@@ -58,12 +70,13 @@ class FakeExecutor:
             self.tables.pop(rid, None)
         sampled: dict[str, int] = {}
         for sr in out.scheduled:
+            req = self.scheduler.requests[sr.request_id]
             if sr.is_new:
                 self.tables[sr.request_id] = list(sr.block_ids)
+                self._check_history(sr, req)
             else:
                 self.tables[sr.request_id].extend(sr.block_ids)
             table = self.tables[sr.request_id]
-            req = self.scheduler.requests[sr.request_id]
             seq = req.prompt_token_ids + req.output_token_ids
             for p in range(sr.start_position):
                 got = self.slots.get(self._slot(table, p))

@@ -3,38 +3,17 @@ cache hits or on swap vs recompute preemption; prewarmed system prompts are hit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-import torch
-
-from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
 from pacer.llm import LLM
 from pacer.request import SamplingParams
+from tests.conftest import make
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 SYSTEM = ("You are a careful assistant for a hardware store. Answer briefly, name the aisle, and "
           "never invent prices. Tools, paint and garden supplies are on the ground floor.")
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What is a good shovel for clay soil?"]
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[Engine]:
-    threads = torch.get_num_threads()
-    yield Engine.from_kwargs(num_kv_blocks=256, num_threads=1)   # small batches: 1 thread is fastest
-    torch.set_num_threads(threads)
-
-
-def make(base: Engine, **kw: Any) -> Engine:
-    """A fresh engine (own KV, own config) over the already loaded model."""
-    cfg = EngineConfig.from_kwargs(**kw)
-    num_blocks = cfg.cache.num_kv_blocks or 256
-    executor = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
-    return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
-                  vocab_size=base.vocab_size)
 
 
 def chat_ids(base: Engine, question: str, system: str = SYSTEM) -> list[int]:

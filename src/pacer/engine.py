@@ -30,7 +30,8 @@ log = logging.getLogger("pacer.engine")
 
 class Executor(Protocol):
     def execute(self, out: SchedulerOutput) -> Any:
-        """Returns an object with `.sampled: dict[str, int]` and `.timings: dict[str, float]`."""
+        """Returns an object with `.sampled: dict[str, int]` and `.timings: dict[str, float]`, and
+        optionally `.logprobs: dict[str, dict[int, float]]` (requests whose params ask for them)."""
         ...
 
 
@@ -52,6 +53,10 @@ class RequestOutput:
     tenant: str
     stop_reason: str | int | None = None
     prompt: str | None = None
+    # None unless SamplingParams.logprobs is set: one {token_id: logprob} per output token, the
+    # sampled token first, then the top-k most likely in descending order (raw model logprobs)
+    logprobs: list[dict[int, float]] | None = None
+    new_logprobs: list[dict[int, float]] | None = None   # those of new_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,7 @@ class StepStats:
 @dataclass(slots=True)
 class _IsolatedResult:
     sampled: dict[str, int]
+    logprobs: dict[str, dict[int, float]]
     timings: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
@@ -89,9 +95,9 @@ class _IsolatedResult:
 
 
 class _Tracked:
-    """Engine-side state of a request: detokenizer and stop strings."""
+    """Engine-side state of a request: detokenizer, stop strings, logprobs."""
 
-    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len")
+    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len", "logprobs")
 
     def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
         self.req = req
@@ -99,6 +105,7 @@ class _Tracked:
         self.text = ""
         self.prompt = prompt
         self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
+        self.logprobs: list[dict[int, float]] | None = None if req.sampling_params.logprobs is None else []
 
 
 class Engine:
@@ -254,8 +261,9 @@ class Engine:
             result = self._execute_isolated(sched_out, outputs)
         t2 = time.perf_counter()
         touched = self.scheduler.update_from_output(sched_out, result.sampled)
+        logprobs: dict[str, dict[int, float]] = getattr(result, "logprobs", None) or {}
         for req in touched:
-            outputs.append(self._emit(req))
+            outputs.append(self._emit(req, logprobs.get(req.request_id)))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
         return outputs
@@ -266,6 +274,7 @@ class Engine:
         with FinishReason.ERROR (appended to `outputs`). A step with KV swaps is not retried
         (its copies may have half run): all its requests fail."""
         sampled: dict[str, int] = {}
+        logprobs: dict[str, dict[int, float]] = {}
         failed: list[str] = []
         swaps = getattr(out, "swap_out", None) or getattr(out, "swap_in", None)
         for sr in out.scheduled:
@@ -273,13 +282,18 @@ class Engine:
             if req is None or swaps:
                 failed.append(sr.request_id)
                 continue
+            history = req.sampling_params.has_penalties
             alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
-                            sampling_params=req.sampling_params)
+                            sampling_params=req.sampling_params,
+                            prompt_token_ids=list(req.prompt_token_ids) if history else None,
+                            output_token_ids=list(req.output_token_ids) if history else None)
             single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
                                      num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
                                      num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)
             try:
-                sampled.update(self.executor.execute(single).sampled)
+                result = self.executor.execute(single)
+                sampled.update(result.sampled)
+                logprobs.update(getattr(result, "logprobs", None) or {})
             except Exception:
                 log.exception("request %s failed alone; finishing it with an error", sr.request_id)
                 failed.append(sr.request_id)
@@ -290,11 +304,15 @@ class Engine:
                 req.num_computed_tokens = starts[rid]   # this step's KV is unreliable: never cache it
                 self.scheduler.finish_request(req, FinishReason.ERROR)
                 outputs.append(self._finish_output(self._tracked[rid], [], ""))
-        return _IsolatedResult(sampled)
+        return _IsolatedResult(sampled, logprobs)
 
-    def _emit(self, req: Request) -> RequestOutput:
+    def _emit(self, req: Request, logprobs: dict[int, float] | None) -> RequestOutput:
         tracked = self._tracked[req.request_id]
         new_ids = req.output_token_ids[-1:]
+        new_logprobs = None
+        if tracked.logprobs is not None:
+            new_logprobs = [] if logprobs is None else [logprobs]
+            tracked.logprobs.extend(new_logprobs)
         self.total_generation_tokens += 1
         new_text = ""
         if tracked.detok is not None:
@@ -305,8 +323,8 @@ class Engine:
                 new_text += tracked.detok.flush()  # text held back for an incomplete character
             tracked.text += new_text
         if req.is_finished:
-            return self._finish_output(tracked, new_ids, new_text)
-        return self._output(tracked, new_ids, new_text)
+            return self._finish_output(tracked, new_ids, new_text, new_logprobs)
+        return self._output(tracked, new_ids, new_text, new_logprobs)
 
     def _check_stop_strings(self, tracked: _Tracked, new_text: str) -> str:
         req = tracked.req
@@ -330,18 +348,23 @@ class Engine:
         self.scheduler.finish_request(req, FinishReason.STOP)
         return new_text[:keep]
 
-    def _output(self, tracked: _Tracked, new_ids: list[int], new_text: str) -> RequestOutput:
+    def _output(self, tracked: _Tracked, new_ids: list[int], new_text: str,
+                new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
         r = tracked.req
+        if tracked.logprobs is not None and new_logprobs is None:
+            new_logprobs = []
         return RequestOutput(
             request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, token_ids=list(r.output_token_ids),
             text=tracked.text, new_token_ids=list(new_ids), new_text=new_text, finished=r.is_finished,
             finish_reason=r.finish_reason.value if r.finish_reason else None, metrics=r.metrics,
             num_cached_tokens=r.num_cached_tokens, priority=r.priority, tenant=r.tenant,
             stop_reason=r.stop_reason, prompt=tracked.prompt,
+            logprobs=None if tracked.logprobs is None else list(tracked.logprobs), new_logprobs=new_logprobs,
         )
 
-    def _finish_output(self, tracked: _Tracked, new_ids: list[int], new_text: str) -> RequestOutput:
-        out = self._output(tracked, new_ids, new_text)
+    def _finish_output(self, tracked: _Tracked, new_ids: list[int], new_text: str,
+                       new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
+        out = self._output(tracked, new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
         self.total_prompt_tokens += tracked.req.num_prompt_tokens

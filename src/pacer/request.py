@@ -9,15 +9,26 @@ follow that one rule.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason"]
+__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS"]
+
+MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample one request's output (names and defaults follow vLLM / OpenAI)."""
+    """How to sample one request's output (names and defaults follow vLLM / OpenAI).
+
+    Penalties follow vLLM: `presence_penalty` and `frequency_penalty` (OpenAI's definitions,
+    in [-2, 2]) subtract `presence * [count > 0] + frequency * count` from the logit of each
+    token by its count among the generated tokens; `repetition_penalty` (> 0, 1 is off)
+    divides the positive logits and multiplies the negative ones of every token seen in the
+    prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
+    token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -28,6 +39,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,10 +68,27 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling needs the request's token history (prompt and output)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 def _check_int(name: str, value: object, low: int | None) -> None:

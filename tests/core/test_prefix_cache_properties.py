@@ -136,7 +136,9 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
         while pending and pending[0][1][3] <= step:
             i, (pre, suffix, max_tokens, _, tenant, abort_after) = pending.pop(0)
             prompt = prefixes[pre] + [(i * 31 + j) % 97 + 1 for j in range(suffix)]
-            p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            # odd requests use a penalty: the fake checks the token history they carry when new
+            p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                               repetition_penalty=1.0 + 0.5 * (i % 2))
             eng.add_request(prompt, p, request_id=f"r{i}", tenant=tenant)
             expected[f"r{i}"] = reference_output(prompt, p)
             if abort_after < 30:

@@ -227,7 +227,8 @@ def test_property_invariants_and_exact_outputs(reqs, chunked, budget, max_num_se
         while pending and pending[0][1][2] <= step:
             i, (plen, max_tokens, _, prio, abort_after, seed) = pending.pop(0)
             prompt = [(seed + 13 * j) % 997 + 1 for j in range(plen)]
-            p = SamplingParams(max_tokens=max_tokens, temperature=0)
+            # odd seeds use a penalty: the fake checks the token history they carry when new
+            p = SamplingParams(max_tokens=max_tokens, temperature=0, frequency_penalty=0.5 * (seed % 2))
             eng.add_request(prompt, p, request_id=f"r{i}", priority=prio)
             expected[f"r{i}"] = reference_output(prompt, p)
             if abort_after < 30:

@@ -3,6 +3,12 @@
 New requests (first time on the executor, or resumed after preemption) carry their whole
 block table and sampling params; known requests carry only the blocks added this step.
 Finished and preempted ids tell an executor which mirrored state to drop.
+
+A new request whose params use penalties also carries its token history (the whole prompt
+and every token generated so far, which a resumed request has): an executor mirrors it and
+extends it with later chunks' tokens past those it holds (the decode tokens), since
+`token_ids` is only this step's chunk and may start after a prefix-cache hit. Requests
+without penalties carry no history, so the common path copies nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ class ScheduledRequest:
     is_prefill: bool              # for stats: False only for a plain decode token
     num_output_tokens: int        # tokens generated before this step (seeded sampling position)
     sampling_params: SamplingParams | None = None  # set when is_new
+    prompt_token_ids: list[int] | None = None      # set when is_new and sampling_params.has_penalties
+    output_token_ids: list[int] | None = None      # likewise: the tokens generated before this step
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,8 @@
 """ModelExecutor: runs one SchedulerOutput on a real model and returns sampled tokens.
 
 It owns the KV tensors and mirrors, from the SchedulerOutput alone, each request's block
-table and sampling params. It never reads scheduler state.
+table and sampling params, and, for requests with penalties, their token history (seeded when
+the request is new, extended by each later chunk). It never reads scheduler state.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from pacer.core.outputs import ScheduledRequest, SchedulerOutput
 from pacer.model.attention import AttentionMetadata, PrefillSeq
 from pacer.model.llama import LlamaModel
-from pacer.model.sampler import Sampler, SamplingRow
+from pacer.model.sampler import Sampler, SamplingRow, TokenHistory
 from pacer.request import SamplingParams
 
 __all__ = ["ModelExecutor", "ExecutorOutput"]
@@ -24,14 +25,17 @@ __all__ = ["ModelExecutor", "ExecutorOutput"]
 class ExecutorOutput:
     sampled: dict[str, int]
     timings: dict[str, float] = field(default_factory=dict)   # prepare / forward / sample seconds
+    # request id -> {token_id: logprob} of its sampled token (first) and top-k; only requests that asked
+    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 class _ReqState:
-    __slots__ = ("block_table", "params")
+    __slots__ = ("block_table", "params", "history")
 
-    def __init__(self, block_table: list[int], params: SamplingParams) -> None:
+    def __init__(self, block_table: list[int], params: SamplingParams, history: TokenHistory | None) -> None:
         self.block_table = block_table
         self.params = params
+        self.history = history
 
 
 class ModelExecutor:
@@ -73,9 +77,22 @@ class ModelExecutor:
         for sr in out.scheduled:
             if sr.is_new:
                 assert sr.sampling_params is not None
-                self._states[sr.request_id] = _ReqState(list(sr.block_ids), sr.sampling_params)
-            elif sr.block_ids:
-                self._states[sr.request_id].block_table.extend(sr.block_ids)
+                state = self._states[sr.request_id] = _ReqState(
+                    list(sr.block_ids), sr.sampling_params, self._new_history(sr))
+            else:
+                state = self._states[sr.request_id]
+                if sr.block_ids:
+                    state.block_table.extend(sr.block_ids)
+            if state.history is not None:
+                state.history.observe(sr.start_position, sr.token_ids)
+
+    @staticmethod
+    def _new_history(sr: ScheduledRequest) -> TokenHistory | None:
+        if sr.sampling_params is None or not sr.sampling_params.has_penalties:
+            return None
+        if sr.prompt_token_ids is None or sr.output_token_ids is None:
+            raise ValueError(f"request {sr.request_id} uses penalties but came without its token history")
+        return TokenHistory(sr.prompt_token_ids, sr.output_token_ids)
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         t0 = time.perf_counter()
@@ -89,11 +106,16 @@ class ModelExecutor:
         t1 = time.perf_counter()
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows)
         t2 = time.perf_counter()
-        rows = [SamplingRow(self._states[sr.request_id].params, sr.num_output_tokens) for sr in sample_reqs]
-        tokens = self.sampler.sample(logits, rows) if rows else []
-        sampled = {sr.request_id: tok for sr, tok in zip(sample_reqs, tokens)}
+        states = [self._states[sr.request_id] for sr in sample_reqs]
+        rows = [SamplingRow(st.params, sr.num_output_tokens, st.history) for sr, st in zip(sample_reqs, states)]
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, dict[int, float]] = {}
+        if rows:
+            result = self.sampler.sample(logits, rows)
+            sampled = {sr.request_id: tok for sr, tok in zip(sample_reqs, result.token_ids)}
+            logprobs = {sample_reqs[i].request_id: entry for i, entry in result.logprobs.items()}
         t3 = time.perf_counter()
-        return ExecutorOutput(sampled, {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2})
+        return ExecutorOutput(sampled, {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}, logprobs)
 
     def _prepare(
         self, singles: list[ScheduledRequest], multis: list[ScheduledRequest]

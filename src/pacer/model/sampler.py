@@ -1,4 +1,9 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds.
+"""Batched sampling: penalties, greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+The order is vLLM V1's: logprobs come from the raw logits (a log_softmax before anything
+else touches them); then penalties (repetition over prompt and output tokens, frequency and
+presence over output tokens); then greedy rows take the argmax and the others go through
+temperature, top-k and top-p. Rows that ask for no penalties and no logprobs pay for neither.
 
 Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which equals drawing
 from p. A seeded request draws its noise from a generator seeded by (seed, output index),
@@ -7,19 +12,73 @@ so its tokens do not depend on batch composition or on preemption and recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from pacer.request import SamplingParams
 
-__all__ = ["Sampler", "SamplingRow"]
+__all__ = ["Sampler", "SamplingRow", "SamplerOutput", "TokenHistory"]
+
+
+class TokenHistory:
+    """One request's tokens as its penalties see them, kept on the logits' device: how often
+    each token was generated, and which tokens occurred at all (prompt or output).
+
+    The executor seeds it from a new request's `prompt_token_ids` and `output_token_ids`
+    (resumed requests included) and shows it every later chunk; tokens past the known ones
+    are new outputs. Tensors are created at the first sample and updated there with what
+    arrived since, in one op each."""
+
+    __slots__ = ("num_tokens", "_pending_prompt", "_pending_output", "_counts", "_seen")
+
+    def __init__(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
+        self.num_tokens = len(prompt_token_ids) + len(output_token_ids)
+        self._pending_prompt = list(prompt_token_ids)
+        self._pending_output = list(output_token_ids)
+        self._counts: torch.Tensor | None = None
+        self._seen: torch.Tensor | None = None
+
+    def observe(self, start_position: int, token_ids: Sequence[int]) -> None:
+        """Record a scheduled chunk (positions start_position...); only its unseen tail is new."""
+        known = self.num_tokens - start_position
+        if known < 0:
+            raise ValueError(f"token history holds {self.num_tokens} tokens but a chunk starts at {start_position}")
+        if known < len(token_ids):
+            new = token_ids[known:]
+            self._pending_output.extend(new)
+            self.num_tokens += len(new)
+
+    def tensors(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output token counts float32 [V], seen in prompt or output bool [V])."""
+        if self._counts is None or self._seen is None:
+            self._counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+            self._seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if self._pending_prompt:
+            self._seen[torch.tensor(self._pending_prompt, device=device)] = True
+            self._pending_prompt = []
+        if self._pending_output:
+            ids = torch.tensor(self._pending_output, device=device)
+            self._counts.index_add_(0, ids, torch.ones(len(self._pending_output), device=device))
+            self._seen[ids] = True
+            self._pending_output = []
+        return self._counts, self._seen
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingRow:
     params: SamplingParams
-    output_index: int   # how many tokens the request generated before this one
+    output_index: int                     # how many tokens the request generated before this one
+    history: TokenHistory | None = None   # set when params.has_penalties
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    # row -> {token_id: logprob}: the sampled token first, then the row's top-k in descending
+    # order (k or k + 1 entries); only rows whose params ask for logprobs
+    logprobs: dict[int, dict[int, float]] = field(default_factory=dict)
 
 
 class Sampler:
@@ -28,12 +87,27 @@ class Sampler:
         self._gen.manual_seed(seed)
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        """logits: float32 [R, V]; returns one token id per row."""
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """logits: float32 [R, V]; returns one token id per row (and logprobs where asked)."""
+        logprob_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        raw_logprobs = None
+        if logprob_rows:
+            idx = torch.tensor(logprob_rows, device=logits.device)
+            raw_logprobs = torch.log_softmax(logits.index_select(0, idx), dim=-1)
+        penalty_rows = [i for i, r in enumerate(rows) if r.history is not None]
+        if penalty_rows:
+            logits = self._apply_penalties(logits, rows, penalty_rows)
+        tokens = self._sample_tokens(logits, rows)
+        out = SamplerOutput(tokens.tolist())
+        if raw_logprobs is not None:
+            out.logprobs = self._gather_logprobs(raw_logprobs, tokens, rows, logprob_rows)
+        return out
+
+    def _sample_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if not random_rows:
-            return greedy_ids.tolist()
+            return greedy_ids
         out = greedy_ids.clone()
         idx = torch.tensor(random_rows, device=logits.device)
         sub = logits.index_select(0, idx)
@@ -44,7 +118,48 @@ class Sampler:
         probs = torch.softmax(sub, dim=-1)
         noise = self._exponential_noise(probs.shape, [rows[i] for i in random_rows])
         out[idx] = (probs / noise.to(probs.device)).argmax(dim=-1)
-        return out.tolist()
+        return out
+
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], penalty_rows: list[int]) -> torch.Tensor:
+        """vLLM's penalties on the rows that have them; returns new logits (the input is kept)."""
+        vocab, dev = logits.shape[-1], logits.device
+        histories = [h.tensors(vocab, dev) for h in (rows[i].history for i in penalty_rows) if h is not None]
+        counts = torch.stack([c for c, _ in histories])
+        seen = torch.stack([s for _, s in histories])
+        params = [rows[i].params for i in penalty_rows]
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=logits.dtype, device=dev).unsqueeze(1)
+
+        idx = torch.tensor(penalty_rows, device=dev)
+        sub = logits.index_select(0, idx)
+        rep = column([p.repetition_penalty for p in params])
+        penalties = torch.where(seen, rep, torch.ones_like(rep))
+        sub = sub * torch.where(sub > 0, 1.0 / penalties, penalties)
+        sub = sub - column([p.frequency_penalty for p in params]) * counts
+        sub = sub - column([p.presence_penalty for p in params]) * (counts > 0)
+        return logits.index_copy(0, idx, sub)
+
+    @staticmethod
+    def _gather_logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow],
+                         logprob_rows: list[int]) -> dict[int, dict[int, float]]:
+        """raw: log_softmax of the raw logits of `logprob_rows` [L, V]."""
+        idx = torch.tensor(logprob_rows, device=raw.device)
+        chosen = tokens.index_select(0, idx)
+        chosen_lp = raw.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        ks = [rows[i].params.logprobs or 0 for i in logprob_rows]
+        top_ids: list[list[int]] = [[] for _ in ks]
+        top_lps: list[list[float]] = [[] for _ in ks]
+        if max(ks) > 0:
+            values, indices = raw.topk(max(ks), dim=-1)
+            top_ids, top_lps = indices.tolist(), values.tolist()
+        out: dict[int, dict[int, float]] = {}
+        for j, (row, tok, lp, k) in enumerate(zip(logprob_rows, chosen.tolist(), chosen_lp.tolist(), ks)):
+            entry = {tok: lp}
+            entry.update(zip(top_ids[j][:k], top_lps[j][:k]))
+            out[row] = entry
+        return out
 
     @staticmethod
     def _apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
