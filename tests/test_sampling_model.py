@@ -14,6 +14,7 @@ from pacer.engine import Engine
 from pacer.model.sampler import Sampler, SamplerOutput, SamplingRow
 from pacer.request import SamplingParams
 from tests.conftest import make
+from tests.server.conftest import FaultyExecutor
 
 PROMPTS = ["1, 1, 1, 1, 1, 1, 1, 1,", "the the the the the the", "Once upon a time, there was a",
            "List three prime numbers:"]
@@ -96,3 +97,15 @@ def test_logprobs_are_log_softmax_of_the_model_logits(base: Engine) -> None:
         assert o.logprobs == want[f"{params.seed}-{params.logprobs}"]
         assert len(o.logprobs) == len(o.token_ids)
         assert [next(iter(e)) for e in o.logprobs] == o.token_ids
+
+
+def test_a_failed_step_retries_penalised_requests_with_their_history(base: Engine) -> None:
+    params = [PENALISED[0], PENALISED[1], SamplingParams(max_tokens=4, temperature=0)]
+    want = generate(make(base, num_kv_blocks=256), PROMPTS[:2], params[:2])
+    engine = make(base, num_kv_blocks=256)
+    poison = base.tokenizer.encode(" Zzyzx")[-1]
+    engine.executor = faulty = FaultyExecutor(engine.executor, poison)
+    got = generate(engine, [*PROMPTS[:2], "Say Zzyzx"], params)
+    assert faulty.num_failures >= 2 and got[2].finish_reason == "error"   # the step, then the poisoned one alone
+    assert [o.token_ids for o in got[:2]] == [o.token_ids for o in want]
+    assert [list(e) for e in got[0].logprobs] == [list(e) for e in want[0].logprobs]
