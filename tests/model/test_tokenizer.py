@@ -48,6 +48,13 @@ def test_encode_decode_round_trip(tok: Tokenizer, text: str) -> None:
     assert tok.decode(ids) == text
 
 
+def test_token_bytes_spell_split_characters(tok: Tokenizer) -> None:
+    ids = tok.encode("Héllo — 日本語 🙂<|im_end|>")
+    pieces = [tok.token_bytes(i) for i in ids]
+    assert b"".join(pieces).decode() == tok.decode(ids, skip_special_tokens=False)
+    assert any(p and tok.decode([i]) == "\ufffd" for i, p in zip(ids, pieces))   # a character split over tokens
+
+
 def test_special_tokens_are_single_ids(tok: Tokenizer) -> None:
     assert tok.encode("<|im_start|>user<|im_end|>") == [1, 4093, 2]
 

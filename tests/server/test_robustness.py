@@ -80,19 +80,20 @@ def test_abort_storm_frees_everything(served):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
-def test_non_streaming_client_disconnect_aborts(served):
+@pytest.mark.parametrize("n", [1, 3])
+def test_non_streaming_client_disconnect_aborts(served, n):
     async def go():
         async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as client:
             task = asyncio.create_task(client.post("/v1/completions", json={
-                "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 4000, "ignore_eos": True}))
-            await asyncio.to_thread(wait_for, lambda: _state(served)["engine"]["num_running"] == 1, 30,
-                                    "the request to run")
+                "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 4000, "ignore_eos": True, "n": n}))
+            await asyncio.to_thread(wait_for, lambda: _state(served)["engine"]["num_running"] == n, 30,
+                                    "the request's choices to run")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
     asyncio.run(go())
-    wait_for(lambda: _idle(served), 30, "the abandoned request to be aborted")
+    wait_for(lambda: _idle(served), 30, "the abandoned request (all its choices) to be aborted")
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pacer.metrics import REQUEST_LOG_FIELDS, ClassRules, make_log_record, perce
 from pacer.request import RequestMetrics
 from pacer.server.errors import APIError
 from pacer.server.protocol import parse_chat, parse_completion
+from pacer.server.service import choice_seed
 
 
 def test_admission_caps_and_displaces_lowest_priority_latest_first():
@@ -100,6 +101,25 @@ def test_parse_completion_fields():
     assert parse_completion({"model": "m", "prompt": "x", "tenant": "t", "user": "u"}).tenant == "t"
 
 
+def test_parse_sampling_options():
+    p = parse_completion({"model": "m", "prompt": "x", "logprobs": 0, "n": 3, "presence_penalty": -2,
+                          "frequency_penalty": 1.5, "repetition_penalty": 1.2})
+    assert p.n == 3 and p.sampling["logprobs"] == 0
+    assert (p.sampling["presence_penalty"], p.sampling["frequency_penalty"]) == (-2.0, 1.5)
+    assert p.sampling["repetition_penalty"] == 1.2
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert parse_chat({**chat, "logprobs": True}).sampling["logprobs"] == 0
+    assert parse_chat({**chat, "logprobs": True, "top_logprobs": 5}).sampling["logprobs"] == 5
+    assert "logprobs" not in parse_chat({**chat, "logprobs": False, "top_logprobs": 0}).sampling
+    assert parse_completion({"model": "m", "prompt": "x"}).n == 1
+
+
+def test_choice_seeds_are_distinct_and_stable():
+    seeds = [choice_seed(1234, j) for j in range(8)]
+    assert seeds[0] == 1234 and len(set(seeds)) == 8 and all(0 <= s < 2**63 for s in seeds)
+    assert seeds == [choice_seed(1234, j) for j in range(8)]
+
+
 def test_parse_chat_fields():
     p = parse_chat({"model": "m", "messages": [
         {"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
@@ -114,7 +134,12 @@ def test_parse_chat_fields():
     ({"model": "m", "messages": ["hi"]}, "messages[0]"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
      "response_format"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": "all"}, "tools"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
       "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),

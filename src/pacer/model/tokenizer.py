@@ -79,6 +79,10 @@ class Tokenizer:
         decoder = self._backend.get_added_tokens_decoder()
         # exactly the ids `decode(..., skip_special_tokens=True)` drops
         self._skip_ids = frozenset(i for i, tok in decoder.items() if tok.special)
+        self._added_ids = frozenset(decoder)
+        self._byte_decoder: dict[str, int] | None = None
+        if type(self._backend.decoder).__name__ == "ByteLevel":
+            self._byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
 
     @classmethod
     def load(cls, path: str, *, cache_dir: str | None = None, gguf_reader: Any = None) -> Tokenizer | None:
@@ -112,6 +116,17 @@ class Tokenizer:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
         text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
         return list(self.hf.encode(text, add_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for. A byte-level BPE token may hold part of a UTF-8
+        character, which `decode([token_id])` shows as U+FFFD; its bytes here are exact."""
+        piece = self._backend.id_to_token(token_id)
+        if piece is not None and self._byte_decoder is not None and token_id not in self._added_ids:
+            try:
+                return bytes(self._byte_decoder[c] for c in piece)
+            except KeyError:   # not a byte-level piece after all
+                pass
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     @property
     def eos_token_id(self) -> int | None:

@@ -4,6 +4,8 @@ aborted at the next engine step.
 
 A streamed response starts (status 200, headers) with the request's first engine event, so
 a request shed from the queue or failed before its first token still gets a real 429/500.
+With `n` > 1 every choice is its own engine request; streamed chunks carry their choice's
+`index`, usage counts each prompt once and every choice's completion tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pacer.engine import RequestOutput
 from pacer.server import errors
 from pacer.server.errors import APIError
+from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
 from pacer.server.service import Job, Service
 
@@ -148,23 +151,29 @@ async def _collect(service: Service, job: Job) -> dict[str, Any]:
             job.finished.add(index)
     outs = [finals[i] for i in range(len(finals))]
     parsed = job.parsed
+    k = parsed.sampling.get("logprobs")
+    texts = service.token_text
     if parsed.endpoint == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
+                    "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts),
                     "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
         obj = "chat.completion"
     else:
-        choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        choices = [{"index": i, "text": o.text,
+                    "logprobs": None if k is None else completion_logprobs(o.token_ids, o.logprobs or [], texts)[0],
+                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
         obj = "text_completion"
     return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
-            "choices": choices, "usage": _usage(outs)}
+            "choices": choices, "usage": _usage(outs, parsed.n)}
 
 
-def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
-    prompt = sum(len(o.prompt_token_ids) for o in outs)
+def _usage(outs: list[RequestOutput], n: int) -> dict[str, Any]:
+    """Outputs in choice order; a prompt counts once however many choices it has (as OpenAI)."""
+    firsts = outs[::n]
+    prompt = sum(len(o.prompt_token_ids) for o in firsts)
     completion = sum(len(o.token_ids) for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)}}
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -174,8 +183,13 @@ def _sse(obj: dict[str, Any]) -> str:
 class _Chunks:
     """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, texts: TokenText) -> None:
         self.chat = job.parsed.endpoint == "chat"
+        self.n = job.parsed.n
+        self.k: int | None = job.parsed.sampling.get("logprobs")
+        self.texts = texts
+        self.logprobs_sent: dict[int, int] = {}
+        self.text_offsets: dict[int, int] = {}   # completions' text_offset runs on across chunks
         self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": job.created, "model": job.parsed.model}
         self.extra = {"usage": None} if job.parsed.include_usage else {}
@@ -199,28 +213,43 @@ class _Chunks:
         self.sent[index] = end
         return out.text[start:end]
 
+    def _new_logprobs(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
+        """Logprobs of the tokens not sent yet (sent as they come: text may be held back)."""
+        if self.k is None or not out.logprobs:
+            return None
+        start, end = self.logprobs_sent.get(index, 0), len(out.logprobs)
+        if end <= start:
+            return None
+        self.logprobs_sent[index] = end
+        ids, entries = out.token_ids[start:end], out.logprobs[start:end]
+        if self.chat:
+            return chat_logprobs(ids, entries, self.k, self.texts)
+        obj, self.text_offsets[index] = completion_logprobs(ids, entries, self.texts, self.text_offsets.get(index, 0))
+        return obj
+
     def for_output(self, index: int, out: RequestOutput) -> list[str]:
         finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
             "finish_reason": None}
         text = self._new_text(index, out)
+        logprobs = self._new_logprobs(index, out)
         if not self.chat:
-            if not text and not out.finished:
+            if not text and logprobs is None and not out.finished:
                 return []
-            return [self._choice({"index": index, "text": text, "logprobs": None, **finish})]
+            return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish})]
         chunks = []
-        if text:
-            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": None,
+        if text or logprobs is not None:
+            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": logprobs,
                                         "finish_reason": None}))
         if out.finished:
             chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
         return chunks
 
     def usage(self, outs: list[RequestOutput]) -> str:
-        return _sse({**self.base, "choices": [], "usage": _usage(outs)})
+        return _sse({**self.base, "choices": [], "usage": _usage(outs, self.n)})
 
 
 async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[None]) -> AsyncIterator[str]:
-    chunks = _Chunks(job)
+    chunks = _Chunks(job, service.token_text)
     finals: dict[int, RequestOutput] = {}
     try:
         for c in chunks.opening(len(job.request_ids)):

@@ -1,33 +1,40 @@
 """OpenAI request parsing: JSON body -> `ParsedRequest`, every error naming its field.
 
-Fields follow the OpenAI API (and vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`,
-`stop_token_ids`, `priority`); `tenant` is a pacer extension, also read from `user`.
-Options we do not implement (logprobs, echo, penalties, n > 1, ...) are refused with a 400
-rather than ignored. Unknown keys are ignored, as OpenAI-compatible servers commonly do.
+Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs` plus
+`top_logprobs`), `presence_penalty`, `frequency_penalty` and `n` (1..MAX_N) included, and
+vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
+`priority`; `tenant` is a pacer extension, also read from `user`. Options we do not implement
+(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`, a `response_format`
+other than text) are refused with a 400 naming the field rather than ignored. Unknown keys
+are ignored, as OpenAI-compatible servers commonly do.
 `tools` only marks a chat request as class `agent`: tool definitions are not rendered into the
 prompt and tool calls are not parsed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pacer.request import MAX_LOGPROBS
 from pacer.server.errors import bad_request
 
-__all__ = ["ParsedRequest", "parse_completion", "parse_chat"]
+__all__ = ["ParsedRequest", "parse_completion", "parse_chat", "MAX_N"]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 8   # most choices per prompt (`n`): each is its own engine request
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     endpoint: str                                   # "completions" | "chat"
     model: str
-    prompts: list[str | list[int]]                  # completions: one entry per choice
+    prompts: list[str | list[int]]                  # completions: one entry per prompt (n choices each)
     messages: list[dict[str, str]] | None           # chat: role/content pairs
     max_tokens: int | None                          # as requested; None: server default
     sampling: dict[str, Any] = field(default_factory=dict)   # SamplingParams kwargs but max_tokens
+    n: int = 1                                      # choices per prompt
     stream: bool = False
     include_usage: bool = False
     priority: int = 0
@@ -40,8 +47,10 @@ def parse_completion(body: Any) -> ParsedRequest:
     common = _common(body)
     _refuse_if(body, "echo", lambda v: v is True, "echo is not supported")
     _refuse_if(body, "suffix", lambda v: v not in (None, ""), "suffix is not supported")
-    _refuse_if(body, "logprobs", lambda v: v is not None, "logprobs is not supported")
     _refuse_if(body, "best_of", lambda v: v not in (None, 1), "best_of other than 1 is not supported")
+    logprobs = _opt_int(body, "logprobs", low=0, high=MAX_LOGPROBS)
+    if logprobs is not None:
+        common["sampling"]["logprobs"] = logprobs
     return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
                          max_tokens=_opt_int(body, "max_tokens", low=1), **common)
 
@@ -49,8 +58,11 @@ def parse_completion(body: Any) -> ParsedRequest:
 def parse_chat(body: Any) -> ParsedRequest:
     body = _object(body)
     common = _common(body)
-    _refuse_if(body, "logprobs", lambda v: v not in (None, False), "logprobs is not supported")
-    _refuse_if(body, "top_logprobs", lambda v: v not in (None, 0), "top_logprobs is not supported")
+    top_logprobs = _opt_int(body, "top_logprobs", low=0, high=MAX_LOGPROBS)
+    if _opt_bool(body, "logprobs"):
+        common["sampling"]["logprobs"] = top_logprobs or 0
+    elif top_logprobs:
+        raise bad_request("top_logprobs", "top_logprobs needs logprobs to be true")
     _refuse_if(body, "response_format", lambda v: v not in (None, {"type": "text"}),
                "response_format other than text is not supported")
     max_tokens = _opt_int(body, "max_completion_tokens", low=1)
@@ -68,12 +80,9 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model", "model is required and must be a non-empty string")
-    n = _opt_int(body, "n", low=1)
-    if n not in (None, 1):
-        raise bad_request("n", f"n={n} is not supported; only n=1")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_if(body, name, lambda v: v not in (None, 0, 0.0), f"{name} other than 0 is not supported")
+    n = _opt_int(body, "n", low=1, high=MAX_N)
     _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
+    _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
     stream = _opt_bool(body, "stream") or False
     include_usage = False
     opts = body.get("stream_options")
@@ -83,6 +92,13 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         if not stream:
             raise bad_request("stream_options", "stream_options is only allowed when stream is true")
         include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
+    priority = _opt_int(body, "priority", low=None)
+    return {"model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1}
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams kwargs common to both endpoints (not max_tokens, not logprobs)."""
     sampling: dict[str, Any] = {}
     temperature = _opt_number(body, "temperature", 0.0, 2.0)
     sampling["temperature"] = 1.0 if temperature is None else temperature
@@ -98,6 +114,16 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         v = _opt_int(body, name, low=None if name == "seed" else 0)
         if v is not None:
             sampling[name] = v
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalty = _opt_number(body, name, -2.0, 2.0)
+        if penalty is not None:
+            sampling[name] = penalty
+    rep = body.get("repetition_penalty")
+    if rep is not None:
+        if isinstance(rep, bool) or not isinstance(rep, int | float) or not 0.0 < rep < math.inf:
+            raise bad_request("repetition_penalty",
+                              f"repetition_penalty must be a number > 0 (1 is off), got {rep!r}")
+        sampling["repetition_penalty"] = float(rep)
     ignore_eos = _opt_bool(body, "ignore_eos")
     if ignore_eos is not None:
         sampling["ignore_eos"] = ignore_eos
@@ -107,9 +133,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
             raise bad_request("stop_token_ids", "stop_token_ids must be a list of non-negative integers")
         sampling["stop_token_ids"] = tuple(stop_ids)
-    priority = _opt_int(body, "priority", low=None)
-    return {"model": model, "sampling": sampling, "stream": stream, "include_usage": include_usage,
-            "priority": 0 if priority is None else priority, "tenant": _tenant(body)}
+    return sampling
 
 
 def _tenant(body: dict[str, Any]) -> str:
@@ -196,7 +220,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _opt_int(body: dict[str, Any], name: str, low: int | None) -> int | None:
+def _opt_int(body: dict[str, Any], name: str, low: int | None, high: int | None = None) -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -204,6 +228,8 @@ def _opt_int(body: dict[str, Any], name: str, low: int | None) -> int | None:
         raise bad_request(name, f"{name} must be an integer, got {type(v).__name__}")
     if low is not None and v < low:
         raise bad_request(name, f"{name} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise bad_request(name, f"{name} must be <= {high}, got {v}")
     return int(v)
 
 

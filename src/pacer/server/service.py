@@ -1,12 +1,15 @@
 """The serving layer between HTTP and the engine loop: builds engine requests from parsed
-OpenAI requests, classifies them, applies admission control, and keeps metrics and the
-request log as outputs arrive. Runs on the event loop; touches the engine only through
-`EngineLoop` (thread-safe add/abort) and read-only attributes (tokenizer, limits, clock).
+OpenAI requests (one per prompt and choice: `n` fans out into n engine requests), classifies
+them, applies admission control, and keeps metrics and the request log as outputs arrive.
+Runs on the event loop; touches the engine only through `EngineLoop` (thread-safe add/abort)
+and read-only attributes (tokenizer, limits, clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 import time
 import uuid
@@ -20,13 +23,25 @@ from pacer.request import SamplingParams
 from pacer.server import errors
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.errors import APIError, bad_request
+from pacer.server.logprobs import TokenText
 from pacer.server.protocol import ParsedRequest
 
-__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
+__all__ = ["Service", "ServiceOptions", "Job", "RequestContext", "choice_seed"]
 
 log = logging.getLogger("pacer.server")
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "min_tokens",
-                    "ignore_eos", "max_tokens")
+                    "ignore_eos", "max_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                    "logprobs")
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` of a seeded request with n > 1: choice 0 keeps the seed (so it
+    equals the n=1 answer), the others get distinct seeds derived from (seed, index), so the
+    choices differ and the whole response is reproducible."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +72,8 @@ class RequestContext:
 
 @dataclass(slots=True)
 class Job:
-    """One HTTP request: one engine request per prompt, all feeding one queue of
-    `(index, RequestOutput)` items or `APIError`s."""
+    """One HTTP request: one engine request per prompt and choice (choice index
+    `prompt * n + j`), all feeding one queue of `(index, RequestOutput)` items or `APIError`s."""
 
     api_id: str
     parsed: ParsedRequest
@@ -83,6 +98,7 @@ class Service:
         self.metrics = ServingMetrics(self.model_name, options.metrics_prefix)
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
         self.draining = False
+        self.token_text = TokenText(engine.tokenizer)   # logprobs' token strings
         self._log_start = engine.clock.now()
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
@@ -132,13 +148,18 @@ class Service:
         api_id = f"{prefix}-{uuid.uuid4().hex}"
         job = Job(api_id, parsed, int(time.time()), [], [], asyncio.Queue())
         specs = []
-        for i, ids in enumerate(prompts):
+        for p, ids in enumerate(prompts):
             params = self._params(parsed, len(ids))
             rclass = self.options.class_rules.classify(len(ids), parsed.max_tokens,
                                                        is_agent or parsed.has_tools)
-            ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
-                                 rclass, parsed.priority, params.max_tokens)
-            specs.append((f"{api_id}-{i}", ids, params, ctx))
+            for j in range(parsed.n):
+                i = p * parsed.n + j
+                choice_params = params
+                if j and params.seed is not None:
+                    choice_params = dataclasses.replace(params, seed=choice_seed(params.seed, j))
+                ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
+                                     rclass, parsed.priority, params.max_tokens)
+                specs.append((f"{api_id}-{i}", ids, choice_params, ctx))
         self._admit(job, [s[0] for s in specs])
         try:
             for rid, ids, params, ctx in specs:
