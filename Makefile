@@ -26,6 +26,7 @@ generate: venv
 
 test: venv
 	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: venv

@@ -96,7 +96,7 @@ class LLM:
     def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         if isinstance(prompts, str):
             return [prompts]
-        seq = list(prompts)
+        seq: list[Any] = list(prompts)
         if seq and all(isinstance(t, int) and not isinstance(t, bool) for t in seq):
             return [seq]  # one prompt given as token ids
         if not seq:

@@ -269,3 +269,15 @@ def test_long_prefill_threshold_leaves_room_for_short_newcomers():
     assert sizes == {"long": 32, "short": 4}
     finals = run(eng, ex)
     assert finals["long"].token_ids == reference_output(list(range(1, 201)), p)
+
+
+def test_a_stop_token_that_is_also_the_last_allowed_one_reports_stop():
+    # as vLLM: the stop check runs before the length check
+    eng, ex = make_engine()
+    prompt = [5, 6, 7]
+    first = next_token(prompt, 1000)
+    eng.add_request(prompt, SamplingParams(max_tokens=1, stop_token_ids=[first], temperature=0), request_id="s")
+    eng.add_request(prompt, SamplingParams(max_tokens=1, temperature=0), request_id="l")
+    finals = run(eng, ex)
+    assert finals["s"].finish_reason == "stop" and finals["s"].token_ids == [first]
+    assert finals["l"].finish_reason == "length"

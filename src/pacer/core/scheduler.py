@@ -308,17 +308,17 @@ class Scheduler:
         return touched
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
+        # a stop token that is also the last allowed one reports "stop", as vLLM does
         sp = req.sampling_params
         n_out = req.num_output_tokens
+        if n_out >= sp.min_tokens:
+            if token in sp.stop_token_ids:
+                req.stop_reason = token
+                return FinishReason.STOP
+            if not sp.ignore_eos and token in req.eos_token_ids:
+                return FinishReason.STOP
         if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
-        if n_out < sp.min_tokens:
-            return None
-        if token in sp.stop_token_ids:
-            req.stop_reason = token
-            return FinishReason.STOP
-        if not sp.ignore_eos and token in req.eos_token_ids:
-            return FinishReason.STOP
         return None
 
     def check_invariants(self) -> None:
