@@ -149,7 +149,9 @@ class ModelExecutor:
             pos.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             n_blocks = -(-(start + n) // bs)
-            prefills.append(PrefillSeq(row, n, start, torch.tensor(table[:n_blocks], device=self.device)))
+            # the C++ kernel takes all tables as one padded tensor (below); the torch path one each
+            prefills.append(PrefillSeq(row, n, start, None if self.model.kernel is not None
+                                       else torch.tensor(table[:n_blocks], device=self.device)))
             prefill_tables.append(table[:n_blocks])
             row += n
             if sr.sample:

@@ -24,7 +24,7 @@ class PrefillSeq:
     q_start: int            # row of its first token in the packed batch
     q_len: int
     start_pos: int          # tokens of this request already in the cache before this chunk
-    block_table: torch.Tensor  # [num_blocks_of_request] long
+    block_table: torch.Tensor | None  # [num_blocks_of_request] long (torch path only)
 
 
 @dataclass(slots=True)
@@ -83,6 +83,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             vs = v[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
+            assert p.block_table is not None, "the torch path needs each chunk's block table"
             ctx = p.start_pos + p.q_len
             ks = _gather(k_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
             vs = _gather(v_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
