@@ -1,4 +1,5 @@
-"""A fake executor for core tests: no tensors, but it checks the KV bookkeeping.
+"""A fake executor for core tests: no tensors, but it checks the KV bookkeeping; and the
+helpers that build an engine over it, drive it to completion and predict its outputs.
 
 It keeps a map slot -> (token, position) as a real KV cache would hold keys, verifies that
 every step's cached context is exactly the request's own earlier tokens (and that a new
@@ -8,11 +9,18 @@ deterministic function of the request's whole sequence, like a greedy model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from pacer.clock import VirtualClock
+from pacer.config import EngineConfig
 from pacer.core.outputs import ScheduledRequest, SchedulerOutput
 from pacer.core.scheduler import Scheduler
-from pacer.request import Request
+from pacer.engine import Engine, RequestOutput
+from pacer.request import Request, SamplingParams
+
+EOS = 7
 
 
 def next_token(tokens: list[int], vocab: int) -> int:
@@ -90,3 +98,111 @@ class FakeExecutor:
                 assert end == len(seq)
                 sampled[sr.request_id] = next_token(seq[:end], self.vocab)
         return FakeResult(sampled)
+
+
+def make_engine(*, num_blocks: int = 64, block_size: int = 4, max_len: int = 256, clock: VirtualClock | None = None,
+                **kw: object) -> tuple[Engine, FakeExecutor]:
+    """An engine over the fake executor; `kw` are engine (scheduler / cache) settings."""
+    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **kw)
+    ex = FakeExecutor(block_size)
+    eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
+                 eos_token_ids=(EOS,), clock=clock or VirtualClock(), vocab_size=1000)
+    ex.scheduler = eng.scheduler
+    return eng, ex
+
+
+def reference_output(prompt: list[int], params: SamplingParams) -> list[int]:
+    """What the fake "model" generates for `prompt` when nothing interferes."""
+    seq = list(prompt)
+    out: list[int] = []
+    while True:
+        t = next_token(seq, 1000)
+        seq.append(t)
+        out.append(t)
+        if len(out) >= params.max_tokens:
+            return out
+        if len(out) >= params.min_tokens and not params.ignore_eos and t == EOS:
+            return out
+
+
+def run(eng: Engine, ex: FakeExecutor, max_steps: int = 10_000) -> dict[str, RequestOutput]:
+    """Step until every request has finished, checking the budgets and the scheduler's
+    invariants after each step; returns the final output of each request."""
+    finals = {}
+    steps = 0
+    sched = eng.scheduler
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                finals[o.request_id] = o
+        out = ex.steps[-1] if ex.steps else None
+        if out is not None:
+            assert out.num_scheduled_tokens <= sched.max_num_batched_tokens
+            assert len(out.scheduled) <= sched.config.max_num_seqs
+        assert sched.num_running <= sched.config.max_num_seqs
+        sched.check_invariants()
+        if isinstance(eng.clock, VirtualClock):
+            eng.clock.advance(0.01)
+        steps += 1
+        assert steps < max_steps, "no progress: a request waits forever"
+    return finals
+
+
+def run_preempting_workload(**kw: object) -> tuple[Engine, dict[str, list[int]], SamplingParams, dict[str, RequestOutput]]:
+    """Four 8-token prompts x 20 tokens on 12 blocks of 4: the KV runs out and requests are
+    preempted by recompute. Returns the engine, prompts, params and final outputs."""
+    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48, **kw)
+    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    prompts = {f"r{i}": [i * 10 + j for j in range(1, 9)] for i in range(4)}
+    for rid, pr in prompts.items():
+        eng.add_request(pr, p, request_id=rid)
+    finals = run(eng, ex)
+    assert eng.scheduler.num_preemptions > 0, "the workload was meant to preempt"
+    return eng, prompts, p, finals
+
+
+@dataclass
+class Arrival:
+    step: int                        # the engine step at which it is added
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    abort_after: int | None = None   # steps after arriving; None: never aborted
+    add_kwargs: dict[str, Any] = field(default_factory=dict)   # priority=, tenant=
+
+
+def drive_arrivals(eng: Engine, arrivals: list[Arrival], check_step: Callable[[], None],
+                   max_steps: int) -> dict[str, RequestOutput]:
+    """Add requests at their steps and abort them when due, stepping until all have finished;
+    `check_step` runs after every step. Every output must equal the fake model's reference
+    (an aborted one, a prefix of it). Returns the final outputs."""
+    pending = sorted(arrivals, key=lambda a: a.step)
+    expected: dict[str, list[int]] = {}
+    aborts: dict[str, int] = {}
+    finals: dict[str, RequestOutput] = {}
+    step = 0
+    while pending or eng.has_unfinished_requests():
+        while pending and pending[0].step <= step:
+            a = pending.pop(0)
+            eng.add_request(a.prompt, a.params, request_id=a.request_id, **a.add_kwargs)
+            expected[a.request_id] = reference_output(a.prompt, a.params)
+            if a.abort_after is not None:
+                aborts[a.request_id] = step + a.abort_after
+        for rid, at in list(aborts.items()):
+            if at == step:
+                eng.abort_request(rid)
+                del aborts[rid]
+        for o in eng.step():
+            if o.finished:
+                finals[o.request_id] = o
+        check_step()
+        eng.scheduler.check_invariants()
+        assert isinstance(eng.clock, VirtualClock)
+        eng.clock.advance(0.01)
+        step += 1
+        assert step < max_steps, "no progress"
+    assert set(finals) == set(expected)
+    for rid, out in finals.items():
+        want = expected[rid] if out.finish_reason != "abort" else expected[rid][: len(out.token_ids)]
+        assert out.token_ids == want, rid
+    return finals

@@ -9,21 +9,10 @@ from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.core.block_pool import BlockPool
 from pacer.core.prefix_cache import PUBLIC, PrefixCache
-from pacer.engine import Engine
 from pacer.request import SamplingParams
-from tests.core.test_scheduler import EOS, reference_output, run
-from tests.fakes import FakeExecutor
+from tests.fakes import make_engine, reference_output, run, run_preempting_workload
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-
-
-def make_engine(*, num_blocks=64, block_size=4, max_len=256, clock=None, **kw) -> tuple[Engine, FakeExecutor]:
-    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **kw)
-    ex = FakeExecutor(block_size)
-    eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
-                 eos_token_ids=(EOS,), clock=clock or VirtualClock(), vocab_size=1000)
-    ex.scheduler = eng.scheduler
-    return eng, ex
 
 
 def generate(eng, ex, prompt, params=GREEDY, tenant="default", request_id=None):
@@ -202,13 +191,7 @@ def test_allocation_evicts_cached_blocks_on_demand():
 
 
 def test_recompute_preemption_resumes_from_the_cache():
-    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48)
-    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    prompts = {f"r{i}": [i * 10 + j for j in range(1, 9)] for i in range(4)}
-    for rid, pr in prompts.items():
-        eng.add_request(pr, p, request_id=rid)
-    finals = run(eng, ex)
-    assert eng.scheduler.num_preemptions > 0
+    eng, prompts, p, finals = run_preempting_workload()
     resumed = [o for o in finals.values() if o.metrics.preemptions]
     # a resumed request recomputes less than prompt + everything it had generated
     assert any(o.metrics.prefill_tokens < 8 + o.metrics.preemptions * 8 for o in resumed)

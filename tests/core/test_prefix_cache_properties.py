@@ -12,8 +12,7 @@ from pacer.clock import VirtualClock
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.prefix_cache import PrefixCache
 from pacer.request import Request, SamplingParams
-from tests.core.test_prefix_cache import make_engine
-from tests.core.test_scheduler import reference_output
+from tests.fakes import Arrival, drive_arrivals, make_engine
 
 BS = 2
 SEEN = {"runs": 0, "swaps": 0, "hits": 0}  # how many examples exercised swap-in and cache hits
@@ -129,41 +128,24 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
                           num_cpu_blocks=num_cpu_blocks, tenant_isolation=isolation, eviction_policy=policy,
                           tenant_quotas=quotas)
     prefixes = [[(7 * k + 3 * j) % 50 + 100 for j in range(12)] for k in range(3)] + [[]]
-    expected, aborts, finals = {}, {}, {}
-    pending = sorted(enumerate(reqs), key=lambda x: x[1][3])
-    step = 0
-    while pending or eng.has_unfinished_requests():
-        while pending and pending[0][1][3] <= step:
-            i, (pre, suffix, max_tokens, _, tenant, abort_after) = pending.pop(0)
-            prompt = prefixes[pre] + [(i * 31 + j) % 97 + 1 for j in range(suffix)]
-            # odd requests use a penalty: the fake checks the token history they carry when new
-            p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                               repetition_penalty=1.0 + 0.5 * (i % 2))
-            eng.add_request(prompt, p, request_id=f"r{i}", tenant=tenant)
-            expected[f"r{i}"] = reference_output(prompt, p)
-            if abort_after < 30:
-                aborts[f"r{i}"] = step + abort_after
-        for rid, at in list(aborts.items()):
-            if at == step:
-                eng.abort_request(rid)
-                del aborts[rid]
-        for o in eng.step():
-            if o.finished:
-                finals[o.request_id] = o
+    arrivals = []
+    for i, (pre, suffix, max_tokens, arrive, tenant, abort_after) in enumerate(reqs):
+        prompt = prefixes[pre] + [(i * 31 + j) % 97 + 1 for j in range(suffix)]
+        # odd requests use a penalty: the fake checks the token history they carry when new
+        p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                           repetition_penalty=1.0 + 0.5 * (i % 2))
+        arrivals.append(Arrival(arrive, f"r{i}", prompt, p, abort_after if abort_after < 30 else None,
+                                {"tenant": tenant}))
+
+    def check_step() -> None:
         if ex.steps:
             assert ex.steps[-1].num_scheduled_tokens <= budget
-        eng.scheduler.check_invariants()
         if quotas:   # a tenant's cache exceeds its quota only by blocks in use (locked)
             for t in quotas:
                 assert eng.kv.cache.evictable_blocks([t]) <= quotas[t]
             assert eng.kv.cache.cached_blocks("*") == 0
-        eng.clock.advance(0.01)
-        step += 1
-        assert step < 3_000, "no progress"
-    for rid, out in finals.items():
-        want = expected[rid] if out.finish_reason != "abort" else expected[rid][: len(out.token_ids)]
-        assert out.token_ids == want, rid
-    assert set(finals) == set(expected)
+
+    drive_arrivals(eng, arrivals, check_step, max_steps=3_000)
     stats = eng.cache_stats()
     assert stats["preemptions"]["recompute"] + stats["preemptions"]["swap"] == eng.scheduler.num_preemptions
     if mode == "recompute":

@@ -7,57 +7,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pacer.clock import VirtualClock
-from pacer.config import EngineConfig, SchedulerConfig
+from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.scheduler import Scheduler
-from pacer.engine import Engine
 from pacer.request import Request, SamplingParams
-from tests.fakes import FakeExecutor, next_token
-
-EOS = 7
-
-
-def make_engine(*, num_blocks=64, block_size=4, max_len=256, **sched) -> tuple[Engine, FakeExecutor]:
-    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **sched)
-    ex = FakeExecutor(block_size)
-    eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
-                 eos_token_ids=(EOS,), clock=VirtualClock(), vocab_size=1000)
-    ex.scheduler = eng.scheduler
-    return eng, ex
-
-
-def reference_output(prompt: list[int], params: SamplingParams) -> list[int]:
-    seq = list(prompt)
-    out: list[int] = []
-    while True:
-        t = next_token(seq, 1000)
-        seq.append(t)
-        out.append(t)
-        if len(out) >= params.max_tokens:
-            return out
-        if len(out) >= params.min_tokens and not params.ignore_eos and t == EOS:
-            return out
-
-
-def run(eng: Engine, ex: FakeExecutor, max_steps: int = 10_000):
-    finals = {}
-    steps = 0
-    sched = eng.scheduler
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                finals[o.request_id] = o
-        out = ex.steps[-1] if ex.steps else None
-        if out is not None:
-            assert out.num_scheduled_tokens <= sched.max_num_batched_tokens
-            assert len(out.scheduled) <= sched.config.max_num_seqs
-        assert sched.num_running <= sched.config.max_num_seqs
-        sched.check_invariants()
-        if isinstance(eng.clock, VirtualClock):
-            eng.clock.advance(0.01)
-        steps += 1
-        assert steps < max_steps, "no progress: a request waits forever"
-    return finals
+from tests.fakes import (
+    Arrival,
+    drive_arrivals,
+    make_engine,
+    next_token,
+    reference_output,
+    run,
+    run_preempting_workload,
+)
 
 
 def test_chunked_prefill_is_decode_first_and_within_budget():
@@ -101,13 +63,7 @@ def test_max_num_seqs_caps_running():
 
 
 def test_preemption_by_recompute_keeps_outputs_and_counts():
-    eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48)
-    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    prompts = {f"r{i}": [i * 10 + j for j in range(1, 9)] for i in range(4)}
-    for rid, pr in prompts.items():
-        eng.add_request(pr, p, request_id=rid)
-    finals = run(eng, ex)
-    assert eng.scheduler.num_preemptions > 0
+    eng, prompts, p, finals = run_preempting_workload()
     assert sum(o.metrics.preemptions for o in finals.values()) == eng.scheduler.num_preemptions
     for rid, pr in prompts.items():
         assert finals[rid].token_ids == reference_output(pr, p)
@@ -218,42 +174,21 @@ def test_property_invariants_and_exact_outputs(reqs, chunked, budget, max_num_se
                   long_prefill_token_threshold=long_prefill)
     kwargs["max_num_batched_tokens"] = budget if chunked else max_len + budget
     eng, ex = make_engine(num_blocks=num_blocks, block_size=block_size, max_len=max_len, **kwargs)
-    expected = {}
-    aborts = {}
-    pending = sorted(enumerate(reqs), key=lambda x: x[1][2])
-    step = 0
-    finals = {}
-    while pending or eng.has_unfinished_requests():
-        while pending and pending[0][1][2] <= step:
-            i, (plen, max_tokens, _, prio, abort_after, seed) = pending.pop(0)
-            prompt = [(seed + 13 * j) % 997 + 1 for j in range(plen)]
-            # odd seeds use a penalty: the fake checks the token history they carry when new
-            p = SamplingParams(max_tokens=max_tokens, temperature=0, frequency_penalty=0.5 * (seed % 2))
-            eng.add_request(prompt, p, request_id=f"r{i}", priority=prio)
-            expected[f"r{i}"] = reference_output(prompt, p)
-            if abort_after < 30:
-                aborts[f"r{i}"] = step + abort_after
-        for rid, at in list(aborts.items()):
-            if at == step:
-                eng.abort_request(rid)
-                del aborts[rid]
-        for o in eng.step():
-            if o.finished:
-                finals[o.request_id] = o
+    arrivals = []
+    for i, (plen, max_tokens, arrive, prio, abort_after, seed) in enumerate(reqs):
+        prompt = [(seed + 13 * j) % 997 + 1 for j in range(plen)]
+        # odd seeds use a penalty: the fake checks the token history they carry when new
+        p = SamplingParams(max_tokens=max_tokens, temperature=0, frequency_penalty=0.5 * (seed % 2))
+        arrivals.append(Arrival(arrive, f"r{i}", prompt, p, abort_after if abort_after < 30 else None,
+                                {"priority": prio}))
+
+    def check_step() -> None:
         sched = eng.scheduler
         if ex.steps:
             assert ex.steps[-1].num_scheduled_tokens <= sched.max_num_batched_tokens
         assert sched.num_running <= max_num_seqs
-        sched.check_invariants()
-        eng.clock.advance(0.01)
-        step += 1
-        assert step < 5_000, "no progress"
-    assert set(finals) == set(expected)
-    for rid, out in finals.items():
-        if out.finish_reason == "abort":
-            assert out.token_ids == expected[rid][: len(out.token_ids)]
-        else:
-            assert out.token_ids == expected[rid], rid
+
+    drive_arrivals(eng, arrivals, check_step, max_steps=5_000)
     assert eng.kv.num_available_blocks() == num_blocks  # free, or cached and evictable
     assert not eng.kv.block_tables
 
