@@ -67,10 +67,7 @@ def plot_report(report: Report, out_dir: str | Path, prefix: str = "") -> list[P
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle("latency CDFs per class")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}latency_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / f"{prefix}latency_cdf.png"))
 
     paths.append(_timeline(plt, report, out / f"{prefix}timeline.png"))
 
@@ -85,11 +82,15 @@ def plot_report(report: Report, out_dir: str | Path, prefix: str = "") -> list[P
     if classes:
         ax.legend(fontsize=8)
     ax.set_title("TTFT against prompt length")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}ttft_vs_prompt.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / f"{prefix}ttft_vs_prompt.png"))
     return paths
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _timeline(plt: Any, report: Report, path: Path) -> Path:
@@ -116,10 +117,7 @@ def _timeline(plt: Any, report: Report, path: Path) -> Path:
     ax2.set_ylabel("output tokens / s", color="tab:orange")
     ax1.grid(alpha=0.3)
     ax1.set_title("timeline")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_sweep(rates: Sequence[float], reports: Sequence[Report], out_dir: str | Path,
@@ -147,8 +145,4 @@ def plot_sweep(rates: Sequence[float], reports: Sequence[Report], out_dir: str |
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7)
     fig.suptitle("load sweep")
-    fig.tight_layout()
-    path = out / "sweep.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "sweep.png")
