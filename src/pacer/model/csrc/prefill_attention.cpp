@@ -23,7 +23,7 @@
 namespace {
 
 constexpr int64_t KT = 16;   // keys per tile
-constexpr int64_t QT = 32;   // query rows per task
+constexpr int64_t QT = 64;   // query rows per task
 
 struct Task {
   int64_t seq, row0, rows, kv_head, keys;
