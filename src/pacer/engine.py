@@ -282,11 +282,10 @@ class Engine:
             if req is None or swaps:
                 failed.append(sr.request_id)
                 continue
-            history = req.sampling_params.has_penalties
+            prompt_history, output_history = req.penalty_history()
             alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
-                            sampling_params=req.sampling_params,
-                            prompt_token_ids=list(req.prompt_token_ids) if history else None,
-                            output_token_ids=list(req.output_token_ids) if history else None)
+                            sampling_params=req.sampling_params, prompt_token_ids=prompt_history,
+                            output_token_ids=output_history)
             single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
                                      num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
                                      num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)

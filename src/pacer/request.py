@@ -245,6 +245,13 @@ class Request:
         """Tokens not yet in the KV cache (the one token rule)."""
         return self.num_tokens - self.num_computed_tokens
 
+    def penalty_history(self) -> tuple[list[int] | None, list[int] | None]:
+        """Copies of the prompt and of the tokens generated so far when the params use
+        penalties (an executor seeing the request anew mirrors them), else (None, None)."""
+        if not self.sampling_params.has_penalties:
+            return None, None
+        return list(self.prompt_token_ids), list(self.output_token_ids)
+
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         n_prompt = len(self.prompt_token_ids)
         if end <= n_prompt:

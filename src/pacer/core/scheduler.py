@@ -251,7 +251,7 @@ class Scheduler:
             is_new = req_id in step.is_new
             end = start + n
             is_prefill = is_new or n > 1 or start < req.num_prompt_tokens
-            history = is_new and req.sampling_params.has_penalties
+            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
             scheduled.append(ScheduledRequest(
                 request_id=req_id,
                 token_ids=req.token_ids_slice(start, end),
@@ -262,8 +262,8 @@ class Scheduler:
                 is_prefill=is_prefill,
                 num_output_tokens=req.num_output_tokens,
                 sampling_params=req.sampling_params if is_new else None,
-                prompt_token_ids=list(req.prompt_token_ids) if history else None,
-                output_token_ids=list(req.output_token_ids) if history else None,
+                prompt_token_ids=prompt_history,
+                output_token_ids=output_history,
             ))
             req.num_computed_tokens = end
             if is_prefill:
