@@ -21,7 +21,8 @@ from pacer.config import EngineConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import SchedulerOutput
 from pacer.core.scheduler import Scheduler
-from pacer.request import FinishReason, Request, RequestMetrics, SamplingParams
+from pacer.output_processor import RequestOutput, TrackedRequest
+from pacer.request import FinishReason, Request, SamplingParams
 
 __all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
 
@@ -33,30 +34,6 @@ class Executor(Protocol):
         """Returns an object with `.sampled: dict[str, int]` and `.timings: dict[str, float]`, and
         optionally `.logprobs: dict[str, dict[int, float]]` (requests whose params ask for them)."""
         ...
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """Incremental view of one request after a step (or its final state)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]          # all output tokens so far
-    text: str                     # all output text so far
-    new_token_ids: list[int]      # tokens added by this step
-    new_text: str                 # text added by this step
-    finished: bool
-    finish_reason: str | None
-    metrics: RequestMetrics
-    num_cached_tokens: int
-    priority: int
-    tenant: str
-    stop_reason: str | int | None = None
-    prompt: str | None = None
-    # None unless SamplingParams.logprobs is set: one {token_id: logprob} per output token, the
-    # sampled token first, then the top-k most likely in descending order (raw model logprobs)
-    logprobs: list[dict[int, float]] | None = None
-    new_logprobs: list[dict[int, float]] | None = None   # those of new_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,20 +71,6 @@ class _IsolatedResult:
         self.timings = self.timings or {}
 
 
-class _Tracked:
-    """Engine-side state of a request: detokenizer, stop strings, logprobs."""
-
-    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len", "logprobs")
-
-    def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
-        self.req = req
-        self.detok = detok
-        self.text = ""
-        self.prompt = prompt
-        self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
-        self.logprobs: list[dict[int, float]] | None = None if req.sampling_params.logprobs is None else []
-
-
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
@@ -128,7 +91,7 @@ class Engine:
         self._seq = itertools.count()
         self._live_ids: set[str] = set()
         self._id_lock = threading.Lock()
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, TrackedRequest] = {}
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []
         self.total_prompt_tokens = 0
@@ -216,7 +179,7 @@ class Engine:
             from pacer.model.tokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer)
-        self._inbox.append(("add", _Tracked(req, detok, prompt if isinstance(prompt, str) else None)))
+        self._inbox.append(("add", TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)))
         return request_id
 
     def abort_request(self, request_id: str) -> None:
@@ -233,7 +196,7 @@ class Engine:
         while self._inbox:
             kind, item = self._inbox.popleft()
             if kind == "add":
-                tracked: _Tracked = item
+                tracked: TrackedRequest = item
                 self._tracked[tracked.req.request_id] = tracked
                 self.scheduler.add_request(tracked.req)
             else:
@@ -307,63 +270,18 @@ class Engine:
 
     def _emit(self, req: Request, logprobs: dict[int, float] | None) -> RequestOutput:
         tracked = self._tracked[req.request_id]
-        new_ids = req.output_token_ids[-1:]
-        new_logprobs = None
-        if tracked.logprobs is not None:
-            new_logprobs = [] if logprobs is None else [logprobs]
-            tracked.logprobs.extend(new_logprobs)
+        new_ids, new_text, new_logprobs, stop = tracked.push_token(logprobs)
         self.total_generation_tokens += 1
-        new_text = ""
-        if tracked.detok is not None:
-            new_text = tracked.detok.push(new_ids)
-            if req.sampling_params.stop and not req.is_finished:
-                new_text = self._check_stop_strings(tracked, new_text)
-            if req.is_finished and not isinstance(req.stop_reason, str):
-                new_text += tracked.detok.flush()  # text held back for an incomplete character
-            tracked.text += new_text
+        if stop is not None:
+            req.stop_reason = stop
+            self.scheduler.finish_request(req, FinishReason.STOP)
         if req.is_finished:
             return self._finish_output(tracked, new_ids, new_text, new_logprobs)
-        return self._output(tracked, new_ids, new_text, new_logprobs)
+        return tracked.output(new_ids, new_text, new_logprobs)
 
-    def _check_stop_strings(self, tracked: _Tracked, new_text: str) -> str:
-        req = tracked.req
-        if req.num_output_tokens < req.sampling_params.min_tokens or not new_text:
-            return new_text
-        window_start = max(0, len(tracked.text) - tracked.max_stop_len)
-        window = tracked.text[window_start:] + new_text
-        hit = -1
-        hit_stop = ""
-        for s in req.sampling_params.stop:
-            i = window.find(s)
-            if i != -1 and (hit == -1 or i < hit):
-                hit, hit_stop = i, s
-        if hit == -1:
-            return new_text
-        keep = window_start + hit - len(tracked.text)   # may be negative: stop began in old text
-        if keep < 0:
-            tracked.text = tracked.text[: len(tracked.text) + keep]
-            keep = 0
-        req.stop_reason = hit_stop
-        self.scheduler.finish_request(req, FinishReason.STOP)
-        return new_text[:keep]
-
-    def _output(self, tracked: _Tracked, new_ids: list[int], new_text: str,
-                new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
-        r = tracked.req
-        if tracked.logprobs is not None and new_logprobs is None:
-            new_logprobs = []
-        return RequestOutput(
-            request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, token_ids=list(r.output_token_ids),
-            text=tracked.text, new_token_ids=list(new_ids), new_text=new_text, finished=r.is_finished,
-            finish_reason=r.finish_reason.value if r.finish_reason else None, metrics=r.metrics,
-            num_cached_tokens=r.num_cached_tokens, priority=r.priority, tenant=r.tenant,
-            stop_reason=r.stop_reason, prompt=tracked.prompt,
-            logprobs=None if tracked.logprobs is None else list(tracked.logprobs), new_logprobs=new_logprobs,
-        )
-
-    def _finish_output(self, tracked: _Tracked, new_ids: list[int], new_text: str,
+    def _finish_output(self, tracked: TrackedRequest, new_ids: list[int], new_text: str,
                        new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
-        out = self._output(tracked, new_ids, new_text, new_logprobs)
+        out = tracked.output(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
         self.total_prompt_tokens += tracked.req.num_prompt_tokens
