@@ -21,60 +21,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+
+from pacer.core.radix_node import EVICTION_KEYS, Key, PrefixMatch, RadixNode
 
 __all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
 
 PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
 EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
-
-Key = tuple[float, int]
-
-
-class _Node:
-    __slots__ = ("id", "parent", "owner", "group", "key", "tokens", "block_ids", "children", "lock_ref",
-                 "last_access", "tick", "priority", "version", "is_leaf_candidate")
-
-    def __init__(self, node_id: int, parent: _Node | None, owner: str, group: str,
-                 tokens: list[int], block_ids: list[int]) -> None:
-        self.id = node_id
-        self.parent = parent
-        self.owner = owner
-        self.group = group
-        self.key: tuple[str, tuple[int, ...]] = (owner, ())  # its key in parent.children
-        self.tokens = tokens
-        self.block_ids = block_ids
-        self.children: dict[tuple[str, tuple[int, ...]], _Node] = {}
-        self.lock_ref = 0
-        self.last_access = 0.0
-        self.tick = 0
-        self.priority = 0.0
-        self.version = 0
-        self.is_leaf_candidate = False  # in its group's evictable-leaf set
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """Handle of a match: the deepest matched node and the blocks along its path."""
-
-    node: _Node
-    block_ids: tuple[int, ...]
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.block_ids)
-
-
-def _lru_key(node: _Node) -> Key:
-    return (node.last_access, node.tick)
-
-
-def _weighted_key(node: _Node) -> Key:
-    return (node.priority, node.tick)
-
-
-_KEYS: dict[str, Callable[[_Node], Key]] = {"lru": _lru_key, "ttl": _lru_key, "weighted-lru": _weighted_key}
-
 
 class PrefixCache:
     """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
@@ -88,29 +41,29 @@ class PrefixCache:
     def __init__(self, block_size: int, now: Callable[[], float], eviction_policy: str = "lru",
                  tenant_weights: Mapping[str, float] | None = None, ttl: float | None = None,
                  group_of: Callable[[str], str] | None = None) -> None:
-        if eviction_policy not in _KEYS:
+        if eviction_policy not in EVICTION_KEYS:
             raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
         if ttl is not None and ttl <= 0:
             raise ValueError(f"cache_ttl must be > 0 seconds, got {ttl}")
         self.block_size = block_size
         self.policy = eviction_policy
-        self._key = _KEYS[eviction_policy]
+        self._key = EVICTION_KEYS[eviction_policy]
         self._now = now
         self._weights = dict(tenant_weights or {})
         self.ttl = ttl
         self._group_of = group_of or (lambda owner: PUBLIC)
         self._ids = itertools.count(1)
         self._ticks = itertools.count(1)
-        self.root = _Node(0, None, PUBLIC, PUBLIC, [], [])
+        self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
         self.root.lock_ref = 1  # never evicted, never a leaf candidate
         self._inflation = 0.0
-        self._leaves: dict[str, set[_Node]] = {}
-        self._heaps: dict[str, list[tuple[Key, int, int, _Node]]] = {}
+        self._leaves: dict[str, set[RadixNode]] = {}
+        self._heaps: dict[str, list[tuple[Key, int, int, RadixNode]]] = {}
         self.num_cached_blocks = 0
         self.num_evictable_blocks = 0
         self._cached_by_group: dict[str, int] = {}
         self._evictable_by_group: dict[str, int] = {}
-        self._pinned: dict[int, tuple[_Node, int]] = {}  # node id -> (node, pin count)
+        self._pinned: dict[int, tuple[RadixNode, int]] = {}  # node id -> (node, pin count)
         self._next_expiry_scan = float("-inf")
 
     # ------------------------------------------------------------------ queries
@@ -131,7 +84,7 @@ class PrefixCache:
     def num_pinned_nodes(self) -> int:
         return len(self._pinned)
 
-    def iter_nodes(self) -> Iterator[_Node]:
+    def iter_nodes(self) -> Iterator[RadixNode]:
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
@@ -191,7 +144,7 @@ class PrefixCache:
         path = self._path_blocks(node)
         return adopted, PrefixMatch(node, tuple(path))
 
-    def _child(self, node: _Node, owners: Sequence[str], first: Sequence[int]) -> _Node | None:
+    def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
         key_tokens = tuple(first)
         for owner in owners:
             child = node.children.get((owner, key_tokens))
@@ -199,23 +152,23 @@ class PrefixCache:
                 return child
         return None
 
-    def _common_blocks(self, node: _Node, token_ids: Sequence[int], pos: int, most: int) -> int:
+    def _common_blocks(self, node: RadixNode, token_ids: Sequence[int], pos: int, most: int) -> int:
         bs = self.block_size
         k, n = 1, min(len(node.block_ids), most)  # the first block matched by key
         while k < n and node.tokens[k * bs:(k + 1) * bs] == list(token_ids[pos + k * bs:pos + (k + 1) * bs]):
             k += 1
         return k
 
-    def _path_blocks(self, node: _Node) -> list[int]:
+    def _path_blocks(self, node: RadixNode) -> list[int]:
         parts: list[list[int]] = []
         while node.parent is not None:
             parts.append(node.block_ids)
             node = node.parent
         return [b for part in reversed(parts) for b in part]
 
-    def _add_child(self, parent: _Node, owner: str, tokens: list[int], block_ids: list[int]) -> _Node:
+    def _add_child(self, parent: RadixNode, owner: str, tokens: list[int], block_ids: list[int]) -> RadixNode:
         group = self._group_of(owner)
-        child = _Node(next(self._ids), parent, owner, group, tokens, block_ids)
+        child = RadixNode(next(self._ids), parent, owner, group, tokens, block_ids)
         child.key = (owner, tuple(tokens[:self.block_size]))
         parent.children[child.key] = child
         self._set_leaf_candidate(parent, False)
@@ -227,14 +180,14 @@ class PrefixCache:
         self._set_leaf_candidate(child, True)
         return child
 
-    def _split(self, node: _Node, k: int) -> _Node:
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Cut `node` after k blocks; returns the new upper part (the matched prefix).
         Handles to `node` stay valid: it keeps the tail, and the new parent copies its lock."""
         bs = self.block_size
         parent = node.parent
         if parent is None:
             raise ValueError("cannot split the root")
-        upper = _Node(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
+        upper = RadixNode(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
         upper.lock_ref = node.lock_ref
         upper.last_access, upper.tick, upper.priority = node.last_access, node.tick, node.priority
         upper.key = node.key
@@ -246,7 +199,7 @@ class PrefixCache:
         upper.children[node.key] = node
         return upper
 
-    def _touch(self, node: _Node, tenant: str) -> None:
+    def _touch(self, node: RadixNode, tenant: str) -> None:
         now = self._now()
         floor = self._inflation + self._weights.get(tenant, 1.0)
         while node.parent is not None:
@@ -261,7 +214,7 @@ class PrefixCache:
 
     def lock(self, handle: PrefixMatch) -> None:
         """Protect the handle's path from eviction until `unlock`."""
-        node: _Node | None = handle.node
+        node: RadixNode | None = handle.node
         while node is not None and node.parent is not None:
             if node.lock_ref == 0:
                 self._move_evictable(node, -len(node.block_ids))
@@ -270,7 +223,7 @@ class PrefixCache:
             node = node.parent
 
     def unlock(self, handle: PrefixMatch) -> None:
-        node: _Node | None = handle.node
+        node: RadixNode | None = handle.node
         while node is not None and node.parent is not None:
             if node.lock_ref <= 0:
                 raise ValueError(f"unlock of unlocked node {node.id}")
@@ -300,13 +253,13 @@ class PrefixCache:
             self._pinned[node.id] = (node, count - 1)
         self.unlock(handle)
 
-    def _move_evictable(self, node: _Node, delta: int) -> None:
+    def _move_evictable(self, node: RadixNode, delta: int) -> None:
         self.num_evictable_blocks += delta
         self._evictable_by_group[node.group] = self._evictable_by_group.get(node.group, 0) + delta
 
     # ------------------------------------------------------------------ eviction
 
-    def _set_leaf_candidate(self, node: _Node, on: bool) -> None:
+    def _set_leaf_candidate(self, node: RadixNode, on: bool) -> None:
         on = on and node.parent is not None and node.lock_ref == 0 and not node.children
         if on == node.is_leaf_candidate:
             return
@@ -318,7 +271,7 @@ class PrefixCache:
         else:
             leaves.discard(node)
 
-    def _push(self, node: _Node) -> None:
+    def _push(self, node: RadixNode) -> None:
         node.version += 1
         heap = self._heaps.setdefault(node.group, [])
         heapq.heappush(heap, (self._key(node), node.id, node.version, node))
@@ -327,7 +280,7 @@ class PrefixCache:
             heapq.heapify(live)
             self._heaps[node.group] = live
 
-    def _peek(self, group: str) -> _Node | None:
+    def _peek(self, group: str) -> RadixNode | None:
         heap = self._heaps.get(group)
         while heap:
             _, _, version, node = heap[0]
@@ -343,7 +296,7 @@ class PrefixCache:
         scope = list(self._heaps) if groups is None else list(groups)
         freed: list[int] = []
         while len(freed) < n:
-            best: _Node | None = None
+            best: RadixNode | None = None
             for g in scope:
                 cand = self._peek(g)
                 if cand is not None and (best is None or self._key(cand) < self._key(best)):
@@ -355,7 +308,7 @@ class PrefixCache:
             freed.extend(self._trim(best, n - len(freed)))
         return freed
 
-    def _trim(self, node: _Node, most: int) -> list[int]:
+    def _trim(self, node: RadixNode, most: int) -> list[int]:
         """Remove up to `most` blocks from the tail of an evictable leaf."""
         take = min(most, len(node.block_ids))
         dropped = node.block_ids[-take:]
@@ -426,7 +379,7 @@ class PrefixCache:
             if node.lock_ref < count:
                 raise AssertionError(f"pinned node {node_id} is not locked")
 
-    def _check_children(self, node: _Node) -> None:
+    def _check_children(self, node: RadixNode) -> None:
         for key, child in node.children.items():
             if child.parent is not node or child.key != key or key != (child.owner, tuple(child.tokens[:self.block_size])):
                 raise AssertionError(f"node {child.id}: bad child key")
