@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
@@ -22,6 +23,14 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", dest="sample_seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--n", type=int, default=1, help="samples of the prompt (each printed under its index)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens even past end-of-sequence")
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="print each output token's logprob and the K most likely alternatives")
     add_engine_args(p, skip=("seed",))
 
 
@@ -30,19 +39,37 @@ def _run_generate(args: argparse.Namespace) -> int:
     from pacer.request import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.sample_seed)
+                            top_k=args.top_k, seed=args.sample_seed, n=args.n, stop=tuple(args.stop),
+                            ignore_eos=args.ignore_eos, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty,
+                            repetition_penalty=args.repetition_penalty, logprobs=args.logprobs)
     llm = LLM(**engine_kwargs_from_args(args))
     if args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
     else:
         out = llm.generate(args.prompt, params)[0]
-    print(out.text)
-    m = out.metrics
-    tpot = f"{m.tpot * 1000:.1f} ms" if m.tpot is not None else "n/a"
-    ttft = m.ttft if m.ttft is not None else float("nan")
-    print(f"[pacer] ttft {ttft * 1000:.1f} ms, tpot {tpot}, prompt {m.prompt_tokens} tokens, "
-          f"output {len(out.token_ids)} tokens, finish {out.finish_reason}", file=sys.stderr)
+    for sample in out.outputs:
+        if args.n > 1:
+            print(f"--- sample {sample.index}")
+        print(sample.text)
+        if sample.logprobs is not None:
+            _print_logprobs(llm.tokenizer, sample.token_ids, sample.logprobs)
+        m = sample.metrics
+        tpot = f"{m.tpot * 1000:.1f} ms" if m.tpot is not None else "n/a"
+        ttft = m.ttft if m.ttft is not None else float("nan")
+        print(f"[pacer] ttft {ttft * 1000:.1f} ms, tpot {tpot}, prompt {m.prompt_tokens} tokens, "
+              f"output {len(sample.token_ids)} tokens, finish {sample.finish_reason}", file=sys.stderr)
     return 0
+
+
+def _print_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]]) -> None:
+    """One line per output token: the token, its logprob, then the top alternatives."""
+    def show(t: int) -> str:
+        return repr(tokenizer.decode([t])) if tokenizer is not None else str(t)
+
+    for t, lp in zip(token_ids, logprobs):
+        top = ", ".join(f"{show(a)} {v:.3f}" for a, v in list(lp.items())[1:])
+        print(f"  {show(t):>16} {lp.get(t, float('nan')):8.3f}" + (f"   top: {top}" if top else ""))
 
 
 COMMANDS["generate"] = (_add_generate, _run_generate)

@@ -156,6 +156,9 @@ class Engine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(f"n must be 1 for Engine.add_request (one sequence per request), got n={params.n}; "
+                             f"LLM.generate and the server expand n > 1 into n requests")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if not isinstance(tenant, str) or not tenant:

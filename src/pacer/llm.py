@@ -47,17 +47,28 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priority: int | Sequence[int] | None = None,
                  tenant: str | Sequence[str] | None = None) -> list[RequestOutput]:
-        """Run prompts (strings or token-id lists) to completion; outputs in input order."""
+        """Run prompts (strings or token-id lists) to completion; outputs in input order. With
+        `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
+        (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`)."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
         prios = _per_prompt("priority", priority, n, 0)
         tenants = _per_prompt("tenant", tenant, n, "default")
         for p, sp in zip(prompt_list, params):   # validate all before queueing any
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             self.engine.validate(len(self.engine.tokenize_prompt(p)), sp)
-        ids = [self.engine.add_request(p, sp, priority=pr, tenant=te)
-               for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
-        return self._collect(ids)
+        groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te) for j in range(sp.n)]
+                  for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
+        finals = dict(zip((rid for g in groups for rid in g), self._collect([rid for g in groups for rid in g])))
+        outs = []
+        for g in groups:
+            first = finals[g[0]]
+            if len(g) > 1:
+                first.other_samples = [finals[rid] for rid in g[1:]]
+            outs.append(first)
+        return outs
 
     def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

@@ -9,7 +9,21 @@ from typing import Any
 
 from pacer.request import Request, RequestMetrics
 
-__all__ = ["RequestOutput", "TrackedRequest"]
+__all__ = ["RequestOutput", "CompletionOutput", "TrackedRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutput:
+    """One sample of a prompt, as vLLM's `RequestOutput.outputs[i]`."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None
+    logprobs: list[dict[int, float]] | None
+    cumulative_logprob: float | None   # sum of the sampled tokens' logprobs (None without logprobs)
+    metrics: RequestMetrics
 
 
 @dataclass(slots=True)
@@ -34,6 +48,20 @@ class RequestOutput:
     # sampled token first, then the top-k most likely in descending order (raw model logprobs)
     logprobs: list[dict[int, float]] | None = None
     new_logprobs: list[dict[int, float]] | None = None   # those of new_token_ids
+    # SamplingParams.n > 1 in LLM.generate: this output is sample 0, these are samples 1..n-1
+    other_samples: list[RequestOutput] | None = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's view of the samples of this prompt: one per sample (n of them)."""
+        samples = [self, *(self.other_samples or ())]
+        return [CompletionOutput(i, o.text, list(o.token_ids), o.finish_reason, o.stop_reason, o.logprobs,
+                                 None if o.logprobs is None else _cumulative(o.token_ids, o.logprobs), o.metrics)
+                for i, o in enumerate(samples)]
+
+
+def _cumulative(token_ids: list[int], logprobs: list[dict[int, float]]) -> float:
+    return sum(lp[t] for t, lp in zip(token_ids, logprobs) if t in lp)
 
 
 class TrackedRequest:

@@ -8,12 +8,14 @@ follow that one rule.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS"]
+__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS", "sample_seed"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
 
@@ -28,6 +30,8 @@ class SamplingParams:
     divides the positive logits and multiplies the negative ones of every token seen in the
     prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
     token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
+    `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
+    see `for_sample`); `Engine.add_request` takes one sequence.
     """
 
     max_tokens: int = 16
@@ -43,6 +47,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,6 +56,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("n", self.n, low=1)
         _check_int("top_k", self.top_k, low=0)
         _check_int("min_tokens", self.min_tokens, low=0)
         if self.min_tokens > self.max_tokens:
@@ -81,6 +87,12 @@ class SamplingParams:
             if self.logprobs > MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
 
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample `index` of `n`: one sequence, and when seeded, the seed
+        `sample_seed(seed, index)`, so sample 0 equals the n=1 answer and the others differ."""
+        seed = self.seed if self.seed is None else sample_seed(self.seed, index)
+        return dataclasses.replace(self, n=1, seed=seed)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -89,6 +101,15 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         """Whether sampling needs the request's token history (prompt and output)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a seeded request with n > 1: sample 0 keeps the seed, the
+    others get distinct seeds derived from (seed, index), so the whole answer is reproducible."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _check_int(name: str, value: object, low: int | None) -> None:

@@ -9,10 +9,9 @@ import pytest
 
 from pacer.core.admission import AdmissionController
 from pacer.metrics import REQUEST_LOG_FIELDS, ClassRules, make_log_record, percentiles, summarize
-from pacer.request import RequestMetrics
+from pacer.request import RequestMetrics, sample_seed
 from pacer.server.errors import APIError
 from pacer.server.protocol import parse_chat, parse_completion
-from pacer.server.service import choice_seed
 
 
 def test_admission_caps_and_displaces_lowest_priority_latest_first():
@@ -115,9 +114,9 @@ def test_parse_sampling_options():
 
 
 def test_choice_seeds_are_distinct_and_stable():
-    seeds = [choice_seed(1234, j) for j in range(8)]
+    seeds = [sample_seed(1234, j) for j in range(8)]
     assert seeds[0] == 1234 and len(set(seeds)) == 8 and all(0 <= s < 2**63 for s in seeds)
-    assert seeds == [choice_seed(1234, j) for j in range(8)]
+    assert seeds == [sample_seed(1234, j) for j in range(8)]
 
 
 def test_parse_chat_fields():

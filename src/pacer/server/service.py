@@ -8,8 +8,6 @@ and read-only attributes (tokenizer, limits, clock).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import logging
 import time
 import uuid
@@ -26,22 +24,12 @@ from pacer.server.errors import APIError, bad_request
 from pacer.server.logprobs import TokenText
 from pacer.server.protocol import ParsedRequest
 
-__all__ = ["Service", "ServiceOptions", "Job", "RequestContext", "choice_seed"]
+__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
 
 log = logging.getLogger("pacer.server")
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "min_tokens",
                     "ignore_eos", "max_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
                     "logprobs")
-
-
-def choice_seed(seed: int, index: int) -> int:
-    """The seed of choice `index` of a seeded request with n > 1: choice 0 keeps the seed (so it
-    equals the n=1 answer), the others get distinct seeds derived from (seed, index), so the
-    choices differ and the whole response is reproducible."""
-    if index == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +142,7 @@ class Service:
                                                        is_agent or parsed.has_tools)
             for j in range(parsed.n):
                 i = p * parsed.n + j
-                choice_params = params
-                if j and params.seed is not None:
-                    choice_params = dataclasses.replace(params, seed=choice_seed(params.seed, j))
+                choice_params = params.for_sample(j)
                 ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
                                      rclass, parsed.priority, params.max_tokens)
                 specs.append((f"{api_id}-{i}", ids, choice_params, ctx))
