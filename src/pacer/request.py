@@ -15,7 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS", "sample_seed"]
+__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS", "sample_seed",
+           "Latencies"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
 
@@ -142,9 +143,49 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"
 
 
+class Latencies:
+    """Derived latencies over a request's timestamps, shared by `RequestMetrics` and the
+    benchmark's `RequestRecord`. TPOT divides the decode time by the output tokens after the
+    first, counted by `_tpot_tokens` (a benchmark counts the server's usage, not its chunks)."""
+
+    __slots__ = ()
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    token_times: list[float]
+
+    def _tpot_tokens(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        n = self._tpot_tokens()
+        if n < 2 or self.first_token_time is None or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.first_token_time) / (n - 1)
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
 @dataclass(slots=True)
-class RequestMetrics:
-    """Per-request timestamps (clock seconds) and counts; derived latencies as properties."""
+class RequestMetrics(Latencies):
+    """Per-request timestamps (clock seconds) and counts; derived latencies from `Latencies`."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -155,36 +196,6 @@ class RequestMetrics:
     cached_tokens: int = 0
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
-
-    @property
-    def queue_wait(self) -> float | None:
-        if self.first_scheduled_time is None:
-            return None
-        return self.first_scheduled_time - self.arrival_time
-
-    @property
-    def ttft(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def itl(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
-
-    @property
-    def tpot(self) -> float | None:
-        n = len(self.token_times)
-        if n < 2 or self.first_token_time is None:
-            return None
-        return (self.token_times[-1] - self.first_token_time) / (n - 1)
-
-    @property
-    def e2e(self) -> float | None:
-        if self.finish_time is None:
-            return None
-        return self.finish_time - self.arrival_time
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -114,3 +114,7 @@ def test_record_from_engine_metrics_keeps_definitions() -> None:
     assert r.arrival_time == 0.0 and r.ttft == pytest.approx(m.ttft) and r.tpot == pytest.approx(m.tpot)
     assert r.itl == pytest.approx(m.itl) and r.queue_wait == pytest.approx(m.queue_wait)
     assert r.output_tokens == 3 and r.cached_tokens == 4
+    # a stream whose chunks carry several tokens: TPOT counts the server's usage, not the chunks
+    chunked = RequestRecord("y", "chat", 0.0, first_token_time=0.2, token_times=[0.2, 0.6], output_tokens=5)
+    assert chunked.tpot == pytest.approx(0.4 / 4) and chunked.itl == pytest.approx([0.4])
+    assert RequestMetrics(arrival_time=0.0, first_token_time=0.2, token_times=[0.2, 0.6]).tpot == pytest.approx(0.4)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pacer.request import RequestMetrics
+from pacer.request import Latencies, RequestMetrics
 
 __all__ = [
     "RequestRecord", "Slo", "SloSet", "parse_slo", "parse_duration", "percentile", "summarize",
@@ -41,7 +41,7 @@ Summary = dict[str, float | int | None]
 
 
 @dataclass(slots=True)
-class RequestRecord:
+class RequestRecord(Latencies):
     """One request's outcome. Times are seconds from the run's start (None: never happened)."""
 
     request_id: str
@@ -67,28 +67,8 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.status == STATUS_OK
 
-    @property
-    def queue_wait(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def itl(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
-
-    @property
-    def tpot(self) -> float | None:
-        if self.first_token_time is None or self.output_tokens < 2 or not self.token_times:
-            return None
-        return (self.token_times[-1] - self.first_token_time) / (self.output_tokens - 1)
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
+    def _tpot_tokens(self) -> int:
+        return self.output_tokens   # the server's usage count: a stream chunk may carry several tokens
 
     @classmethod
     def from_metrics(cls, metrics: RequestMetrics, *, request_id: str, request_class: str, t0: float = 0.0,
