@@ -116,21 +116,24 @@ def test_decode_attention_matches_torch_reference(dtype, d, lens):
     vc = torch.randn(n_blocks, bs, n_kv, d, generator=g).to(dtype)
     tables = torch.randperm(n_blocks, generator=g)[:len(lens) * width].view(len(lens), width).contiguous()
     ctx = torch.tensor(lens)
-    q = torch.randn(len(lens), n_heads, d, generator=g).to(dtype)
+    # q as the model passes it: the query heads of a packed qkv row (rows strided)
+    q = torch.randn(len(lens), n_heads + 2 * n_kv, d, generator=g).to(dtype)[:, :n_heads]
     mask = (torch.arange(width * bs).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_single=len(lens),
                              single_block_tables=tables, single_mask=mask, single_context_lens=ctx, prefills=[])
     empty = torch.empty(0, n_kv, d, dtype=dtype)
     want = paged_attention(q, empty, empty, kc, vc, meta, 0.2, kernel=None)
-    got = K.paged_decode_attention(q, kc, vc, tables, ctx, 0.2)
-    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    buf = torch.full((len(lens), n_heads + 1, d), 7.0, dtype=dtype)   # the kernel writes rows of a wider buffer
+    K.paged_decode_attention(buf[:, :n_heads], q, kc, vc, tables, ctx, 0.2)
+    torch.testing.assert_close(buf[:, :n_heads].float(), want.float(), **TOL[dtype])
+    assert bool((buf[:, n_heads] == 7.0).all()), "wrote outside its output rows"
 
 
 def test_kernels_refuse_tables_and_positions_outside_the_cache():
     kc = vc = torch.zeros(4, 16, 2, 64)
     q = torch.zeros(1, 4, 64)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        K.paged_decode_attention(q, kc, vc, torch.tensor([[7]]), torch.tensor([5]), 1.0)
+        K.paged_decode_attention(torch.empty_like(q), q, kc, vc, torch.tensor([[7]]), torch.tensor([5]), 1.0)
     with pytest.raises(RuntimeError, match="outside the cache"):
         K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, torch.tensor([0]), torch.tensor([1]),
                                   torch.tensor([0]), torch.tensor([[-1]]), 1.0)

@@ -63,8 +63,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     n_single = meta.num_single
     if n_single and kernel is not None:
         assert meta.single_block_tables is not None and meta.single_context_lens is not None
-        out[:n_single] = kernel.paged_decode_attention(q[:n_single].contiguous(), k_cache, v_cache,
-                                                       meta.single_block_tables, meta.single_context_lens, scale)
+        kernel.paged_decode_attention(out[:n_single], q[:n_single], k_cache, v_cache,
+                                      meta.single_block_tables, meta.single_context_lens, scale)
     elif n_single:
         assert meta.single_block_tables is not None and meta.single_mask is not None
         keys = _gather(k_cache, meta.single_block_tables).transpose(1, 2)   # [D, n_kv, S, d]

@@ -15,8 +15,8 @@ inline void check_block_tables(const torch::Tensor& tables, const int64_t* n_blo
   }
 }
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale);
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                            torch::Tensor block_tables, torch::Tensor context_lens, double scale);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                    torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);

@@ -27,9 +27,9 @@ using pacer::from_f;
 using pacer::to_f;
 
 template <typename T>
-void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens,
-                   T* out, int64_t num_rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t bs,
-                   int64_t max_blocks, float scale) {
+void decode_kernel(const T* q, int64_t q_stride, const T* kc, const T* vc, const int64_t* tables,
+                   const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
+                   int64_t n_kv, int64_t d, int64_t bs, int64_t max_blocks, float scale) {
   // One task per row. Keys are read token by token in cache order (all kv heads of a slot
   // are contiguous), so each block is streamed from memory once; then one vectorisable exp
   // over each head's scores; then the weighted sum of values in the same order.
@@ -41,7 +41,7 @@ void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, 
       const int64_t ctx = ctx_lens[row];
       const int64_t* table = tables + row * max_blocks;
       scores.resize(n_heads * ctx);
-      const T* qp = q + row * hd;
+      const T* qp = q + row * q_stride;
       for (int64_t i = 0; i < hd; ++i) qf[i] = to_f(qp[i]) * scale;
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
@@ -78,7 +78,7 @@ void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, 
           for (int64_t i = 0; i < d; ++i) ah[i] += p * vh[i];
         }
       }
-      T* op = out + row * hd;
+      T* op = out + row * out_stride;
       for (int64_t h = 0; h < n_heads; ++h)
         for (int64_t i = 0; i < d; ++i) op[h * d + i] = from_f<T>(acc[h * d + i] * inv[h]);
     }
@@ -87,8 +87,9 @@ void decode_kernel(const T* q, const T* kc, const T* vc, const int64_t* tables, 
 
 #if defined(__AVX512F__)
 template <int D, typename T>
-void decode_avx512(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* ctx_lens, T* out,
-                   int64_t num_rows, int64_t n_heads, int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
+void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const int64_t* tables,
+                   const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
+                   int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
   constexpr int C = D / 16;
   const int64_t group = n_heads / n_kv;
   // A task is one request (all its kv heads: each token's keys are one contiguous read),
@@ -111,7 +112,7 @@ void decode_avx512(const T* q, const T* kc, const T* vc, const int64_t* tables, 
       for (int64_t h = 0; h < hq; ++h)
         for (int c = 0; c < C; ++c)
           _mm512_storeu_ps(qs.data() + h * D + c * 16,
-                           _mm512_mul_ps(pacer::load16(q + (row * n_heads + g0 * group + h) * D + c * 16),
+                           _mm512_mul_ps(pacer::load16(q + row * q_stride + (g0 * group + h) * D + c * 16),
                                          _mm512_set1_ps(scale)));
       auto load_tile = [&](const T* cache, int64_t t0, int64_t nk) {
         // ask for the next tile's rows now: blocks are scattered, so the hardware
@@ -184,7 +185,7 @@ void decode_avx512(const T* q, const T* kc, const T* vc, const int64_t* tables, 
         }
       }
       for (int64_t h = 0; h < hq; ++h) {
-        T* op = out + (row * n_heads + g0 * group + h) * D;
+        T* op = out + row * out_stride + (g0 * group + h) * D;
         for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv[h]);
       }
     }
@@ -194,11 +195,15 @@ void decode_avx512(const T* q, const T* kc, const T* vc, const int64_t* tables, 
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [rows, heads, head_dim]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "caches must be contiguous [blocks, block_size, kv_heads, head_dim]");
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                            torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [rows, heads, head_dim] with contiguous heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
+              out.scalar_type() == q.scalar_type(), "out must match q");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_tables and context_lens must be int64");
   auto bt = block_tables.contiguous();
@@ -214,15 +219,14 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     used[r] = (len + bs - 1) / bs;
   }
   check_block_tables(bt, used.data(), k_cache.size(0));
-  auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
 #if defined(__AVX512F__)
     {
       auto run = [&](auto dim) {
         decode_avx512<decltype(dim)::value, scalar_t>(
-            q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), bt.data_ptr<int64_t>(),
-            cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), rows, n_heads, n_kv, bs, bt.size(1),
-            static_cast<float>(scale));
+            q.data_ptr<scalar_t>(), q.stride(0), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+            bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads,
+            n_kv, bs, bt.size(1), static_cast<float>(scale));
       };
       if (d == 64 || d == 128) {
         if (d == 64) run(std::integral_constant<int, 64>{});
@@ -231,9 +235,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       }
     }
 #endif
-    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                            bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), rows,
-                            n_heads, n_kv, d, bs, bt.size(1), static_cast<float>(scale));
+    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), q.stride(0), k_cache.data_ptr<scalar_t>(),
+                            v_cache.data_ptr<scalar_t>(), bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
+                            out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, d, bs, bt.size(1),
+                            static_cast<float>(scale));
   });
-  return out;
 }
