@@ -2,6 +2,20 @@
 #pragma once
 #include <torch/extension.h>
 
+// Shapes and layouts both attention kernels take: q and out [rows, heads, head_dim] with each
+// row's heads contiguous (rows may be strided: q is a view of the packed qkv), and the caches
+// contiguous [blocks, block_size, kv_heads, head_dim], all of one dtype.
+inline void check_attention_args(const torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache,
+                                 const torch::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [rows, heads, head_dim] with contiguous heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
+              out.scalar_type() == q.scalar_type(), "out must match q");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
+}
+
 // Checks that the first `n_blocks[r]` entries of each block-table row name real cache
 // blocks, so a bad table raises instead of reading outside the cache.
 inline void check_block_tables(const torch::Tensor& tables, const int64_t* n_blocks, int64_t num_cache_blocks) {

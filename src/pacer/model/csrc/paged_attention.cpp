@@ -197,13 +197,7 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q must be [rows, heads, head_dim] with contiguous heads");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
-              out.scalar_type() == q.scalar_type(), "out must match q");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
+  check_attention_args(out, q, k_cache, v_cache);
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_tables and context_lens must be int64");
   auto bt = block_tables.contiguous();

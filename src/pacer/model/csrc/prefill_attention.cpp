@@ -218,13 +218,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
                              torch::Tensor block_tables, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q must be [tokens, heads, head_dim] with contiguous heads");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
-              out.scalar_type() == q.scalar_type(), "out must match q");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
+  check_attention_args(out, q, k_cache, v_cache);
   for (const auto* t : {&q_starts, &q_lens, &start_pos, &block_tables})
     TORCH_CHECK(t->scalar_type() == torch::kLong, "sequence descriptors and block tables must be int64");
   auto qs = q_starts.contiguous(), ql = q_lens.contiguous(), sp = start_pos.contiguous();
