@@ -7,7 +7,8 @@ output tokens/s of pacer, HF transformers `generate` (one static batch) and vLLM
 its own venv as a subprocess, when ../shared/peers/setup.sh has built it under $PEERS_DIR),
 and pacer's ratios; then a varied-length workload (64 requests, prompts uniform 32..1024,
 outputs uniform 16..256, greedy, ignore_eos) against HF static batching; batch-1 decode
-ms/token beside vLLM's and the memory-bandwidth floor; and pacer's per-step time split with
+ms/token beside vLLM's (measured in this run by vllm_batch1.py, and the peers README's
+figure) and the memory-bandwidth floor; and pacer's per-step time split with
 64 running requests. Every request generates exactly its output length.
 """
 
@@ -92,29 +93,39 @@ def run_hf_static(model: torch.nn.Module, prompts: list[list[int]], outs: list[i
     return sum(outs) / elapsed
 
 
-def run_vllm(dtype: str, quick: bool) -> float | None:
+def _vllm(script: pathlib.Path, dtype: str, *extra: str) -> dict | None:
+    """Run `script` in vLLM's venv on the HF copy of the weights; its RESULT line as a dict."""
     py = PEERS_DIR / "vllm-venv" / "bin" / "python"
     model = PEERS_DIR / "smollm2-hf"
     if not (py.is_file() and (model / "config.json").is_file() and PEERS):
         line(f"  vLLM {dtype}: skipped (build it with: PEERS_DIR={PEERS_DIR} bash ../shared/peers/setup.sh)")
         return None
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{torch.get_num_threads() - 1}")  # same threads as pacer
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    cmd = [str(py), str(script), "--model", str(model), "--dtype", dtype, *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    for out_line in proc.stdout.splitlines():
+        if out_line.startswith("RESULT "):
+            return dict(json.loads(out_line[len("RESULT "):]))
+    line(f"  vLLM {dtype}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    return None
+
+
+def run_vllm(dtype: str, quick: bool) -> float | None:
     workload = PEERS / "workload_w.json"
     if quick:
         w = json.loads(workload.read_text())
         w["prompts"] = w["prompts"][:8]
         workload = pathlib.Path("/tmp/pacer_w_quick.json")
         workload.write_text(json.dumps(w))
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{torch.get_num_threads() - 1}")  # same threads as pacer
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    cmd = [str(py), str(PEERS / "vllm_offline.py"), "--model", str(model), "--workload", str(workload),
-           "--dtype", dtype]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-    for out_line in proc.stdout.splitlines():
-        if out_line.startswith("RESULT "):
-            return float(json.loads(out_line[len("RESULT "):])["output_tok_s"])
-    line(f"  vLLM {dtype}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    return None
+    res = _vllm(PEERS / "vllm_offline.py", dtype, "--workload", str(workload))
+    return None if res is None else float(res["output_tok_s"])
+
+
+def run_vllm_batch1(dtype: str) -> float | None:
+    res = _vllm(pathlib.Path(__file__).with_name("vllm_batch1.py"), dtype)
+    return None if res is None else float(res["decode_ms_per_token"])
 
 
 def batch1_decode_ms(llm: LLM, n: int = 128) -> float:
@@ -153,6 +164,7 @@ def main() -> None:
     w_prompts, w_outs = load_w(args.quick)
     results: dict[str, dict[str, float | None]] = {}
     b1: dict[str, float] = {}
+    vllm_b1: dict[str, float | None] = {}
     for dtype in dtypes:
         llm = LLM(dtype=dtype, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
                   enable_prefix_caching=False, kv_cache_memory="2GiB")
@@ -165,6 +177,7 @@ def main() -> None:
             r["hf"] = run_hf_static(hf_model(torch.float32), w_prompts, w_outs)
         if not args.skip_vllm:
             r["vllm"] = run_vllm(dtype, args.quick)
+            vllm_b1[dtype] = run_vllm_batch1(dtype)
         results[dtype] = r
         parts = [f"pacer {r['pacer']:.1f}"]
         if r.get("hf"):
@@ -178,7 +191,10 @@ def main() -> None:
         line(f"[W {dtype}] output tok/s: " + " | ".join(parts))
     for dtype in dtypes:
         ref = VLLM_REFERENCE.get(dtype, (None, None))[1]
-        line(f"[batch-1 decode {dtype}] pacer {b1[dtype]:.1f} ms/token | vLLM (peers/README) {ref} ms | "
+        measured = vllm_b1.get(dtype)
+        vllm = (f"vLLM {measured:.1f} ms (vLLM/pacer {measured / b1[dtype]:.2f}x) | vLLM (peers/README) {ref} ms"
+                if measured else f"vLLM (peers/README, not this run) {ref} ms")
+        line(f"[batch-1 decode {dtype}] pacer {b1[dtype]:.1f} ms/token | {vllm} | "
              f"memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms")
     n_var = 16 if args.quick else 64
     v_prompts, v_outs = varied_workload(n_var)
