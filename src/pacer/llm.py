@@ -61,7 +61,8 @@ class LLM:
             self.engine.validate(len(self.engine.tokenize_prompt(p)), sp)
         groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te) for j in range(sp.n)]
                   for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
-        finals = dict(zip((rid for g in groups for rid in g), self._collect([rid for g in groups for rid in g])))
+        ids = [rid for g in groups for rid in g]
+        finals = dict(zip(ids, self._collect(ids)))
         outs = []
         for g in groups:
             first = finals[g[0]]

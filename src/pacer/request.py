@@ -15,8 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "FinishReason", "MAX_LOGPROBS", "sample_seed",
-           "Latencies"]
+__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "Latencies", "FinishReason",
+           "MAX_LOGPROBS", "sample_seed"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
 
