@@ -160,20 +160,17 @@ class ModelExecutor:
         dev = self.device
         single_tables = single_mask = lens = None
         if singles:
-            width = max(len(t) for t in tables)
-            padded = [t + [0] * (width - len(t)) for t in tables]
-            single_tables = torch.tensor(padded, device=dev)
+            single_tables = _padded(tables, dev)
             lens = torch.tensor(ctx_lens, device=dev)
             if self.model.kernel is None:
-                positions = torch.arange(width * bs, device=dev).unsqueeze(0)
+                positions = torch.arange(single_tables.shape[1] * bs, device=dev).unsqueeze(0)
                 single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
         prefill_batch = None
         if prefills and self.model.kernel is not None:
-            width = max(len(t) for t in prefill_tables)
             prefill_batch = (torch.tensor([p.q_start for p in prefills], device=dev),
                              torch.tensor([p.q_len for p in prefills], device=dev),
                              torch.tensor([p.start_pos for p in prefills], device=dev),
-                             torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables], device=dev))
+                             _padded(prefill_tables, dev))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
             single_block_tables=single_tables, single_mask=single_mask, single_context_lens=lens,
@@ -181,3 +178,10 @@ class ModelExecutor:
         )
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)
+
+
+def _padded(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """Block tables of different lengths as one [rows, longest] tensor, padded with block 0
+    (never read: each row's context length bounds what a kernel or mask looks at)."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device)
