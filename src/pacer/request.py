@@ -196,6 +196,28 @@ class RequestMetrics(Latencies):
     cached_tokens: int = 0
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
+    # preemption loss: seconds from each preemption until the request has its KV back (recomputed
+    # or swapped in) at the end of a step; of which before the first token (inside TTFT)
+    preempted_time: float = 0.0
+    preempted_time_ttft: float = 0.0
+    preempted_at: float | None = None   # an open preemption: when it began
+    resume_tokens: int = 0              # computed tokens to regain before it closes
+
+    def on_preempted(self, now: float, num_computed_tokens: int) -> None:
+        """A preemption begins (a second one before the first closed extends it)."""
+        if self.preempted_at is None:
+            self.preempted_at = now
+        self.resume_tokens = max(self.resume_tokens, num_computed_tokens)
+
+    def on_step_end(self, now: float, num_computed_tokens: int) -> None:
+        """After a step that ran the request: close an open preemption once its KV is back."""
+        if self.preempted_at is None or num_computed_tokens < self.resume_tokens:
+            return
+        lost = now - self.preempted_at
+        self.preempted_time += lost
+        if self.first_token_time is None:
+            self.preempted_time_ttft += lost
+        self.preempted_at, self.resume_tokens = None, 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -213,6 +235,8 @@ class RequestMetrics(Latencies):
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
+            "preempted_time": self.preempted_time,
+            "preempted_time_ttft": self.preempted_time_ttft,
         }
 
 

@@ -231,6 +231,7 @@ class Scheduler:
     def _preempt(self, step: _Step, req: Request) -> None:
         step.undo(req)
         self.running.remove(req)
+        req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
         if self.config.preemption_mode == "swap" and self.kv.swap_out(req):
             self.num_swap_preemptions += 1   # keeps num_computed_tokens: its KV waits on the CPU tier
         else:
@@ -291,11 +292,12 @@ class Scheduler:
         now = self.clock.now()
         touched: list[Request] = []
         for sr in output.scheduled:
-            if not sr.sample:
-                continue
             req = self.requests.get(sr.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
+            req.metrics.on_step_end(now, req.num_computed_tokens)
+            if not sr.sample:
+                continue
             token = sampled[sr.request_id]
             req.output_token_ids.append(token)
             req.metrics.token_times.append(now)
