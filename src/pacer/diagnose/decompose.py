@@ -93,5 +93,5 @@ def mean_parts(parts: Sequence[Parts]) -> Parts:
     n = len(parts)
     if not n:
         return Parts(0.0, 0.0, 0.0, 0.0)
-    return Parts(*(sum(getattr(p, k) for p in parts) / n for k in PARTS),
-                 preemption_estimated=any(p.preemption_estimated for p in parts))
+    q, pre, dec, pm = (sum(getattr(p, k) for p in parts) / n for k in PARTS)
+    return Parts(q, pre, dec, pm, preemption_estimated=any(p.preemption_estimated for p in parts))

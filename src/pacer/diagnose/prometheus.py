@@ -176,18 +176,19 @@ def _class_report(name: str, get: Callable[[str], Histogram], preempt_share: flo
     prefill_h, decode_h = get("request_prefill_time_seconds"), get("request_decode_time_seconds")
     prompt, gen, tpot = get("request_prompt_tokens"), get("request_generation_tokens"), get("request_time_per_output_token_seconds")
     q = queue.mean or 0.0
-    pre = prefill_h.mean if prefill_h.count else max(0.0, (ttft.mean or 0.0) - q)
-    dec = decode_h.mean if decode_h.count else max(0.0, e2e.mean - (ttft.mean or 0.0))   # type: ignore[operator]
+    pre = prefill_h.mean if prefill_h.mean is not None else max(0.0, (ttft.mean or 0.0) - q)
+    dec = decode_h.mean if decode_h.mean is not None else max(0.0, (e2e.mean or 0.0) - (ttft.mean or 0.0))
     med = itl.quantile(0.5) or 0.0
     stall = max(0.0, itl.mean_above(4 * med) - med) if med else 0.0
     loss = min(dec, preempt_share * stall / e2e.count) if e2e.count else 0.0
     parts = Parts(q, pre, dec - loss, loss, preemption_estimated=loss > 0)
-    lengths = {"prompt_mean": prompt.mean or 0.0, "prompt_cv": prompt.cv(), "prompt_p90": prompt.quantile(0.9) or 0.0,
+    lengths: dict[str, float] = {
+               "prompt_mean": prompt.mean or 0.0, "prompt_cv": prompt.cv(), "prompt_p90": prompt.quantile(0.9) or 0.0,
                "output_mean": gen.mean or 0.0, "output_cv": gen.cv(), "cached_share": 0.0}
     excess = {"queue": q, "prefill": max(0.0, pre - base.prefill_s(int(lengths["prompt_mean"]))),
               "decode": max(0.0, dec - loss - base.decode_s(int(lengths["prompt_mean"]), int(lengths["output_mean"]))),
               "preemption": loss}
-    latency = {k: {"p50": h.quantile(0.5), "p90": h.quantile(0.9), "p95": h.quantile(0.95), "p99": h.quantile(0.99),
+    latency: dict[str, dict[str, float | None]] = {k: {"p50": h.quantile(0.5), "p90": h.quantile(0.9), "p95": h.quantile(0.95), "p99": h.quantile(0.99),
                    "mean": h.mean} for k, h in (("queue_wait", queue), ("ttft", ttft), ("itl", itl), ("tpot", tpot),
                                                 ("e2e", e2e), ("prefill", prefill_h), ("decode", decode_h))}
     latency["itl_max"] = {}

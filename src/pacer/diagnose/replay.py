@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from pacer.bench.report import OVERALL, RequestRecord, SloSet, build_report
 from pacer.bench.workloads import RequestSpec
 from pacer.diagnose.records import Source
 
-__all__ = ["Replay", "specs_from_source", "SimTarget", "run_real"]
+__all__ = ["Replay", "specs_from_source", "SimTarget", "run_real", "run_server", "fmt_ms"]
 
 
 def specs_from_source(source: Source, *, tokenizer: Any = None, seed: int = 0,
@@ -38,7 +38,7 @@ def specs_from_source(source: Source, *, tokenizer: Any = None, seed: int = 0,
             times.append(t)
             t += rng.expovariate(rate)
         how = f"Poisson at {rate:.3g} req/s (the source has no timestamps: its count over its summed e2e)"
-    rows = []
+    rows: list[Mapping[str, Any]] = []
     for r, ts in zip(recs, times):
         prompt = r.prompt_tokens
         if max_model_len is not None:
@@ -115,3 +115,21 @@ def fmt_ms(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v * 1000:.0f} ms"
+
+
+def run_server(label: str, base_url: str, specs: Sequence[RequestSpec], slo: SloSet | None = None,
+               model: str | None = None) -> Replay:
+    """Run `specs` against an OpenAI-compatible server (as `pacer bench --base-url` does)."""
+    import asyncio
+
+    from pacer.bench.client import OpenAIClient
+    from pacer.bench.runner import run_http
+
+    async def go() -> list[RequestRecord]:
+        async with OpenAIClient(base_url, model=model) as client:
+            await client.resolve_model()
+            records, _ = await run_http(specs, client)
+            return records
+
+    records = asyncio.run(go())
+    return Replay(label, records, dict(build_report(records, slo=slo).summary[OVERALL]))
