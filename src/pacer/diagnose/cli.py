@@ -68,14 +68,38 @@ def _describe(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items())) or "pacer's defaults"
 
 
+def _analyze(args: argparse.Namespace, slo: Any, base: Any) -> tuple[dict[str, Any], Any, str, list[str],
+                                                                   dict[str, Any]]:
+    """(class reports, source or None for a metrics endpoint, description, notes, the source's settings)."""
+    from pacer.diagnose.analysis import analyze
+    from pacer.metrics import ClassRules
+
+    if args.metrics_url:
+        from pacer.diagnose.prometheus import analyze_metrics, collect, parse_window
+
+        window = parse_window(args.window)
+        before, after = collect(args.metrics_url, window)
+        args._window_s = window
+        reports, description = analyze_metrics(before, after, window, base, slo, args.target_attainment)
+        return reports, None, description, [], {}
+    rules = ClassRules(args.long_context_threshold, args.batch_max_tokens)
+    source = load_sources(args.sources, args.time_unit, rules)
+    reports = analyze(source, base, slo, args.target_attainment)
+    description = f"{source.name} ({len(source.records)} requests" + (
+        f", {source.num_skipped} unfinished or failed left out)" if source.num_skipped else ")")
+    notes = list(source.notes)
+    if not source.has_queue_wait:
+        notes.append("the source has no queue wait: prefill is all of TTFT")
+    return reports, source, description, notes, source.engine_args
+
+
 def run(args: argparse.Namespace) -> int:
     from pacer.bench.report import parse_slo
-    from pacer.diagnose.analysis import OVERALL, analyze
+    from pacer.diagnose.analysis import OVERALL
     from pacer.diagnose.baseline import Baseline
     from pacer.diagnose.recommend import Settings, recommend
     from pacer.diagnose.render import print_report, to_json
     from pacer.diagnose.replay import SimTarget
-    from pacer.metrics import ClassRules
 
     if bool(args.sources) == bool(args.metrics_url):
         raise ValueError("give SOURCE files or --metrics-url (one of them)")
@@ -83,26 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--target-attainment must be in (0, 1], got {args.target_attainment}")
     slo = parse_slo(args.slo)
     base = Baseline(args.hardware, args.model if _is_profile(args.model) else None, args.tp)
-    source = None
-    if args.metrics_url:
-        from pacer.diagnose.prometheus import analyze_metrics, collect, parse_window
-
-        window = parse_window(args.window)
-        before, after = collect(args.metrics_url, window)
-        reports, description = analyze_metrics(before, after, window, base, slo, args.target_attainment)
-        notes: list[str] = []
-        engine_args: dict[str, Any] = {}
-        args._window_s = window
-    else:
-        rules = ClassRules(args.long_context_threshold, args.batch_max_tokens)
-        source = load_sources(args.sources, args.time_unit, rules)
-        reports = analyze(source, base, slo, args.target_attainment)
-        description = f"{source.name} ({len(source.records)} requests" + (
-            f", {source.num_skipped} unfinished or failed left out)" if source.num_skipped else ")")
-        notes = list(source.notes)
-        if not source.has_queue_wait:
-            notes.append("the source has no queue wait: prefill is all of TTFT")
-        engine_args = source.engine_args
+    reports, source, description, notes, engine_args = _analyze(args, slo, base)
     today = today_kwargs(engine_args, engine_kwargs_from_args(args))
     target = SimTarget(args.hardware, args.model if _is_profile(args.model) else None, args.tp,
                        args.gpu_memory_utilization)

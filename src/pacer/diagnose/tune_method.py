@@ -56,7 +56,6 @@ def run_method_cli(args: argparse.Namespace) -> int:
     from pacer.diagnose.cli import SIM_SKIP
     from pacer.diagnose.method import DEFAULT_BUDGETS, DEFAULT_SEQS, run_method
     from pacer.diagnose.replay import SimTarget
-    from pacer.diagnose.verify import print_verification, verify_inprocess, verify_server
     from pacer.tune import parse_int_list
 
     slo = parse_slo(args.slo)
@@ -99,6 +98,13 @@ def run_method_cli(args: argparse.Namespace) -> int:
         print(f"runner-up: {result.runner_up.label} (predicted {result.runner_up.attainment:.0%})")
     if not args.verify:
         return 0 if c.attainment >= args.target_attainment else 1
+    return _verify(args, result, real_kwargs, specs, slo, first_engine)
+
+
+def _verify(args: argparse.Namespace, result: Any, real_kwargs: dict[str, Any], specs: Sequence[RequestSpec],
+            slo: Any, first_engine: Any) -> int:
+    from pacer.diagnose.verify import print_verification, verify_inprocess, verify_server
+
     if args.base_url:
         rows = verify_server(result, args.base_url, specs, slo)
     else:
@@ -107,8 +113,9 @@ def run_method_cli(args: argparse.Namespace) -> int:
     defaults_real = next((r.attainment for n, _, r in rows if n == "defaults"), None)
     print(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if ok:
-        tail = "" if defaults_real is None else (f"; the defaults {'also meet it' if defaults_real >= args.target_attainment else 'do not'}"
-                                                 f" ({defaults_real:.0%})")
+        tail = "" if defaults_real is None else (
+            f"; the defaults {'also meet it' if defaults_real >= args.target_attainment else 'do not'}"
+            f" ({defaults_real:.0%})")
         print(f"the chosen configuration meets the SLA on the real engine{tail}")
     else:
         print("the chosen configuration misses the SLA on the real engine: see the measured columns")
