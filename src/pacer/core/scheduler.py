@@ -299,6 +299,8 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted or failed while the step ran
             req.metrics.on_step_end(now, req.num_computed_tokens)
+            if not sr.sample:
+                continue
             kept = 0
             for token in result.results[sr.request_id].token_ids:
                 kept += 1
