@@ -114,14 +114,19 @@ class Histogram:
         return math.sqrt(var) / m if m > 0 else 0.0
 
     def mean_above(self, limit: float) -> float:
-        """Mean of the observations in buckets whose lower bound is >= limit (midpoints)."""
+        """Mean of the observations above `limit` (spread evenly inside each bucket)."""
         tot = n_tot = 0.0
         prev_le, prev_c = 0.0, 0.0
         for le, c in self.buckets:
             n = c - prev_c
-            if prev_le >= limit and n > 0:
-                tot += n * (prev_le * 1.5 if math.isinf(le) else (prev_le + le) / 2)
-                n_tot += n
+            if le > limit and n > 0:
+                lo = max(prev_le, limit)
+                if math.isinf(le):
+                    share, mid = 1.0, lo * 1.5
+                else:
+                    share, mid = (le - lo) / (le - prev_le), (lo + le) / 2
+                tot += n * share * mid
+                n_tot += n * share
             prev_le, prev_c = le, c
         return tot / n_tot if n_tot else 0.0
 
