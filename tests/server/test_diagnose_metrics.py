@@ -85,3 +85,17 @@ def test_diagnose_reads_the_servers_request_log(served, client, capsys):
     assert d["overall"]["count"] == n
     assert set(d["classes"]) <= {"chat", "agent"}
     assert d["overall"]["preemption_estimated"] is False       # the log carries the measured loss
+
+
+def test_tune_verifies_against_a_server(served, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("pacer.sim.profiles.calibration_path", lambda: tmp_path / "none.json")
+    rows = [{"input_tokens": 40 + i, "output_tokens": 4, "ttft": 0.2, "total_latency": 0.5, "timestamp": i * 0.01,
+             "feature": "chat"} for i in range(4)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    rc = main(["tune", "--from-log", str(trace), "--slo", "e2e=600s", "--max-num-seqs", "2,4",
+               "--max-num-batched-tokens", "256", "--verify", "--base-url", served.base_url])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "verify: " + served.base_url in out and "chosen (server)" in out
+    assert "the chosen configuration meets the SLA on the real engine" in out
