@@ -17,7 +17,9 @@ __all__ = ["print_report", "to_json"]
 def _ms(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    return f"{v * 1000:.0f}" if v < 10 else f"{v * 1000:.3g}"
+    if v < 1:
+        return f"{v * 1000:.0f} ms"
+    return f"{v:.2f} s" if v < 100 else f"{v:.0f} s"
 
 
 def _console() -> Any:
@@ -38,7 +40,7 @@ def print_report(description: str, reports: Mapping[str, ClassReport], notes: li
     for n in notes:
         console.print(f"  note: {n}")
     console.print(f"  today's settings: {today}")
-    t = Table(title="traffic and latency (ms)", title_justify="left")
+    t = Table(title="traffic and latency", title_justify="left")
     for col in ("class", "count", "prompt mean (CV)", "output mean (CV)", "queue p50/p99", "TTFT p50/p99",
                 "ITL p50/p99", "TPOT p50/p99", "e2e p50/p99"):
         t.add_column(col, justify="right")
@@ -53,7 +55,7 @@ def print_report(description: str, reports: Mapping[str, ClassReport], notes: li
                   f"{r.lengths['output_mean']:.0f} ({r.lengths['output_cv']:.2f})", pp("queue_wait"), pp("ttft"),
                   pp("itl"), pp("tpot"), pp("e2e"))
     console.print(t)
-    d = Table(title="latency decomposition: mean per request, ms (share of e2e)", title_justify="left")
+    d = Table(title="latency decomposition: mean per request (share of e2e)", title_justify="left")
     for col in ("class", *PARTS, "e2e", "bottleneck"):
         d.add_column(col, justify="right")
     for name, r in reports.items():
@@ -78,7 +80,7 @@ def print_report(description: str, reports: Mapping[str, ClassReport], notes: li
 def _print_what_if(console: Any, w: WhatIf) -> None:
     from rich.table import Table
 
-    t = Table(title=f"--what-if (pacer sim, arrivals {w.arrivals}): predicted, ms", title_justify="left")
+    t = Table(title=f"--what-if (pacer sim, arrivals {w.arrivals}): predicted", title_justify="left")
     cols = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2e_p99")
     for col in ("settings", *cols, "preemptions", "SLO met"):
         t.add_column(col, justify="right")
