@@ -29,14 +29,14 @@ from pacer.bench.report import Slo, SloSet, percentile
 from pacer.diagnose.baseline import Baseline
 from pacer.diagnose.decompose import PARTS, Parts, decompose_all, mean_parts
 from pacer.diagnose.records import Record, Source
+from pacer.diagnose.timeline import RunningTimeline, covered, long_prefills
 
-__all__ = ["ClassReport", "analyze", "class_report", "name_bottleneck", "OVERALL", "LATENCY_KEYS"]
+__all__ = ["ClassReport", "Context", "analyze", "class_report", "name_bottleneck", "OVERALL", "LATENCY_KEYS"]
 
 OVERALL = "overall"
 LATENCY_KEYS = ("queue_wait", "ttft", "itl", "tpot", "e2e")
 PREEMPTION_SHARE = 0.05
 NONE_SHARE = 0.10
-LONG_PREFILL_FACTOR, LONG_PREFILL_MIN = 4, 256
 
 
 @dataclass(slots=True)
@@ -107,68 +107,51 @@ def _latencies(records: Sequence[Record], parts: Sequence[Parts], has_queue: boo
     }
 
 
-# ---------------------------------------------------------------- interference from long prefills
+# ---------------------------------------------------------------- excess over the request alone
 
 
-def _long_prefills(records: Sequence[Record]) -> list[tuple[float, float, int]]:
-    """(start, end, index) of the prefill phases of long prompts, from the source's timestamps."""
-    if not records or any(r.arrival is None for r in records):
-        return []
-    med = statistics.median(r.uncached_prompt_tokens for r in records)
-    limit = max(LONG_PREFILL_MIN, LONG_PREFILL_FACTOR * med)
-    out = []
-    for i, r in enumerate(records):
-        if r.uncached_prompt_tokens >= limit:
-            start = r.scheduled_at if r.scheduled_at is not None else r.arrival
-            end = r.first_token_at
-            if start is not None and end is not None and end > start:
-                out.append((start, end, i))
-    return out
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What every class report of one source shares."""
+
+    records: Sequence[Record]
+    parts: Sequence[Parts]
+    base: Baseline
+    has_queue: bool
+    long: Sequence[tuple[float, float, int]] = ()
+    running: RunningTimeline | None = None
+    max_num_seqs: int | None = None      # today's limit: queue wait below it, with preemptions, is KV-held
 
 
-def _covered(a: float, b: float, intervals: Sequence[tuple[float, float, int]], skip: int) -> float:
-    """Fraction of [a, b] covered by the union of `intervals` (leaving out index `skip`)."""
-    if b <= a:
-        return 0.0
-    spans = sorted((max(a, s), min(b, e)) for s, e, i in intervals if i != skip and e > a and s < b)
-    covered, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                covered += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None and cur_s is not None:
-        covered += cur_e - cur_s
-    return covered / (b - a)
-
-
-def _excess(records: Sequence[Record], parts: Sequence[Parts], indices: Sequence[int],
-            long: Sequence[tuple[float, float, int]], base: Baseline) -> tuple[dict[str, float], float, float]:
-    """Mean excess per part over the request alone; and the mean queue / decode excess blamed on
-    other requests' long prefills."""
+def _excess(ctx: Context, indices: Sequence[int]) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean excess per part over the request alone, and the mean seconds re-attributed: queue wait
+    and decode excess behind other requests' long prefills (`prefill`), queue wait while fewer
+    than max_num_seqs ran in a source that preempts (KV held admissions: `preemption`)."""
     tot = dict.fromkeys(PARTS, 0.0)
-    q_pf = d_pf = 0.0
+    moved = {"queue_behind_prefill": 0.0, "decode_behind_prefill": 0.0, "queue_held_by_kv": 0.0}
+    kv_bound = ctx.running is not None and ctx.max_num_seqs is not None and any(
+        ctx.records[i].preemptions for i in range(len(ctx.records)))
     for i in indices:
-        r, p = records[i], parts[i]
-        pre = max(0.0, p.prefill - base.prefill_s(r.uncached_prompt_tokens))
-        dec = max(0.0, p.decode - base.decode_s(r.prompt_tokens, r.output_tokens))
-        q_share = d_share = 0.0
-        if long and r.arrival is not None:
-            if r.scheduled_at is not None:
-                q_share = _covered(r.arrival, r.scheduled_at, long, i)
-            ft, fin = r.first_token_at, r.finished_at
-            if ft is not None and fin is not None:
-                d_share = _covered(ft, fin, long, i)
-        q_pf += p.queue * q_share
-        d_pf += dec * d_share
-        tot["queue"] += p.queue * (1 - q_share)
-        tot["prefill"] += pre + p.queue * q_share + dec * d_share
-        tot["decode"] += dec * (1 - d_share)
-        tot["preemption"] += p.preemption
+        r, p = ctx.records[i], ctx.parts[i]
+        pre = max(0.0, p.prefill - ctx.base.prefill_s(r.uncached_prompt_tokens))
+        dec = max(0.0, p.decode - ctx.base.decode_s(r.prompt_tokens, r.output_tokens))
+        q_pf = d_pf = q_kv = 0.0
+        if r.arrival is not None and r.scheduled_at is not None:
+            if ctx.long:
+                q_pf = p.queue * covered(r.arrival, r.scheduled_at, ctx.long, i)
+            if kv_bound and ctx.running is not None and ctx.max_num_seqs is not None:
+                q_kv = (p.queue - q_pf) * ctx.running.share_below(r.arrival, r.scheduled_at, ctx.max_num_seqs)
+        if ctx.long and r.first_token_at is not None and r.finished_at is not None:
+            d_pf = dec * covered(r.first_token_at, r.finished_at, ctx.long, i)
+        moved["queue_behind_prefill"] += q_pf
+        moved["decode_behind_prefill"] += d_pf
+        moved["queue_held_by_kv"] += q_kv
+        tot["queue"] += p.queue - q_pf - q_kv
+        tot["prefill"] += pre + q_pf + d_pf
+        tot["decode"] += dec - d_pf
+        tot["preemption"] += p.preemption + q_kv
     n = max(1, len(indices))
-    return {k: v / n for k, v in tot.items()}, q_pf / n, d_pf / n
+    return {k: v / n for k, v in tot.items()}, {k: v / n for k, v in moved.items()}
 
 
 # ---------------------------------------------------------------- naming
@@ -195,9 +178,10 @@ def name_bottleneck(rep: ClassReport, missed: list[str] | None) -> tuple[str, st
     e2e = rep.e2e_mean
     if missed is not None and not missed:
         return "none", "meets the SLO"
-    if rep.decomposition.preemption >= PREEMPTION_SHARE * e2e and rep.decomposition.preemption > 0:
-        return "preemption", (f"preemption loss is {_share(rep.decomposition.preemption, e2e):.0%} of e2e "
-                              f"(>= {PREEMPTION_SHARE:.0%}: KV pressure)")
+    kv = rep.excess["preemption"]
+    if kv >= PREEMPTION_SHARE * e2e and kv > 0:
+        return "preemption", (f"KV pressure (preemption loss, and queue wait while KV held admissions) is "
+                              f"{_share(kv, e2e):.0%} of e2e (>= {PREEMPTION_SHARE:.0%})")
     allowed: tuple[str, ...] = PARTS
     if missed is not None and set(missed) <= {"ttft"}:
         allowed = ("queue", "prefill", "preemption")
@@ -212,13 +196,11 @@ def name_bottleneck(rep: ClassReport, missed: list[str] | None) -> tuple[str, st
     return top, why
 
 
-def class_report(name: str, records: Sequence[Record], parts: Sequence[Parts], indices: Sequence[int],
-                 long: Sequence[tuple[float, float, int]], base: Baseline, has_queue: bool,
-                 slo: Slo | None, target: float) -> ClassReport:
-    rs = [records[i] for i in indices]
-    ps = [parts[i] for i in indices]
+def class_report(name: str, indices: Sequence[int], ctx: Context, slo: Slo | None, target: float) -> ClassReport:
+    rs = [ctx.records[i] for i in indices]
+    ps = [ctx.parts[i] for i in indices]
     mean = mean_parts(ps)
-    excess, q_pf, d_pf = _excess(records, parts, indices, long, base)
+    excess, moved = _excess(ctx, indices)
     prompts = [float(r.prompt_tokens) for r in rs]
     outputs = [float(r.output_tokens) for r in rs]
     rep = ClassReport(
@@ -227,14 +209,14 @@ def class_report(name: str, records: Sequence[Record], parts: Sequence[Parts], i
                  "prompt_p90": percentile(prompts, 90) or 0.0,
                  "output_mean": statistics.fmean(outputs) if rs else 0.0, "output_cv": _cv(outputs),
                  "cached_share": _share(sum(r.cached_tokens for r in rs), sum(prompts))},
-        latency=_latencies(rs, ps, has_queue), decomposition=mean, excess=excess,
+        latency=_latencies(rs, ps, ctx.has_queue), decomposition=mean, excess=excess,
         preempted_requests=sum(1 for r in rs if r.preemptions), num_preemptions=sum(r.preemptions or 0 for r in rs))
     missed = None
     if slo is not None and not slo.is_empty():
         missed = _missed(rs, slo, target)
         rep.slo_attainment = sum(1 for r in rs if not _missed([r], slo, 1.0)) / len(rs) if rs else None
     rep.bottleneck, why = name_bottleneck(rep, missed)
-    rep.evidence = _evidence(rep, why, q_pf, d_pf, base, rs, long)
+    rep.evidence = _evidence(rep, why, moved, ctx.base, len(ctx.long))
     rep.extra = _rates(rs)
     return rep
 
@@ -254,8 +236,7 @@ def _fmt(v: float | None) -> str:
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
-def _evidence(rep: ClassReport, why: str, q_pf: float, d_pf: float, base: Baseline, rs: Sequence[Record],
-              long: Sequence[tuple[float, float, int]]) -> list[str]:
+def _evidence(rep: ClassReport, why: str, moved: dict[str, float], base: Baseline, num_long: int) -> list[str]:
     d, e2e = rep.decomposition, rep.e2e_mean
     lat = rep.latency
     ev = [why,
@@ -270,9 +251,10 @@ def _evidence(rep: ClassReport, why: str, q_pf: float, d_pf: float, base: Baseli
         ev.append(f"prompt mean {rep.lengths['prompt_mean']:.0f} tokens (CV {rep.lengths['prompt_cv']:.2f}, "
                   f"p90 {rep.lengths['prompt_p90']:.0f}), TTFT p99 {_fmt(lat['ttft'].get('p99'))}, "
                   f"prefill alone {_fmt(base.prefill_s(int(rep.lengths['prompt_mean'])))}")
-        if long:
-            ev.append(f"{len(long)} long prefills in the source: {_fmt(q_pf)} of queue wait and {_fmt(d_pf)} of "
-                      "decode excess per request spent behind them (head-of-line block, ITL stalls)")
+        if num_long:
+            ev.append(f"{num_long} long prefills in the source: {_fmt(moved.get('queue_behind_prefill'))} of queue "
+                      f"wait and {_fmt(moved.get('decode_behind_prefill'))} of decode excess per request spent "
+                      "behind them (head-of-line block, ITL stalls)")
     elif b == "decode":
         mean_ctx = int(rep.lengths["prompt_mean"] + rep.lengths["output_mean"] / 2)
         ev.append(f"TPOT p50 {_fmt(lat['tpot'].get('p50'))}, p99 {_fmt(lat['tpot'].get('p99'))} vs "
@@ -281,26 +263,29 @@ def _evidence(rep: ClassReport, why: str, q_pf: float, d_pf: float, base: Baseli
         est = " (estimated from the gaps: the source has only counts)" if d.preemption_estimated else " (measured)"
         ev.append(f"{rep.preempted_requests} of {rep.count} requests preempted ({rep.num_preemptions} preemptions); "
                   f"loss {_fmt(d.preemption)} per request{est}")
+        if moved.get("queue_held_by_kv"):
+            ev.append(f"{_fmt(moved['queue_held_by_kv'])} of queue wait per request passed while fewer than "
+                      "max_num_seqs ran in an engine that preempts: KV held admissions back")
     if rep.slo_attainment is not None:
         ev.append(f"SLO met by {rep.slo_attainment:.0%} of requests")
     return ev
 
 
-def analyze(source: Source, base: Baseline, slo: SloSet | None = None,
-            target: float = 0.9) -> dict[str, ClassReport]:
-    """Class name -> report (per class where the source has classes), plus `overall`."""
+def analyze(source: Source, base: Baseline, slo: SloSet | None = None, target: float = 0.9,
+            max_num_seqs: int | None = None) -> dict[str, ClassReport]:
+    """Class name -> report (per class where the source has classes), plus `overall`.
+    `max_num_seqs`: today's limit, to tell queue wait held by KV from queue wait at the limit."""
     records = source.records
     if not records:
         raise ValueError(f"{source.name}: no finished requests to diagnose ({source.num_skipped} skipped)")
-    parts = decompose_all(records)
-    long = _long_prefills(records)
-    has_queue = source.has_queue_wait
+    ctx = Context(records, decompose_all(records), base, source.has_queue_wait, long_prefills(records),
+                  RunningTimeline(records) if source.has_times and source.has_queue_wait else None, max_num_seqs)
     out: dict[str, ClassReport] = {}
     slo = slo or SloSet()
     for name in source.classes():
         idx = [i for i, r in enumerate(records) if r.request_class == name]
-        out[name] = class_report(name, records, parts, idx, long, base, has_queue, slo.for_class(name), target)
-    overall = class_report(OVERALL, records, parts, range(len(records)), long, base, has_queue, slo.default, target)
+        out[name] = class_report(name, idx, ctx, slo.for_class(name), target)
+    overall = class_report(OVERALL, range(len(records)), ctx, slo.default, target)
     if not slo.is_empty():   # overall attainment: each request against its own class's SLO
         met = sum(1 for r in records if not _missed([r], slo.for_class(r.request_class), 1.0))
         overall.slo_attainment = met / len(records)

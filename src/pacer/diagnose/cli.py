@@ -84,7 +84,10 @@ def _analyze(args: argparse.Namespace, slo: Any, base: Any) -> tuple[dict[str, A
         return reports, None, description, [], {}
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens)
     source = load_sources(args.sources, args.time_unit, rules)
-    reports = analyze(source, base, slo, args.target_attainment)
+    from pacer.config import EngineConfig
+
+    seqs = EngineConfig.from_kwargs(**today_kwargs(source.engine_args, engine_kwargs_from_args(args))).scheduler.max_num_seqs
+    reports = analyze(source, base, slo, args.target_attainment, max_num_seqs=seqs)
     description = f"{source.name} ({len(source.records)} requests" + (
         f", {source.num_skipped} unfinished or failed left out)" if source.num_skipped else ")")
     notes = list(source.notes)

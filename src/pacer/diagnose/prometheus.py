@@ -207,7 +207,7 @@ def _class_report(name: str, get: Callable[[str], Histogram], preempt_share: flo
                   if getattr(slo, m) is not None]
         rep.slo_attainment = 1.0 - max(shares) if shares else None
     rep.bottleneck, why = name_bottleneck(rep, missed)
-    rep.evidence = _evidence(rep, why, 0.0, 0.0, base, [], [])
+    rep.evidence = _evidence(rep, why, {}, base, 0)
     rep.evidence.append("from Prometheus histograms: percentiles interpolated in buckets, length CV from bucket "
                         "midpoints" + (f"; preemption loss estimated from {preempt_share:.1f} preemptions x the "
                                        f"long ITL gaps ({stall * 1000:.0f} ms each)" if preempt_share else ""))
