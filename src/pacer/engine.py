@@ -22,7 +22,7 @@ from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.output_processor import RequestOutput, TrackedRequest
-from pacer.request import FinishReason, Request, SamplingParams
+from pacer.request import FinishReason, Request, RequestStatus, SamplingParams
 
 __all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
 
@@ -97,6 +97,8 @@ class Engine:
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
+        self._structured: Any = None   # StructuredOutputManager, made at the first constrained request
+        self._gate: Any = None         # GrammarGate: requests whose grammar is compiling
 
     # ------------------------------------------------------------------ construction
 
@@ -115,6 +117,31 @@ class Engine:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    @property
+    def structured_outputs(self) -> Any:
+        """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
+        if self._structured is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a model with a tokenizer")
+            from pacer.structured.gate import GrammarGate
+            from pacer.structured.manager import StructuredOutputManager
+
+            cfg = self.config.structured
+            self._structured = StructuredOutputManager(
+                self.tokenizer, self.vocab_size or self.tokenizer.vocab_size, self.eos_token_ids,
+                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers)
+            self._gate = GrammarGate(self._structured.ready)
+        return self._structured
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        return 0 if self._gate is None else len(self._gate)
+
+    def structured_stats(self) -> dict[str, float]:
+        """Structured-output counters (pacer.structured.manager.StructuredStats); {} before
+        the first constrained request."""
+        return {} if self._structured is None else self._structured.stats.as_dict()
 
     # ------------------------------------------------------------------ requests
 
@@ -182,15 +209,28 @@ class Engine:
             from pacer.model.tokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer)
-        self._inbox.append(("add", TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)))
+        tracked = TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)
+        if params.structured_outputs is not None:
+            try:
+                future = self.structured_outputs.request(params.structured_outputs)
+            except BaseException:
+                with self._id_lock:
+                    self._live_ids.discard(request_id)
+                raise
+            self._inbox.append(("add_structured", (tracked, future)))
+            self._structured.ready.set()   # wake an engine idling on the gate
+        else:
+            self._inbox.append(("add", tracked))
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
         self._inbox.append(("abort", request_id))
+        if self._structured is not None:
+            self._structured.ready.set()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests() or self.num_waiting_for_grammar > 0
 
     # ------------------------------------------------------------------ the loop
 
@@ -202,11 +242,43 @@ class Engine:
                 tracked: TrackedRequest = item
                 self._tracked[tracked.req.request_id] = tracked
                 self.scheduler.add_request(tracked.req)
+            elif kind == "add_structured":
+                tracked, future = item
+                self._tracked[tracked.req.request_id] = tracked
+                self._gate.hold(tracked.req.request_id, tracked, future)
             else:
                 tracked_or_none = self._tracked.get(item)
-                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
+                if tracked_or_none is None:
+                    continue
+                if self._gate is not None and self._gate.remove(item) is not None:
+                    outs.append(self._finish_unscheduled(tracked_or_none, FinishReason.ABORT))
+                elif self.scheduler.abort_request(item) is not None:
                     outs.append(self._finish_output(tracked_or_none, [], ""))
+        if self._gate is not None and len(self._gate):
+            outs.extend(self._admit_compiled())
         return outs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar finished compiling: into the scheduler with their matcher,
+        or finished with the compile error (`RequestOutput.error`)."""
+        outs = []
+        for tracked, compiled, error in self._gate.take_done():
+            if error is not None:
+                outs.append(self._finish_unscheduled(tracked, FinishReason.ERROR, str(error)))
+            else:
+                self._structured.bind(tracked.req.request_id, compiled)
+                self.scheduler.add_request(tracked.req)
+        return outs
+
+    def _finish_unscheduled(self, tracked: TrackedRequest, reason: FinishReason,
+                            error: str | None = None) -> RequestOutput:
+        """Finish a request the scheduler never saw (it waited in the grammar gate)."""
+        req = tracked.req
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.metrics.finish_time = self.clock.now()
+        tracked.error = error
+        return self._finish_output(tracked, [], "")
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> execute -> update. Returns outputs of requests that
@@ -219,7 +291,13 @@ class Engine:
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
+            if not outputs and self._gate is not None and len(self._gate):
+                self._gate.wait(0.05)   # only compiles pending: sleep until one finishes, do not spin
             return outputs
+        if self._structured is not None and self._structured.num_constrained:
+            masks = self._structured.start_masks(sr.request_id for sr in sched_out.scheduled if sr.sample)
+            if masks is not None:
+                sched_out = replace(sched_out, token_masks=masks)
         try:
             result = self.executor.execute(sched_out)
         except Exception:
@@ -227,12 +305,28 @@ class Engine:
             result = self._execute_isolated(sched_out, outputs)
         t2 = time.perf_counter()
         touched = self.scheduler.update_from_output(sched_out, result.sampled)
+        if self._structured is not None and self._structured.num_constrained:
+            self._advance_grammars(touched)
         logprobs: dict[str, dict[int, float]] = getattr(result, "logprobs", None) or {}
         for req in touched:
             outputs.append(self._emit(req, logprobs.get(req.request_id)))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
         return outputs
+
+    def _advance_grammars(self, touched: list[Request]) -> None:
+        """Feed each constrained request its new token; a completed grammar stops it."""
+        for req in touched:
+            if req.is_finished or not req.output_token_ids:
+                continue
+            try:
+                done = self._structured.accept(req.request_id, req.output_token_ids[-1])
+            except ValueError:
+                log.exception("request %s left its grammar; finishing it with an error", req.request_id)
+                self.scheduler.finish_request(req, FinishReason.ERROR)
+                continue
+            if done:
+                self.scheduler.finish_request(req, FinishReason.STOP)
 
     def _execute_isolated(self, out: SchedulerOutput, outputs: list[RequestOutput]) -> Any:
         """After a failed execute: run each request of the step alone (whole block table, as if
@@ -254,7 +348,8 @@ class Engine:
                             output_token_ids=output_history)
             single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
                                      num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
-                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)
+                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
+                                     token_masks=out.token_masks)
             try:
                 result = self.executor.execute(single)
                 sampled.update(result.sampled)
@@ -287,6 +382,8 @@ class Engine:
         out = tracked.output(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
+        if self._structured is not None:
+            self._structured.release(rid)
         self.total_prompt_tokens += tracked.req.num_prompt_tokens
         with self._id_lock:
             self._live_ids.discard(rid)

@@ -14,6 +14,7 @@ without penalties carry no history, so the common path copies nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.request import SamplingParams
 
@@ -51,6 +52,9 @@ class SchedulerOutput:
     # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # set by the engine when constrained requests sample this step: masks being computed while
+    # the forward runs (pacer.structured.masks.TokenMasks: `apply(logits, request_ids)`)
+    token_masks: Any = None
 
     @property
     def num_scheduled_tokens(self) -> int:
