@@ -134,6 +134,19 @@ class Engine:
             self._gate = GrammarGate(self._structured.ready)
         return self._structured
 
+    def install_structured_outputs(self, manager: Any) -> None:
+        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout) for
+        constrained requests, closing the current one; None: a default one at the next use.
+        Call from the stepping thread while no constrained request is in flight."""
+        from pacer.structured.gate import GrammarGate
+
+        if self._gate is not None and len(self._gate):
+            raise RuntimeError("requests are waiting for grammars of the current manager")
+        if self._structured is not None:
+            self._structured.close()
+        self._structured = manager
+        self._gate = None if manager is None else GrammarGate(manager.ready)
+
     @property
     def num_waiting_for_grammar(self) -> int:
         return 0 if self._gate is None else len(self._gate)

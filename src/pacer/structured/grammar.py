@@ -38,7 +38,7 @@ def grammar_source(spec: dict[str, Any]) -> str:
         if not isinstance(value, dict | bool):
             raise GrammarError("the JSON schema must be an object")
         try:
-            return str(llg.LLMatcher.grammar_from_json_schema(value, defaults=json_options(compact)))
+            return str(llg.LLMatcher.grammar_from_json_schema(json.dumps(value), defaults=json_options(compact)))
         except ValueError as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
     if kind == "json_object":
