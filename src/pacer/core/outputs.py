@@ -9,16 +9,33 @@ and every token generated so far, which a resumed request has): an executor mirr
 extends it with later chunks' tokens past those it holds (the decode tokens), since
 `token_ids` is only this step's chunk and may start after a prefix-cache hit. Requests
 without penalties carry no history, so the common path copies nothing.
+
+The way back is `ModelOutput`, one frozen record whatever runs the step (the model, the
+simulator, the engine's per-request retry, a test fake): per request its sampled token ids,
+their logprobs when asked for, or an error. `Executor` is the protocol they all implement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pacer.request import SamplingParams
 
-__all__ = ["ScheduledRequest", "SchedulerOutput"]
+__all__ = ["ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor", "TokenMasks"]
+
+
+class TokenMasks(Protocol):
+    """Allowed-token masks of the constrained requests that sample this step (structured
+    outputs; pacer.structured.masks). The executor calls `apply` after its forward, before
+    sampling; rows of other requests are returned untouched."""
+
+    rows: Mapping[str, int]   # request id -> row of its mask
+
+    def apply(self, logits: Any, request_ids: Sequence[str]) -> Any:
+        """Logits [len(request_ids), vocab] with forbidden tokens at -inf in constrained rows."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +51,10 @@ class ScheduledRequest:
     sampling_params: SamplingParams | None = None  # set when is_new
     prompt_token_ids: list[int] | None = None      # set when is_new and sampling_params.has_penalties
     output_token_ids: list[int] | None = None      # likewise: the tokens generated before this step
+    # Room for the sampler's next per-request inputs (unset today; executors must reject what
+    # they cannot honour rather than ignore it). Token masks travel per step, not per request:
+    # see SchedulerOutput.token_masks.
+    draft_token_ids: Sequence[int] = ()            # drafted tokens to verify after token_ids (speculation)
 
     @property
     def num_tokens(self) -> int:
@@ -52,9 +73,9 @@ class SchedulerOutput:
     # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # set by the engine when constrained requests sample this step: masks being computed while
-    # the forward runs (pacer.structured.masks.TokenMasks: `apply(logits, request_ids)`)
-    token_masks: Any = None
+    # set by the engine when constrained requests sample this step: their allowed-token masks,
+    # being computed while the forward runs (so per step, not per request); None: no constraint
+    token_masks: TokenMasks | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -63,3 +84,46 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What one step produced for one request."""
+
+    token_ids: Sequence[int] = ()     # sampled: one today, several once drafted tokens are verified
+    # one {token_id: logprob} per sampled token (the token first, then the top-k); None: not asked for
+    logprobs: Sequence[Mapping[int, float]] | None = None
+    error: str | None = None          # this request failed on the executor: the engine finishes it alone
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """An executor's answer to one SchedulerOutput: a result for every request that sampled
+    (or failed) this step, and where the step's time went (seconds; None: not measured, the
+    engine counts the whole execute call as forward)."""
+
+    results: Mapping[str, RequestResult] = field(default_factory=dict)
+    prepare_s: float = 0.0
+    forward_s: float | None = None
+    sample_s: float = 0.0
+
+    @classmethod
+    def sampled(cls, tokens: Mapping[str, int], **timings: float) -> ModelOutput:
+        """One sampled token per request id, no logprobs."""
+        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, **timings)
+
+
+class Executor(Protocol):
+    """Runs one SchedulerOutput: mirrors block tables and sampling params from it alone (it
+    never reads scheduler state), applies its KV swaps, then computes its chunks."""
+
+    @property
+    def kv_block_bytes(self) -> int | None:
+        """Bytes of one KV block over all layers (sizes the CPU swap tier); None: unknown."""
+        ...
+
+    def execute(self, out: SchedulerOutput) -> ModelOutput: ...
