@@ -81,8 +81,7 @@ class Engine:
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
-        self._structured: Any = None   # StructuredOutputManager, made at the first constrained request
-        self._gate: Any = None         # GrammarGate: requests whose grammar is compiling
+        self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
     # ------------------------------------------------------------------ construction
 
@@ -108,37 +107,33 @@ class Engine:
         if self._structured is None:
             if self.tokenizer is None:
                 raise ValueError("structured_outputs needs a model with a tokenizer")
-            from pacer.structured.gate import GrammarGate
             from pacer.structured.manager import StructuredOutputManager
 
             cfg = self.config.structured
-            self._structured = StructuredOutputManager(
+            self.install_structured_outputs(StructuredOutputManager(
                 self.tokenizer, self.vocab_size or self.tokenizer.vocab_size, self.eos_token_ids,
-                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers)
-            self._gate = GrammarGate(self._structured.ready)
-        return self._structured
+                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers))
+        return self._structured.manager
 
     def install_structured_outputs(self, manager: Any) -> None:
-        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout) for
-        constrained requests, closing the current one; None: a default one at the next use.
-        Call from the stepping thread while no constrained request is in flight."""
-        from pacer.structured.gate import GrammarGate
+        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout),
+        closing the current one; None: a default one at the next use. Call from the stepping
+        thread while no constrained request is in flight."""
+        from pacer.structured.runtime import StructuredRuntime
 
-        if self._gate is not None and len(self._gate):
+        if self.num_waiting_for_grammar:
             raise RuntimeError("requests are waiting for grammars of the current manager")
         if self._structured is not None:
             self._structured.close()
-        self._structured = manager
-        self._gate = None if manager is None else GrammarGate(manager.ready)
+        self._structured = None if manager is None else StructuredRuntime(manager)
 
     @property
     def num_waiting_for_grammar(self) -> int:
-        return 0 if self._gate is None else len(self._gate)
+        return 0 if self._structured is None else len(self._structured.gate)
 
     def structured_stats(self) -> dict[str, float]:
-        """Structured-output counters (pacer.structured.manager.StructuredStats); {} before
-        the first constrained request."""
-        return {} if self._structured is None else self._structured.stats.as_dict()
+        """Structured-output counters ({} before the first constrained request)."""
+        return {} if self._structured is None else self._structured.manager.stats.as_dict()
 
     # ------------------------------------------------------------------ requests
 
@@ -207,24 +202,24 @@ class Engine:
 
             detok = IncrementalDetokenizer(self.tokenizer)
         tracked = TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)
-        if params.structured_outputs is not None:
-            try:
-                future = self.structured_outputs.request(params.structured_outputs)
-            except BaseException:
-                with self._id_lock:
-                    self._live_ids.discard(request_id)
-                raise
-            self._inbox.append(("add_structured", (tracked, future)))
-            self._structured.ready.set()   # wake an engine idling on the gate
-        else:
+        if params.structured_outputs is None:
             self._inbox.append(("add", tracked))
+            return request_id
+        try:
+            _ = self.structured_outputs   # the manager is made on first use
+            future = self._structured.request(params.structured_outputs)
+        except BaseException:
+            with self._id_lock:
+                self._live_ids.discard(request_id)
+            raise
+        self._inbox.append(("add_structured", (tracked, future)))
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
         self._inbox.append(("abort", request_id))
         if self._structured is not None:
-            self._structured.ready.set()
+            self._structured.wake()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests() or self.num_waiting_for_grammar > 0
@@ -242,16 +237,16 @@ class Engine:
             elif kind == "add_structured":
                 tracked, future = item
                 self._tracked[tracked.req.request_id] = tracked
-                self._gate.hold(tracked.req.request_id, tracked, future)
+                self._structured.gate.hold(tracked.req.request_id, tracked, future)
             else:
                 tracked_or_none = self._tracked.get(item)
                 if tracked_or_none is None:
                     continue
-                if self._gate is not None and self._gate.remove(item) is not None:
+                if self._structured is not None and self._structured.gate.remove(item) is not None:
                     outs.append(self._finish_unscheduled(tracked_or_none, FinishReason.ABORT))
                 elif self.scheduler.abort_request(item) is not None:
                     outs.append(self._finish_output(tracked_or_none, [], ""))
-        if self._gate is not None and len(self._gate):
+        if self.num_waiting_for_grammar:
             outs.extend(self._admit_compiled())
         return outs
 
@@ -259,11 +254,11 @@ class Engine:
         """Requests whose grammar finished compiling: into the scheduler with their matcher,
         or finished with the compile error (`RequestOutput.error`)."""
         outs = []
-        for tracked, compiled, error in self._gate.take_done():
+        for tracked, compiled, error in self._structured.gate.take_done():
             if error is not None:
                 outs.append(self._finish_unscheduled(tracked, FinishReason.ERROR, str(error)))
             else:
-                self._structured.bind(tracked.req.request_id, compiled)
+                self._structured.manager.bind(tracked.req.request_id, compiled)
                 self.scheduler.add_request(tracked.req)
         return outs
 
@@ -290,13 +285,11 @@ class Engine:
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
-            if not outputs and self._gate is not None and len(self._gate):
-                self._gate.wait(0.05)   # only compiles pending: sleep until one finishes, do not spin
+            if not outputs and self.num_waiting_for_grammar:
+                self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
-        if self._structured is not None and self._structured.num_constrained:
-            masks = self._structured.start_masks(sr.request_id for sr in sched_out.scheduled if sr.sample)
-            if masks is not None:
-                sched_out = replace(sched_out, token_masks=masks)
+        if self._structured is not None:
+            sched_out = self._structured.with_masks(sched_out)
         try:
             result = self.executor.execute(sched_out)
         except Exception:
@@ -305,27 +298,14 @@ class Engine:
         t2 = time.perf_counter()
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
-        if self._structured is not None and self._structured.num_constrained:
-            self._advance_grammars(updated)
+        if self._structured is not None:
+            for req, reason in self._structured.advance(updated):
+                self.scheduler.finish_request(req, reason)
         for req, num_new in updated:
             outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         return outputs
-
-    def _advance_grammars(self, updated: list[tuple[Request, int]]) -> None:
-        """Feed each constrained request its new tokens; a completed grammar stops it."""
-        for req, num_new in updated:
-            if req.is_finished or not num_new:
-                continue
-            try:
-                done = any(self._structured.accept(req.request_id, t) for t in req.output_token_ids[-num_new:])
-            except ValueError:
-                log.exception("request %s left its grammar; finishing it with an error", req.request_id)
-                self.scheduler.finish_request(req, FinishReason.ERROR)
-                continue
-            if done:
-                self.scheduler.finish_request(req, FinishReason.STOP)
 
     def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
         """After a failed execute: run each request of the step alone (whole block table, as if
