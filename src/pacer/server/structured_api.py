@@ -59,8 +59,8 @@ def _from_structured_outputs(value: Any) -> StructuredOutputsParams:
         raise bad_request(f"structured_outputs.{unknown[0]}",
                           f"structured_outputs.{unknown[0]} is not supported (supported: {', '.join(_SO_KEYS)})")
     kwargs = {k: v for k, v in value.items() if v is not None}
-    kind = next((k for k in _SO_KEYS[:5] if k in kwargs), None)
-    return _make(f"structured_outputs.{kind}" if kind else "structured_outputs", **kwargs)
+    kinds = [k for k in _SO_KEYS[:5] if k in kwargs]
+    return _make(f"structured_outputs.{kinds[0]}" if len(kinds) == 1 else "structured_outputs", **kwargs)
 
 
 def parse_structured(body: dict[str, Any]) -> tuple[StructuredOutputsParams | None, str | None]:
