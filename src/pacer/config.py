@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "SchedulerConfig", "CacheConfig", "ModelConfig", "EngineConfig", "parse_memory_size",
+    "SchedulerConfig", "CacheConfig", "ModelConfig", "StructuredOutputsConfig", "EngineConfig", "parse_memory_size",
     "SCHEDULING_POLICIES",
 ]
 
@@ -194,25 +194,45 @@ class ModelConfig:
 
 
 @dataclass(slots=True)
+class StructuredOutputsConfig:
+    structured_outputs_timeout: float = field(
+        default=5.0,
+        metadata={"help": "Seconds a grammar (JSON schema, regex, choice, Lark) may take to compile on the "
+                          "grammar worker; past it that request alone fails with a 400 and the worker is killed."},
+    )
+    structured_outputs_workers: int = field(
+        default=2, metadata={"help": "Grammar worker processes (compiles run in parallel, off the step loop)."}
+    )
+
+    def validate(self) -> None:
+        t = self.structured_outputs_timeout
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < float("inf"):
+            raise ValueError(f"structured_outputs_timeout must be a number of seconds > 0, got {t!r}")
+        _positive_int("structured_outputs_workers", self.structured_outputs_workers)
+
+
+_PARTS = (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig),
+          ("structured", StructuredOutputsConfig))
+
+
+@dataclass(slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from flat vLLM-style keyword arguments; unknown names raise TypeError."""
-        parts: dict[str, dict[str, Any]] = {"model": {}, "scheduler": {}, "cache": {}}
-        owners = {
-            f.name: part
-            for part, klass in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig))
-            for f in dataclasses.fields(klass)
-        }
+        parts: dict[str, dict[str, Any]] = {part: {} for part, _ in _PARTS}
+        owners = {f.name: part for part, klass in _PARTS for f in dataclasses.fields(klass)}
         for key, value in kwargs.items():
             if key not in owners:
                 raise TypeError(f"unknown engine option {key!r}; known options: {', '.join(sorted(owners))}")
             parts[owners[key]][key] = value
-        cfg = cls(ModelConfig(**parts["model"]), SchedulerConfig(**parts["scheduler"]), CacheConfig(**parts["cache"]))
+        cfg = cls(ModelConfig(**parts["model"]), SchedulerConfig(**parts["scheduler"]), CacheConfig(**parts["cache"]),
+                  StructuredOutputsConfig(**parts["structured"]))
         cfg.validate()
         return cfg
 
@@ -220,10 +240,11 @@ class EngineConfig:
         self.model.validate()
         self.scheduler.validate()
         self.cache.validate()
+        self.structured.validate()
 
 
 def option_names() -> list[str]:
-    return [f.name for klass in (ModelConfig, SchedulerConfig, CacheConfig) for f in dataclasses.fields(klass)]
+    return [f.name for _, klass in _PARTS for f in dataclasses.fields(klass)]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,

@@ -97,6 +97,8 @@ class ModelExecutor:
         t1 = time.perf_counter()
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows)
         t2 = time.perf_counter()
+        if out.token_masks is not None and sample_reqs:   # computed while the forward ran
+            logits = out.token_masks.apply(logits, [sr.request_id for sr in sample_reqs])
         states = [self._states[sr.request_id] for sr in sample_reqs]
         rows = [SamplingRow(st.params, sr.num_output_tokens, st.history) for sr, st in zip(sample_reqs, states)]
         results: dict[str, RequestResult] = {}
