@@ -11,10 +11,11 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.executor.model_executor import ModelExecutor
+from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.loader import Checkpoint, load_checkpoint
 
-__all__ = ["build_model_executor", "resolve_dtype"]
+__all__ = ["build_model_executor", "resolve_dtype", "kv_capacity_line"]
 
 log = logging.getLogger("pacer.model")
 
@@ -67,6 +68,26 @@ def build_model_executor(config: EngineConfig) -> tuple[ModelExecutor, Checkpoin
     model = LlamaModel(ckpt.arch, ckpt.tensors, dtype=dtype, device=mc.device,
                        attention_backend=mc.attention_backend, linear_backend=mc.linear_backend)
     ckpt.tensors = {}  # the model holds its own (fused) copies
-    num_blocks = config.cache.resolve_num_blocks(model.kv_bytes_per_token)
-    executor = ModelExecutor(model, num_blocks, config.cache.block_size, seed=mc.seed)
+    fmt = model.kv_format(config.cache.kv_cache_dtype)
+    if config.cache.calculate_kv_scales:
+        from pacer.model.kv_calibrate import calibrate_fp8_scales
+
+        fmt = calibrate_fp8_scales(model, fmt, ckpt.tokenizer)
+    a = model.arch
+    num_blocks = config.cache.resolve_num_blocks(fmt.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim))
+    log.info("%s", kv_capacity_line(model, fmt, num_blocks, config.cache.block_size))
+    executor = ModelExecutor(model, num_blocks, config.cache.block_size, seed=mc.seed, kv_format=fmt)
     return executor, ckpt, num_blocks
+
+
+def kv_capacity_line(model: LlamaModel, fmt: KVFormat, num_blocks: int, block_size: int) -> str:
+    """'KV cache int8: N blocks (T tokens), B bytes/token; 1.94x the blocks of bfloat16, ...'."""
+    a = model.arch
+    per_token = fmt.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim)
+    ratios = []
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        ref = KVFormat("auto", dtype).bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim)
+        ratios.append(f"{ref / per_token:.2f}x the blocks of {name} KV")
+    name = fmt.name if fmt.quantized else f"auto ({str(model.dtype).removeprefix('torch.')})"
+    return (f"KV cache {name}: {num_blocks} blocks ({num_blocks * block_size} tokens), {per_token} bytes/token; "
+            f"in the same memory {', '.join(ratios)}")
