@@ -25,6 +25,7 @@ def make(base: Engine, **kw: Any) -> Engine:
     """A fresh engine (own KV, own config) over the already loaded model."""
     cfg = EngineConfig.from_kwargs(**kw)
     num_blocks = cfg.cache.num_kv_blocks or 256
-    executor = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
+    model = base.executor.model
+    executor = ModelExecutor(model, num_blocks, cfg.cache.block_size, kv_format=model.kv_format(cfg.cache.kv_cache_dtype))
     return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)

@@ -77,25 +77,43 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     `fmt` / `kv_scales`: the cache's format and this layer's (k, v) scales."""
     out = torch.empty_like(q)
     n_single = meta.num_single
-    ks_, vs_ = kv_scales
     if n_single and kernel is not None:
         assert meta.single_block_tables is not None and meta.single_context_lens is not None
         kernel.paged_decode_attention(out[:n_single], q[:n_single], k_cache, v_cache,
-                                      meta.single_block_tables, meta.single_context_lens, scale, ks_, vs_)
+                                      meta.single_block_tables, meta.single_context_lens, scale, *kv_scales)
     elif n_single:
-        assert meta.single_block_tables is not None and meta.single_mask is not None
-        keys = _gather(k_cache, meta.single_block_tables, fmt, ks_, q.dtype).transpose(1, 2)   # [D, n_kv, S, d]
-        vals = _gather(v_cache, meta.single_block_tables, fmt, vs_, q.dtype).transpose(1, 2)
-        qs = q[:n_single].unsqueeze(2)                                     # [D, n_heads, 1, d]
-        o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask,
-                                           scale=scale, enable_gqa=True)
-        out[:n_single] = o.squeeze(2)
+        _single_rows(out, q, k_cache, v_cache, meta, scale, fmt, kv_scales)
     if meta.prefills and kernel is not None and meta.prefill_batch is not None:
-        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, ks_, vs_)
-        return out
+        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, *kv_scales)
+    elif meta.prefills:
+        _prefill_rows(out, q, k, v, k_cache, v_cache, meta.prefills, scale, fmt, kv_scales)
+    return out
+
+
+def _compute_dtype(q: torch.Tensor, fmt: KVFormat | None) -> torch.dtype:
+    """A quantized cache is dequantised to float32 and attended to in float32, as the kernels do."""
+    return torch.float32 if fmt is not None and fmt.quantized else q.dtype
+
+
+def _single_rows(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata, scale: float, fmt: KVFormat | None,
+                 kv_scales: tuple[float, float]) -> None:
+    assert meta.single_block_tables is not None and meta.single_mask is not None
+    n, cdt = meta.num_single, _compute_dtype(q, fmt)
+    keys = _gather(k_cache, meta.single_block_tables, fmt, kv_scales[0], cdt).transpose(1, 2)   # [D, n_kv, S, d]
+    vals = _gather(v_cache, meta.single_block_tables, fmt, kv_scales[1], cdt).transpose(1, 2)
+    qs = q[:n].to(cdt).unsqueeze(2)                                               # [D, n_heads, 1, d]
+    o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask, scale=scale, enable_gqa=True)
+    out[:n] = o.squeeze(2)
+
+
+def _prefill_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, prefills: list[PrefillSeq], scale: float, fmt: KVFormat | None,
+                  kv_scales: tuple[float, float]) -> None:
+    cdt = _compute_dtype(q, fmt)
     reads_cache = fmt is not None and fmt.quantized   # then its own keys too, as stored
-    for p in meta.prefills:
-        qs = q[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
+    for p in prefills:
+        qs = q[p.q_start:p.q_start + p.q_len].to(cdt).transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
         if p.start_pos == 0 and not reads_cache:
             ks = k[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             vs = v[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
@@ -103,10 +121,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         else:
             assert p.block_table is not None, "the torch path needs each chunk's block table"
             ctx = p.start_pos + p.q_len
-            ks = _gather(k_cache, p.block_table, fmt, ks_, q.dtype)[:ctx].transpose(0, 1).unsqueeze(0)
-            vs = _gather(v_cache, p.block_table, fmt, vs_, q.dtype)[:ctx].transpose(0, 1).unsqueeze(0)
+            ks = _gather(k_cache, p.block_table, fmt, kv_scales[0], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
+            vs = _gather(v_cache, p.block_table, fmt, kv_scales[1], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
             rows = torch.arange(p.q_len, device=q.device).unsqueeze(1) + p.start_pos
             mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[p.q_start:p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
-    return out
