@@ -51,7 +51,7 @@ class FakeExecutor:
         for dev, slot in getattr(out, "swap_out", ()):
             self.cpu[slot] = [self.slots.get(dev * bs + i) for i in range(bs)]
         for slot, dev in getattr(out, "swap_in", ()):
-            for i, content in enumerate(self.cpu.pop(slot)):
+            for i, content in enumerate(self.cpu[slot]):   # a copy: the host tier may promote it again
                 if content is None:
                     self.slots.pop(dev * bs + i, None)
                 else:

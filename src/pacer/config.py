@@ -104,6 +104,11 @@ class CacheConfig:
                           "(max |x| / fp8 max) instead of 1.0."})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
     swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata={"help": "Host KV tier, GiB (vLLM's --kv-offloading-size): blocks the prefix cache evicts are "
+                          "demoted here and promoted back on a later match; swap preemption shares it "
+                          "(then swap_space is unused; num_cpu_blocks, when set, sizes it in blocks)."})
     num_cpu_blocks: int | None = field(
         default=None, metadata={"help": "CPU swap tier as a block count (overrides swap_space)."})
     eviction_policy: str = field(
@@ -146,6 +151,10 @@ class CacheConfig:
             parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
+        if self.kv_offloading_size is not None and (
+                isinstance(self.kv_offloading_size, bool) or not isinstance(self.kv_offloading_size, int | float)
+                or self.kv_offloading_size < 0):
+            raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size!r}")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 

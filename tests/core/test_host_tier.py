@@ -109,3 +109,34 @@ def test_random_operations_keep_the_accounting_and_never_return_wrong_blocks(ops
             t.end_step()
             clock.advance(float(a))
         t.check_invariants()
+
+
+def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
+    from pacer.core.kv_manager import KVCacheManager
+    from pacer.core.prefix_cache import PrefixCache
+    from pacer.request import Request, SamplingParams
+
+    clock = VirtualClock()
+    host = HostKVTier(16, BS, clock.now)
+    kv = KVCacheManager(8, BS, PrefixCache(BS, clock.now), host_tier=host)
+    tokens = [1, 2, 3, 1, 2, 2, 3]
+
+    def admit(rid: str) -> int:
+        req = Request(rid, tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
+        req.num_computed_tokens = hit = kv.match_prefix(req)
+        assert kv.allocate_slots(req, req.num_remaining_tokens) is not None
+        req.num_computed_tokens = req.num_tokens
+        kv.free(req)
+        kv.check_invariants()
+        return hit
+
+    assert admit("r0") == 0
+    first_blocks = sorted(b for n in kv.cache.iter_nodes() for b in n.block_ids)   # type: ignore[union-attr]
+    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    out, ins = kv.take_swap_ops()
+    assert sorted(d for d, _ in out) == first_blocks and ins == [] and host.num_offloaded_blocks == 3
+    assert admit("r1") == 6                                          # 3 blocks back from the host
+    out, ins = kv.take_swap_ops()
+    assert out == [] and sorted(s for s, _ in ins) == [0, 1, 2] and host.stats.promotions == 3
+    assert kv.stats.hit_tokens == 6 and host.stats.hit_tokens == 6
+    assert admit("r2") == 6 and kv.take_swap_ops() == ([], [])     # now a device hit: no copy

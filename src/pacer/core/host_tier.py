@@ -26,9 +26,9 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pacer.core.block_pool import BlockPool
+from pacer.core.block_pool import BlockPool, OutOfBlocksError
 
-__all__ = ["HostKVTier", "HostTierStats", "ROOT_KEY", "chain_keys"]
+__all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys"]
 
 ROOT_KEY = 0
 
@@ -246,3 +246,36 @@ class HostKVTier:
         for s in slots:
             if self.pool.ref_count(s) != 1:
                 raise AssertionError(f"offloaded slot {s} has ref count {self.pool.ref_count(s)}")
+
+
+class SwapSlots:
+    """The host tier seen by swap preemption: BlockPool's interface over the shared pool
+    (free means free or held by an offloaded block a swap-out may evict)."""
+
+    def __init__(self, tier: HostKVTier) -> None:
+        self.tier = tier
+
+    @property
+    def num_blocks(self) -> int:
+        return self.tier.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.tier.available_for_swap()
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.tier.swap_slots
+
+    def allocate(self, n: int) -> list[int]:
+        slots = self.tier.allocate_swap(n)
+        if slots is None:
+            raise OutOfBlocksError(f"asked for {n} host slots, {self.tier.available_for_swap()} available")
+        return slots
+
+    def free(self, slots: Sequence[int]) -> int:
+        self.tier.free_swap(slots)
+        return len(slots)
+
+    def check_invariants(self) -> None:
+        self.tier.check_invariants()

@@ -59,8 +59,9 @@ class ModelExecutor:
         return self.kv_format.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim) * self.block_size
 
     def _apply_swaps(self, out: SchedulerOutput) -> None:
-        """Copy preempted requests' blocks to the CPU tier, then restore resumed ones; both
-        before the forward, which may reuse the blocks just swapped out."""
+        """Copy preempted requests' and demoted prefix blocks to the host tier, then restore
+        resumed requests' and promoted blocks; all before the forward, which may reuse the
+        blocks just copied out."""
         if out.swap_out:
             idx = torch.tensor([d for d, _ in out.swap_out], device=self.device)
             saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
@@ -68,7 +69,8 @@ class ModelExecutor:
                 self._cpu_blocks[slot] = saved[:, :, i].clone()
         if out.swap_in:
             idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
-            blocks = torch.stack([self._cpu_blocks.pop(slot) for slot, _ in out.swap_in], dim=2).to(self.device)
+            # a copy: the host slot keeps its KV (the offload tier may promote it again) until reused
+            blocks = torch.stack([self._cpu_blocks[slot] for slot, _ in out.swap_in], dim=2).to(self.device)
             for layer, (k, v) in enumerate(self.kv_caches):
                 _as_copyable(k).index_copy_(0, idx, _as_copyable(blocks[layer, 0]))
                 _as_copyable(v).index_copy_(0, idx, _as_copyable(blocks[layer, 1]))
