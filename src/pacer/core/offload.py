@@ -21,7 +21,7 @@ from pacer.core.host_tier import ROOT_KEY, HostKVTier
 from pacer.core.prefix_cache import PrefixCache
 from pacer.core.radix_node import RadixNode
 
-__all__ = ["PrefixOffload", "path_keys"]
+__all__ = ["PrefixOffload", "path_keys", "tier_stats"]
 
 SwapPairs = list[tuple[int, int]]
 
@@ -101,3 +101,21 @@ class PrefixOffload:
         self._in.clear()
         self.host.end_step()
         return out, ins
+
+
+def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,
+               block_bytes: int) -> dict[str, dict[str, float]]:
+    """Per-tier view for Engine.cache_stats(): blocks, usage, hit tokens, promotions,
+    demotions and bytes moved (host tier: copies each way)."""
+    host_hits = host.stats.hit_tokens if host else 0
+    tiers: dict[str, dict[str, float]] = {"device": {
+        "blocks": num_device_blocks, "cached_blocks": device_cached_blocks, "hit_tokens": hit_tokens - host_hits}}
+    if host is not None:
+        s = host.stats
+        tiers["host"] = {
+            "blocks": host.num_blocks, "offloaded_blocks": host.num_offloaded_blocks, "swap_blocks": host.swap_slots,
+            "usage": (host.num_offloaded_blocks + host.swap_slots) / host.num_blocks, "hit_tokens": host_hits,
+            "promotions": s.promotions, "demotions": s.demotions, "evictions": sum(s.evictions.values()),
+            "bytes_to_device": s.promotions * block_bytes, "bytes_to_host": s.demotions * block_bytes,
+        }
+    return tiers
