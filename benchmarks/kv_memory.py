@@ -10,6 +10,9 @@
    within 1.5x its p50 (past it, preempted requests' recompute shows in the tail).
 3. decode: one decode step of 32 sequences x 1,024 context (--full: 64 x 2,048) through
    ModelExecutor.execute, full precision vs int8 vs fp8, repeats interleaved, median.
+4. sessions: multi-turn conversations, round robin, whose contexts total ~4x the device tier:
+   prefix hit rate and TTFT p50 with the device tier alone, with a host tier 4x its size
+   (kv_offloading_size), and, as a control, one device tier of the combined size.
 
 Times are noisy on a shared machine: compare the ratios printed side by side; the load average
 is printed beside each figure. Nothing here asserts.
@@ -113,10 +116,49 @@ def decode_step(base: Engine, full: bool, repeats: int = 5) -> None:
         print(f"  kv={name:<9} step {med * 1000:7.1f} ms  ({med / ref:.2f}x full precision)  {load()}")
 
 
+def sessions(base: Engine, full: bool) -> None:
+    """Multi-turn sessions, round robin, whose contexts total ~4x the device tier."""
+    n_sessions, turns, device_blocks = (16, 4, 128) if full else (8, 4, 64)
+    host_blocks = 4 * device_blocks
+    tok = base.tokenizer
+    print(f"== sessions: {n_sessions} sessions x {turns} turns, round robin, device tier {device_blocks} blocks "
+          f"(x16 tokens); host tier {host_blocks} blocks")
+    configs = [("device only", dict(num_kv_blocks=device_blocks)),
+               ("device + host tier", dict(num_kv_blocks=device_blocks, kv_offloading_size=1.0,
+                                           num_cpu_blocks=host_blocks)),
+               ("control: one device tier of both sizes", dict(num_kv_blocks=device_blocks + host_blocks))]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    for label, kw in configs:
+        eng = engine_for(base, **kw)
+        convs = [list(tok.encode(f"Session {s}: " + " ".join(f"note {s}-{j} about the harbour and its boats."
+                                                                  for j in range(12)))) for s in range(n_sessions)]
+        prompt = cached = 0
+        ttfts: list[float] = []
+        total_ctx = 0
+        t0 = time.perf_counter()
+        for turn in range(turns):
+            for s, conv in enumerate(convs):
+                conv += tok.encode(f" Question {turn} of session {s}: what did note {turn} say, and why?")
+                rid = eng.add_request(list(conv), params)
+                out = [o for o in eng.run_until_done() if o.request_id == rid][0]
+                prompt += len(conv)
+                cached += out.num_cached_tokens
+                if out.metrics.ttft is not None:
+                    ttfts.append(out.metrics.ttft)
+                conv += out.token_ids
+        total_ctx = sum(len(c) for c in convs)
+        tiers = eng.cache_stats()["tiers"]
+        host = tiers.get("host", {})
+        print(f"  {label:<40} hit_rate={cached / prompt:.3f}  ttft_p50={statistics.median(ttfts) * 1000:7.1f} ms  "
+              f"host promotions={host.get('promotions', 0):>5} demotions={host.get('demotions', 0):>5}  "
+              f"contexts total {total_ctx} tokens = {total_ctx / (device_blocks * 16):.1f}x device tier  "
+              f"wall {time.perf_counter() - t0:5.1f}s  {load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="full sizes (minutes longer)")
-    ap.add_argument("--only", default="capacity,knee,decode", help="comma list of parts to run")
+    ap.add_argument("--only", default="capacity,decode,sessions,knee", help="comma list of parts to run")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     parts = set(args.only.split(","))
@@ -127,6 +169,8 @@ def main() -> None:
         capacity(base, "1GiB")
     if "decode" in parts:
         decode_step(base, args.full)
+    if "sessions" in parts:
+        sessions(base, args.full)
     if "knee" in parts:
         knee(base, args.full)
 
