@@ -18,6 +18,7 @@ __all__ = [
 ]
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "sjf")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -92,8 +93,22 @@ class CacheConfig:
     kv_cache_memory: int | str | None = field(
         default=None, metadata={"help": "KV budget in bytes or as '2GiB' (default 1GiB when num_kv_blocks is unset)."}
     )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={"help": "KV storage: auto (the model's dtype) | int8 (a float16 scale per token and kv head) | "
+                          "fp8 = fp8_e4m3 | fp8_e5m2 (one scale per layer: 1.0, or calibrated with "
+                          "calculate_kv_scales). Quantised on write, dequantised in the attention kernels."})
+    calculate_kv_scales: bool = field(
+        default=False,
+        metadata={"help": "fp8 KV: per-layer K/V scales from a warm-up pass over shipped text "
+                          "(max |x| / fp8 max) instead of 1.0."})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
     swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata={"help": "Host KV tier, GiB (vLLM's --kv-offloading-size): blocks the prefix cache evicts are "
+                          "demoted here and promoted back on a later match; swap preemption shares it "
+                          "(then swap_space is unused; num_cpu_blocks, when set, sizes it in blocks)."})
     num_cpu_blocks: int | None = field(
         default=None, metadata={"help": "CPU swap tier as a block count (overrides swap_space)."})
     eviction_policy: str = field(
@@ -120,6 +135,9 @@ class CacheConfig:
         if self.num_cpu_blocks is not None:
             _non_negative_int("num_cpu_blocks", self.num_cpu_blocks)
         _choice("eviction_policy", self.eviction_policy, ("lru", "weighted-lru", "ttl"))
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if not isinstance(self.calculate_kv_scales, bool):
+            raise TypeError(f"calculate_kv_scales must be a bool, got {self.calculate_kv_scales!r}")
         _choice("tenant_isolation", self.tenant_isolation, ("shared", "isolated", "partitioned"))
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
@@ -133,6 +151,10 @@ class CacheConfig:
             parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
+        if self.kv_offloading_size is not None and (
+                isinstance(self.kv_offloading_size, bool) or not isinstance(self.kv_offloading_size, int | float)
+                or self.kv_offloading_size < 0):
+            raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size!r}")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 

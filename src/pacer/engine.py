@@ -19,6 +19,7 @@ from typing import Any
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.core.kv_manager import KVCacheManager
+from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.output_processor import RequestOutput, TrackedRequest
@@ -411,6 +412,7 @@ class Engine:
             "swap_fallbacks": st.swap_fallbacks,
             "cpu_blocks": cpu.num_blocks if cpu else 0,
             "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
+            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
             "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
                             "swap": self.scheduler.num_swap_preemptions},
         }
