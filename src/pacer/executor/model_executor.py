@@ -45,7 +45,7 @@ class ModelExecutor:
         self.num_blocks = num_blocks
         self.device = model.device
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, model.arch.eos_token_ids)
         self._states: dict[str, _ReqState] = {}
         self._cpu_blocks: dict[int, torch.Tensor] = {}   # swap tier: cpu slot -> [layers, 2, block...]
 
