@@ -51,6 +51,8 @@ class SchedulerOutput:
     # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    token_budget: int = 0                          # the step's token budget as chosen (<= max_num_batched_tokens)
+    budget_reason: str = "max_num_batched_tokens"  # what set it (slo: "itl 45.0ms of req-7")
 
     @property
     def num_scheduled_tokens(self) -> int:
