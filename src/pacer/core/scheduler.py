@@ -106,7 +106,7 @@ class Scheduler:
             if cost_model is None:
                 raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
                                  "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
-            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap)
+            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens)
         return make_policy(name)
 
     # ------------------------------------------------------------------ admission / exit

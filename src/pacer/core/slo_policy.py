@@ -5,7 +5,7 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
 
 - **orders** waiting and partially prefilled requests by their latest start time, TTFT
   deadline minus predicted remaining prefill (least slack first; `now` is common to all, so
-  the order is static between re-keys). A request without a TTFT target but with an e2e one
+  the order is static between re-keys); the prefix the cache holds for it is not counted. A request without a TTFT target but with an e2e one
   also budgets its decode; one without targets comes last (aging still bounds its wait).
   A preempted request that already streamed tokens resumes first.
 - **deprioritises hopeless** requests: one whose latest start has passed goes behind every
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pacer.core.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, WaitingQueue
@@ -49,20 +50,26 @@ class SloPolicy(Policy):
     starvation_free = False
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
-    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int) -> None:
+    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
+                 cached_prefix_tokens: Callable[[Request], int] | None = None) -> None:
         self.cost_model = cost_model
+        self.cached_prefix_tokens = cached_prefix_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk = max(1, prefill_chunk)
 
     # ---------------------------------------------------------------- predictions
 
     def prefill_s(self, r: Request) -> float:
-        """Predicted seconds to compute the request's remaining prompt (cached per progress)."""
+        """Predicted seconds to compute the request's remaining prompt, past the prefix the cache
+        holds for it now (looked up, not taken; remembered per progress)."""
         done = r.num_computed_tokens
         cached = r.policy_state
         if cached is not None and cached[0] == done:
             return float(cached[1])
-        left, start, total = r.num_prompt_tokens - done, done, 0.0
+        start = done
+        if not done and self.cached_prefix_tokens is not None:
+            start = min(self.cached_prefix_tokens(r), r.num_prompt_tokens - 1)
+        left, total = r.num_prompt_tokens - start, 0.0
         while left > 0:
             n = min(left, self.prefill_chunk)
             total += self.cost_model.predict_step_s(StepShape().with_chunk(n, start, sample=n == left))
@@ -118,6 +125,8 @@ class SloPolicy(Policy):
         return not r.num_output_tokens and self.latest_start(r) < now
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
+        """Resumed requests first, then least slack among those that can still make it;
+        hopeless ones only when nothing feasible waits."""
         if not items or items[0][0][0] == -_INF:
             return 0
         i = bisect_left(items, now, key=lambda item: item[0][0])
