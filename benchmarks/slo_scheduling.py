@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from pacer.bench.workloads import BUILTIN_WORKLOADS  # noqa: E402
 from slo_common import (  # noqa: E402
     POLICIES,
     attainment_row,
@@ -43,8 +44,6 @@ from slo_common import (  # noqa: E402
     loadavg,
     sim_report,
 )
-
-from pacer.bench.workloads import BUILTIN_WORKLOADS  # noqa: E402
 
 SIM_SLO = ["chat:ttft=300ms,itl=50ms", "rag:ttft=2s", "agent:ttft=500ms", "batch:e2e=60s"]
 

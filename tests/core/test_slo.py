@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pacer.bench.workloads import BUILTIN_WORKLOADS
 from pacer.bench.arrivals import make_arrivals
-from pacer.bench.workloads import generate_requests
+from pacer.bench.workloads import BUILTIN_WORKLOADS, generate_requests
 from pacer.config import EngineConfig
 from pacer.core.slo import ClassRules, Slo, parse_slo, slo_from_request
 
