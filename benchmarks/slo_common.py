@@ -42,6 +42,15 @@ def sim_report(*, policy: str, rate: float, hardware: str, model: str, workload:
     return report
 
 
+def sim_specs_report(*, policy: str, specs: list[Any], hardware: str, model: str, slo: list[str],
+                     **engine: Any) -> Report:
+    """The simulator's report for exactly these request specs (the real run's trace)."""
+    kwargs: dict[str, Any] = {"scheduling_policy": policy, "slo": tuple(slo), **engine}
+    eng, ex, clock = build_sim_engine(EngineConfig.from_kwargs(**kwargs), get_hardware(hardware), get_model(model),
+                                      keep_records=False)
+    return build_report(simulate(eng, ex, clock, specs).records, slo=parse_slo(slo))
+
+
 def attainment(report: Report) -> float:
     return float(report.summary[OVERALL]["slo_attainment"] or 0.0)
 

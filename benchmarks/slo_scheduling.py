@@ -71,22 +71,22 @@ def part_sim(args: argparse.Namespace) -> None:
         print(class_table({p: sim_report(policy=p, rate=rate, **sim) for p in args.policies}))
 
 
-def part_real(args: argparse.Namespace) -> None:
-    from slo_real import calibrate_targets, real_reports
+def part_real(args: argparse.Namespace) -> list[str]:
+    from slo_real import calibrate_targets, real_reports, sim_for
 
-    targets, specs_of_class = calibrate_targets(args)
-    print(f"-- targets by the rule (TTFT 3x unloaded median prompt, ITL 2x unloaded batch-8 step, "
-          f"batch e2e 3x unloaded): {' '.join(targets)}  (load {loadavg()})")
-    wl = specs_of_class
+    targets, wl = calibrate_targets(args)
+    print(f"-- real engine, targets by the rule (TTFT 3x unloaded median prompt, ITL 2x unloaded batch-8 "
+          f"step, batch e2e 3x unloaded): {' '.join(targets)}  (load {loadavg()})")
     sim = {"hardware": "cpu-local", "model": "smollm2-135m", "workload": wl, "slo": targets,
            "num_requests": args.real_requests, "seed": args.seed, "max_model_len": args.max_model_len}
-    sim_cap = capacity_search(lambda r: sim_report(policy="fcfs", rate=r, **sim), lo=0.05, target=0.75)
+    sim_cap = capacity_search(lambda r: sim_report(policy="fcfs", rate=r, **sim), lo=0.25, target=0.75, iters=5)
     rates = [round(sim_cap * f, 3) for f in args.rate_factors]
     print(f"simulated fcfs rate for 75% attainment on cpu-local: {sim_cap:.3f} req/s -> real rates {rates}")
     for rate in rates:
         measured = real_reports(args, targets, rate, wl)
+        specs = measured.pop("specs")
         for policy in ("fcfs", "slo"):
-            predicted = sim_report(policy=policy, rate=rate, **sim).summary["overall"]["slo_attainment"]
+            predicted = sim_for(args, specs, policy, targets).summary["overall"]["slo_attainment"]  # type: ignore[arg-type]
             runs = measured[policy]
             att = [r.summary["overall"]["slo_attainment"] for r in runs]
             good = [r.summary["overall"]["goodput_req_s"] for r in runs]
@@ -95,14 +95,15 @@ def part_real(args: argparse.Namespace) -> None:
                   f"({args.real_requests} requests x {len(runs)} repeats; load {loadavg()})")
         f_good = statistics.mean(r.summary["overall"]["goodput_req_s"] for r in measured["fcfs"])
         s_good = statistics.mean(r.summary["overall"]["goodput_req_s"] for r in measured["slo"])
-        print(f"rate {rate:.3f}: slo goodput / fcfs goodput = {s_good / max(f_good, 1e-9):.2f}x")
+        print(f"rate {rate:.3f}: slo goodput / fcfs goodput = {s_good / max(f_good, 1e-9):.2f}x (mean of repeats)")
         print(class_table({p: measured[p][0] for p in ("fcfs", "slo")}))
+    return targets
 
 
-def part_long(args: argparse.Namespace) -> None:
-    from slo_real import long_prompt_case
+def part_long(args: argparse.Namespace, targets: list[str] | None) -> None:
+    from slo_real import calibrate_targets, long_prompt_case
 
-    long_prompt_case(args)
+    long_prompt_case(args, targets or calibrate_targets(args)[0])
 
 
 def fmt_list(values: list[Any], scale: float, unit: str) -> str:
@@ -131,10 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = {x.strip() for x in args.parts.split(",")}
     if "sim" in parts:
         part_sim(args)
-    if "real" in parts:
-        part_real(args)
+    targets = part_real(args) if "real" in parts else None
     if "long" in parts:
-        part_long(args)
+        part_long(args, targets)
     return 0
 
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pacer.core.slo import Slo, slo_from_request
 from pacer.request import MAX_LOGPROBS
 from pacer.server.errors import bad_request
 
@@ -40,6 +41,7 @@ class ParsedRequest:
     priority: int = 0
     tenant: str = "default"
     has_tools: bool = False
+    slo: Slo = Slo()                                # the request's own targets (body `slo`)
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -93,8 +95,12 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("stream_options", "stream_options is only allowed when stream is true")
         include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
     priority = _opt_int(body, "priority", low=None)
+    try:
+        slo = slo_from_request(body.get("slo"))
+    except (ValueError, TypeError) as e:
+        raise bad_request("slo", str(e)) from None
     return {"model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
-            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1}
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
