@@ -17,6 +17,7 @@ from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.scheduler import Scheduler
+from pacer.core.step_cost import FixedCostModel
 from pacer.engine import Engine, RequestOutput
 from pacer.request import Request, SamplingParams
 
@@ -96,12 +97,15 @@ class FakeExecutor:
 
 
 def make_engine(*, num_blocks: int = 64, block_size: int = 4, max_len: int = 256, clock: VirtualClock | None = None,
-                **kw: object) -> tuple[Engine, FakeExecutor]:
-    """An engine over the fake executor; `kw` are engine (scheduler / cache) settings."""
+                cost_model: Any = None, **kw: object) -> tuple[Engine, FakeExecutor]:
+    """An engine over the fake executor; `kw` are engine (scheduler / cache) settings. The slo
+    policy gets `cost_model` (default: 1 ms per step + 0.1 ms per token)."""
     cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **kw)
+    if cost_model is None and cfg.scheduler.scheduling_policy == "slo":
+        cost_model = FixedCostModel(1e-3, 1e-4)
     ex = FakeExecutor(block_size)
     eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
-                 eos_token_ids=(EOS,), clock=clock or VirtualClock(), vocab_size=1000)
+                 eos_token_ids=(EOS,), clock=clock or VirtualClock(), vocab_size=1000, cost_model=cost_model)
     ex.scheduler = eng.scheduler
     return eng, ex
 

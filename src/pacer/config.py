@@ -10,15 +10,18 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pacer.core.slo import SloSet
 
 __all__ = [
     "SchedulerConfig", "CacheConfig", "ModelConfig", "StructuredOutputsConfig", "EngineConfig", "parse_memory_size",
     "SCHEDULING_POLICIES",
 ]
 
-SCHEDULING_POLICIES = ("fcfs", "priority", "sjf")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
+SCHEDULING_POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -41,8 +44,28 @@ class SchedulerConfig:
                           "Off: prompts are prefilled whole, in prefill-only steps."},
     )
     scheduling_policy: str = field(
-        default="fcfs", metadata={"help": "Waiting-queue order: fcfs | priority | sjf."}
+        default="fcfs",
+        metadata={"help": "Waiting-queue order: fcfs | priority | sjf | lpm (longest cached prefix first) | "
+                          "slo (least slack first, step budget by the tightest ITL target, preempt the most slack)."}
     )
+    max_queue_delay: float | None = field(
+        default=None,
+        metadata={"help": "Aging: a request waiting longer than this many seconds is served in arrival order "
+                          "ahead of the rest, under any policy. Default: off for fcfs and priority, 30 for "
+                          "sjf, lpm and slo; 'inf' turns it off."})
+    slo: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Latency targets per class, the syntax of `pacer bench --slo`: ttft=300ms,itl=50ms "
+                          "(default), rag:ttft=2s, batch:e2e=60s (repeatable). Read by the slo policy, "
+                          "/metrics attainment counters and reports."})
+    shed_hopeless: bool = field(
+        default=False,
+        metadata={"help": "slo policy: refuse (HTTP 429 slo_unattainable) a waiting request that can no longer "
+                          "meet its TTFT, before it is scheduled, instead of serving it late."})
+    allow_tighter_slo: bool = field(
+        default=True,
+        metadata={"help": "Whether a request's own targets (body `slo`, x-llm-d-slo-* headers) may be tighter "
+                          "than its class's (off: they are clamped to the class's)."})
     preemption_mode: str = field(default="recompute", metadata={"help": "recompute | swap."})
     long_prefill_token_threshold: int | None = field(
         default=None,
@@ -59,9 +82,21 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold is not None:
             _positive_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.max_queue_delay is not None and (isinstance(self.max_queue_delay, bool) or not isinstance(
+                self.max_queue_delay, int | float) or not self.max_queue_delay > 0):
+            raise ValueError(f"max_queue_delay must be > 0 seconds (or inf for off), got {self.max_queue_delay!r}")
+        if isinstance(self.slo, str):
+            self.slo = (self.slo,)
+        self.slo = tuple(self.slo)
+        self.slo_set()   # raises ValueError naming the bad key, duration or class
         _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if not isinstance(self.enable_chunked_prefill, bool):
             raise TypeError(f"enable_chunked_prefill must be a bool, got {self.enable_chunked_prefill!r}")
+
+    def slo_set(self) -> SloSet:
+        from pacer.core.slo import parse_slo
+
+        return parse_slo(self.slo)
 
     def resolved(self, model_max_len: int) -> SchedulerConfig:
         """A copy with defaults filled in from the model; checks cross-field limits."""

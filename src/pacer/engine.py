@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +22,8 @@ from pacer.core.kv_manager import KVCacheManager
 from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
+from pacer.core.slo import ClassRules, Slo, canonical_class, slo_from_request
+from pacer.core.step_cost import StepCostModel, StepShape
 from pacer.output_processor import RequestOutput, TrackedRequest
 from pacer.request import FinishReason, Request, RequestStatus, SamplingParams
 
@@ -49,6 +51,8 @@ class StepStats:
     num_cached_tokens: int = 0    # prefix-cache hit tokens of the requests admitted this step
     num_swap_out_blocks: int = 0  # KV blocks copied to / from the CPU tier this step
     num_swap_in_blocks: int = 0
+    token_budget: int = 0                          # the budget the scheduler chose for this step
+    budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
 
     @property
     def total_s(self) -> float:
@@ -58,14 +62,19 @@ class StepStats:
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
-                 clock: Clock | None = None, vocab_size: int | None = None) -> None:
+                 clock: Clock | None = None, vocab_size: int | None = None,
+                 cost_model: StepCostModel | None = None, refit_cost_model: bool = True) -> None:
         self.config = config
         self.clock: Clock = clock or WallClock()
         self.scheduler_config = config.scheduler.resolved(model_max_len)
         self.kv = KVCacheManager.from_config(config.cache, num_kv_blocks, self.clock.now,
                                              block_bytes=executor.kv_block_bytes,
                                              max_model_len=self.scheduler_config.max_model_len or model_max_len)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock, cost_model)
+        self.cost_model = cost_model
+        self._refit = refit_cost_model and cost_model is not None
+        self.slo_set = self.scheduler_config.slo_set()
+        self.class_rules = ClassRules()
         self.executor = executor
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
@@ -91,8 +100,13 @@ class Engine:
         from pacer.model.runner import build_model_executor
 
         executor, ckpt, num_blocks = build_model_executor(config)
+        cost_model = None
+        if config.scheduler.scheduling_policy == "slo":
+            from pacer.sim.step_model import engine_step_cost_model
+
+            cost_model = engine_step_cost_model(config, ckpt.arch)
         return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
-                   ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size)
+                   ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Engine:
@@ -171,8 +185,13 @@ class Engine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
-                    arrival_time: float | None = None) -> str:
-        """Validate and queue a request; raises ValueError/TypeError naming the bad field."""
+                    arrival_time: float | None = None, request_class: str | None = None,
+                    slo: Slo | Mapping[str, Any] | None = None) -> str:
+        """Validate and queue a request; raises ValueError/TypeError naming the bad field.
+
+        `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
+        the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
+        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
@@ -185,6 +204,7 @@ class Engine:
             raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
         ids = self.tokenize_prompt(prompt)
         self.validate(len(ids), params)
+        rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
@@ -196,7 +216,7 @@ class Engine:
         req = Request(request_id, ids, params,
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=priority, tenant=tenant, arrival_seq=next(self._seq),
-                      eos_token_ids=self.eos_token_ids)
+                      eos_token_ids=self.eos_token_ids, request_class=rclass, slo=targets)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer
@@ -215,6 +235,18 @@ class Engine:
             raise
         self._inbox.append(("add_structured", (tracked, future)))
         return request_id
+
+    def resolve_slo(self, num_prompt_tokens: int, params: SamplingParams, request_class: str | None,
+                    slo: Slo | Mapping[str, Any] | None) -> tuple[str, Slo]:
+        """(class, targets): the class's targets from the `slo` config with the request's own on top."""
+        if request_class is None:
+            rclass = self.class_rules.classify(num_prompt_tokens, params.max_tokens, False)
+        elif isinstance(request_class, str) and request_class:
+            rclass = canonical_class(request_class)
+        else:
+            raise ValueError(f"request_class must be a non-empty string, got {request_class!r}")
+        own = slo if isinstance(slo, Slo) else slo_from_request(slo)
+        return rclass, self.slo_set.for_class(rclass).merged(own, self.scheduler_config.allow_tighter_slo)
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
@@ -283,6 +315,8 @@ class Engine:
         t1 = time.perf_counter()
         for listener in self.schedule_listeners:
             listener(sched_out)
+        for rid in self.scheduler.take_shed():
+            outputs.append(self._finish_output(self._tracked[rid], [], ""))
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
@@ -306,6 +340,8 @@ class Engine:
             outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
+        if self._refit and self.cost_model is not None:
+            self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
         return outputs
 
     def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
@@ -381,6 +417,7 @@ class Engine:
             update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
             num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
             num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
+            token_budget=out.token_budget, budget_reason=out.budget_reason,
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
         self.step_stats.append(stats)

@@ -53,10 +53,14 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
             if f.name in skip:
                 continue
             flag = "--" + f.name.replace("_", "-")
+            if flag in parser._option_string_actions:
+                continue   # defined by the command itself with the same meaning (bench's --slo)
             help_ = f.metadata.get("help", "")
             tp = _base_type(hints[f.name])
             if tp is bool:
                 group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+            elif get_origin(tp) is tuple:
+                group.add_argument(flag, dest=f.name, action="append", default=None, help=help_ + " (repeatable)")
             elif get_origin(tp) is dict:
                 group.add_argument(flag, dest=f.name, type=_mapping_parser(get_args(tp)[1]), default=None,
                                    metavar="NAME=VALUE,...", help=help_)

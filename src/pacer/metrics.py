@@ -13,7 +13,7 @@ these keys (names are stable; new keys may be added, none renamed):
 ``model``              served model name
 ``stream``             whether the response was streamed
 ``tenant``             tenant (the ``tenant`` extension field, else ``user``, else ``default``)
-``class``              request class: ``chat``, ``long_context``, ``agent`` or ``batch``
+``class``              request class: ``chat``, ``rag`` (alias ``long_context``), ``agent`` or ``batch``
 ``priority``           int; lower is more important (vLLM's meaning)
 ``timestamp``          arrival, seconds since the log started (the trace clock)
 ``arrival_unix``       arrival as Unix time, seconds
@@ -35,7 +35,12 @@ these keys (names are stable; new keys may be added, none renamed):
                        preempted + recompute or swap-in); 0 when never preempted
 ``preempted_time_ttft``  of ``preempted_time``, the part before the first token (inside ``ttft``)
 ``finish_reason``      ``stop``, ``length``, ``abort`` or ``error``
-``status``             HTTP status of the response (200; 429 displaced; 499 client gone; 500)
+``status``             HTTP status of the response (200; 429 displaced or shed; 499 client gone; 500)
+``ttft_deadline``      arrival + the TTFT target, seconds since the log started (null: no target)
+``slack_at_admission`` slo policy: seconds of slack (latest start - now) when it was first queued
+``slo_met``            whether it met every target it was held to (null: it had none)
+``deprioritized``      slo policy: it went behind feasible requests once it could not meet TTFT
+``shed``               refused as hopeless (``shed_hopeless``: HTTP 429 ``slo_unattainable``)
 =====================  ==============================================================
 """
 
@@ -46,9 +51,10 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from pacer.core.slo import REQUEST_CLASSES, ClassRules
 
 __all__ = [
     "REQUEST_LOG_FIELDS", "REQUEST_CLASSES", "ClassRules", "RequestLogWriter", "read_request_log",
@@ -61,36 +67,13 @@ REQUEST_LOG_FIELDS = (
     "queue_wait", "ttft", "tpot", "itl_mean", "itl_max", "e2e",
     "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
+    "finish_reason", "status", "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed",
 )
-REQUEST_CLASSES = ("chat", "long_context", "agent", "batch")
 
 
 # ---------------------------------------------------------------- request classes
-
-
-@dataclass(frozen=True, slots=True)
-class ClassRules:
-    """How a request is classified; first matching rule wins: agent, long_context, batch, chat."""
-
-    long_context_tokens: int = 2048   # prompt tokens above this: long_context
-    batch_max_tokens: int = 1024      # requested max_tokens at or above this: batch
-    agent_header: str = "x-pacer-agent"  # this HTTP header present (or tools given): agent
-
-    def __post_init__(self) -> None:
-        for name in ("long_context_tokens", "batch_max_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-
-    def classify(self, prompt_tokens: int, max_tokens: int | None, is_agent: bool) -> str:
-        """`max_tokens`: what the client asked for (None when it left it to the server)."""
-        if is_agent:
-            return "agent"
-        if prompt_tokens > self.long_context_tokens:
-            return "long_context"
-        if max_tokens is not None and max_tokens >= self.batch_max_tokens:
-            return "batch"
-        return "chat"
+# One vocabulary and one classifier, defined in pacer.core.slo (shared with the bench and the
+# scheduler): REQUEST_CLASSES and ClassRules are re-exported here.
 
 
 # ---------------------------------------------------------------- percentiles
@@ -144,6 +127,8 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "e2e": m.e2e, "prompt_tokens": m.prompt_tokens, "output_tokens": len(m.token_times),
         "cached_tokens": m.cached_tokens, "prefill_tokens": m.prefill_tokens, "preemptions": m.preemptions,
         "preempted_time": round(m.preempted_time, 6), "preempted_time_ttft": round(m.preempted_time_ttft, 6),
+        "ttft_deadline": rel(getattr(m, "ttft_deadline", None)), "slack_at_admission": getattr(m, "slack_at_admission", None),
+        "deprioritized": getattr(m, "deprioritized", False), "shed": getattr(m, "shed", False),
     }
     derived.update(fields)
     unknown = set(derived) - set(REQUEST_LOG_FIELDS)
@@ -247,6 +232,9 @@ class ServingMetrics:
         self.counters = {b: Counter(self.name(b), h, labels, registry=reg) for b, h in counters.items()}
         self.request_success = Counter(self.name("request_success"), "Finished requests by finish reason.",
                                        labels + ["finished_reason"], registry=reg)
+        self.request_slo = Counter(self.name("request_slo"), "Finished requests held to targets, by class and "
+                                   "whether they met every one (result=met|missed): SLO attainment.",
+                                   labels + ["class", "result"], registry=reg)
         self.request_refused = Counter(self.name("request_refused"), "Requests refused, by reason "
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
@@ -282,6 +270,9 @@ class ServingMetrics:
 
     def on_first_token(self, prompt_tokens: int) -> None:
         self.counters["prompt_tokens"].labels(self.model_name).inc(prompt_tokens)
+
+    def on_slo(self, request_class: str, met: bool) -> None:
+        self.request_slo.labels(self.model_name, request_class, "met" if met else "missed").inc()
 
     def on_refused(self, reason: str) -> None:
         self.request_refused.labels(self.model_name, reason).inc()

@@ -15,6 +15,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pacer.core.slo import Slo
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies", "FinishReason",
            "MAX_LOGPROBS", "sample_seed"]
@@ -288,6 +292,10 @@ class RequestMetrics(Latencies):
         if self.first_token_time is None:
             self.preempted_time_ttft += lost
         self.preempted_at, self.resume_tokens = None, 0
+    ttft_deadline: float | None = None       # arrival + the TTFT target (clock seconds), when it has one
+    slack_at_admission: float | None = None  # slo policy: latest start - now when first queued, s
+    deprioritized: bool = False   # slo policy: went behind feasible requests once it could not meet TTFT
+    shed: bool = False            # refused as hopeless (shed_hopeless) before it was scheduled
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -307,6 +315,10 @@ class RequestMetrics(Latencies):
             "preemptions": self.preemptions,
             "preempted_time": self.preempted_time,
             "preempted_time_ttft": self.preempted_time_ttft,
+            "ttft_deadline": self.ttft_deadline,
+            "slack_at_admission": self.slack_at_admission,
+            "deprioritized": self.deprioritized,
+            "shed": self.shed,
         }
 
 
@@ -316,7 +328,7 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "priority", "tenant", "arrival_seq",
         "output_token_ids", "num_computed_tokens", "status", "finish_reason", "metrics",
-        "eos_token_ids", "stop_reason", "num_cached_tokens",
+        "eos_token_ids", "stop_reason", "num_cached_tokens", "request_class", "slo", "policy_state",
     )
 
     def __init__(
@@ -329,6 +341,8 @@ class Request:
         tenant: str = "default",
         arrival_seq: int = 0,
         eos_token_ids: tuple[int, ...] = (),
+        request_class: str = "default",
+        slo: Slo | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -344,6 +358,11 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time, prompt_tokens=len(self.prompt_token_ids))
+        self.request_class = request_class
+        self.slo = None if slo is None or slo.is_empty() else slo   # resolved targets (class + own)
+        self.policy_state: Any = None   # a policy's per-request cache (the slo policy's predictions)
+        if self.slo is not None and self.slo.ttft is not None:
+            self.metrics.ttft_deadline = arrival_time + self.slo.ttft
 
     @property
     def arrival_time(self) -> float:

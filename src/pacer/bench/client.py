@@ -19,6 +19,7 @@ import httpx
 
 from pacer.bench.report import STATUS_ERROR, STATUS_REJECTED, RequestRecord
 from pacer.bench.workloads import RequestSpec
+from pacer.core.slo import REQUEST_CLASSES
 
 __all__ = ["OpenAIClient", "ENDPOINTS"]
 
@@ -97,7 +98,9 @@ class OpenAIClient:
                             tenant=spec.tenant, priority=spec.priority, session=spec.session)
         usage: dict[str, Any] = {}
         try:
-            async with self._http.stream("POST", ENDPOINTS[self.endpoint], json=self.body(spec)) as resp:
+            headers = {"x-pacer-class": spec.request_class} if spec.request_class in REQUEST_CLASSES else {}
+            async with self._http.stream("POST", ENDPOINTS[self.endpoint], json=self.body(spec),
+                                         headers=headers) as resp:
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")

@@ -17,13 +17,12 @@ completed and met every SLO of their class; a request's ITL SLO is checked on th
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pacer.core.slo import Slo, SloSet, parse_duration, parse_slo, percentile
 from pacer.request import Latencies, RequestMetrics
 
 __all__ = [
@@ -64,6 +63,7 @@ class RequestRecord(Latencies):
     tenant: str = "default"
     priority: int = 0
     session: str | None = None
+    deprioritized: bool = False   # the slo policy put it behind feasible requests (it could not meet TTFT)
 
     @property
     def ok(self) -> bool:
@@ -85,7 +85,8 @@ class RequestRecord(Latencies):
                    token_times=[t - t0 for t in metrics.token_times], prompt_tokens=metrics.prompt_tokens,
                    output_tokens=len(metrics.token_times), cached_tokens=metrics.cached_tokens,
                    prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions,
-                   preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft, **extra)
+                   preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft,
+                   deprioritized=metrics.deprioritized, **extra)
 
     def as_dict(self) -> dict[str, Any]:
         """The `requests[]` object of run.json (token_times are implied by first_token_time + itl)."""
@@ -99,7 +100,7 @@ class RequestRecord(Latencies):
             "cached_tokens": self.cached_tokens, "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions, "preempted_time": self.preempted_time,
             "preempted_time_ttft": self.preempted_time_ttft, "tenant": self.tenant, "priority": self.priority,
-            "session": self.session,
+            "session": self.session, "deprioritized": self.deprioritized,
         }
 
     @classmethod
@@ -119,104 +120,17 @@ class RequestRecord(Latencies):
             preemptions=int(d.get("preemptions", 0)), preempted_time=float(d.get("preempted_time", 0.0)),
             preempted_time_ttft=float(d.get("preempted_time_ttft", 0.0)), http_status=d.get("http_status"), error=d.get("error"),
             tenant=str(d.get("tenant", "default")), priority=int(d.get("priority", 0)), session=d.get("session"),
+            deprioritized=bool(d.get("deprioritized", False)),
         )
 
 
 # ---------------------------------------------------------------------------- SLOs
-
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
-
-
-def parse_duration(text: str, name: str = "duration") -> float:
-    """'300ms', '0.3s', '50us' or a bare number of seconds -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|us|µs|s)?\s*", text)
-    if not m:
-        raise ValueError(f"{name}: expected a duration such as 300ms, 0.3s or 50us, got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2) or ""]
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Latency targets in seconds; None: no target on that metric."""
-
-    ttft: float | None = None
-    itl: float | None = None
-    tpot: float | None = None
-    e2e: float | None = None
-
-    def is_empty(self) -> bool:
-        return all(v is None for v in (self.ttft, self.itl, self.tpot, self.e2e))
-
-    def met_by(self, r: RequestRecord) -> bool:
-        if not r.ok:
-            return False
-        checks = ((self.ttft, r.ttft), (self.tpot, r.tpot), (self.e2e, r.e2e),
-                  (self.itl, percentile(r.itl, 99) if r.itl else None))
-        return all(limit is None or (value is not None and value <= limit) for limit, value in checks)
-
-    def as_dict(self) -> dict[str, float | None]:
-        return {"ttft": self.ttft, "itl": self.itl, "tpot": self.tpot, "e2e": self.e2e}
-
-
-@dataclass(frozen=True, slots=True)
-class SloSet:
-    """A default SLO and per-class overrides (a class's own targets replace the default's)."""
-
-    default: Slo = Slo()
-    per_class: Mapping[str, Slo] = field(default_factory=dict)
-
-    def for_class(self, name: str) -> Slo:
-        own = self.per_class.get(name)
-        if own is None:
-            return self.default
-        d = self.default
-        return Slo(*(o if o is not None else g for o, g in
-                     ((own.ttft, d.ttft), (own.itl, d.itl), (own.tpot, d.tpot), (own.e2e, d.e2e))))
-
-    def is_empty(self) -> bool:
-        return self.default.is_empty() and all(s.is_empty() for s in self.per_class.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"default": self.default.as_dict(), "per_class": {k: v.as_dict() for k, v in self.per_class.items()}}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SloSet:
-        return cls(Slo(**d.get("default", {})), {k: Slo(**v) for k, v in d.get("per_class", {}).items()})
-
-
-def parse_slo(specs: Iterable[str]) -> SloSet:
-    """`["ttft=300ms,itl=50ms", "rag:ttft=2s"]` -> SloSet; a `class:` prefix scopes one spec."""
-    default: dict[str, float] = {}
-    per_class: dict[str, dict[str, float]] = {}
-    for spec in specs:
-        scope = default
-        body = spec
-        if ":" in spec.split("=", 1)[0]:
-            name, body = spec.split(":", 1)
-            scope = per_class.setdefault(name.strip(), {})
-        for part in filter(None, (p.strip() for p in body.split(","))):
-            key, sep, value = part.partition("=")
-            key = key.strip()
-            if not sep or key not in ("ttft", "itl", "tpot", "e2e"):
-                raise ValueError(f"--slo: expected ttft|itl|tpot|e2e=DURATION, got {part!r}")
-            scope[key] = parse_duration(value, f"--slo {key}")
-    return SloSet(Slo(**default), {k: Slo(**v) for k, v in per_class.items()})
+# Slo, SloSet, parse_slo and parse_duration are defined once in pacer.core.slo (shared with
+# the engine's slo policy) and re-exported here.
+_NO_SLO = Slo()
 
 
 # ---------------------------------------------------------------------------- statistics
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), linear between closest ranks; None for no values."""
-    if not values:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
 
 def _latency_values(records: Sequence[RequestRecord], metric: str) -> list[float]:
     if metric == "itl":
@@ -235,7 +149,7 @@ def run_duration(records: Sequence[RequestRecord]) -> float:
     return max(ends) - start
 
 
-def summarize(records: Sequence[RequestRecord], duration: float, slo: Slo = Slo()) -> Summary:
+def summarize(records: Sequence[RequestRecord], duration: float, slo: Slo = _NO_SLO) -> Summary:
     """One summary object (a class's or `overall`): counts, rates over `duration`, latency
     percentiles over completed requests, goodput under `slo` (`slo_attainment` is the share of
     all requests, failed ones included, that met it)."""
@@ -265,6 +179,7 @@ def summarize(records: Sequence[RequestRecord], duration: float, slo: Slo = Slo(
     out["num_good"] = good
     out["goodput_req_s"] = rate(good)
     out["slo_attainment"] = good / len(records) if records else None
+    out["num_deprioritized"] = sum(1 for r in records if r.deprioritized)
     return out
 
 

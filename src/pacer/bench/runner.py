@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from pacer.bench.report import STATUS_ERROR, STATUS_OK, RequestRecord
+from pacer.bench.report import STATUS_ERROR, STATUS_OK, STATUS_REJECTED, RequestRecord
 from pacer.bench.workloads import RequestSpec
 
 __all__ = ["Sender", "run_http", "run_inprocess", "InprocessStats"]
@@ -138,7 +138,7 @@ def run_inprocess(specs: Iterable[RequestSpec], engine: Any, *, endpoint: str = 
         params = SamplingParams(max_tokens=spec.output_tokens, temperature=temperature, ignore_eos=spec.ignore_eos)
         try:
             engine.add_request(ids, params, request_id=spec.request_id, priority=spec.priority,
-                               tenant=spec.tenant, arrival_time=arrival)
+                               tenant=spec.tenant, arrival_time=arrival, request_class=spec.request_class)
         except (ValueError, TypeError) as e:
             rec = RequestRecord(spec.request_id, spec.request_class, arrival - t0, status=STATUS_ERROR,
                                 error=str(e), finish_time=arrival - t0, prompt_tokens=len(ids))
@@ -183,6 +183,8 @@ def run_inprocess(specs: Iterable[RequestSpec], engine: Any, *, endpoint: str = 
 
 def _record(out: Any, spec: RequestSpec, t0: float) -> RequestRecord:
     status = STATUS_ERROR if out.finish_reason in ("abort", "error") else STATUS_OK
+    if out.metrics.shed:
+        status = STATUS_REJECTED   # refused as hopeless (shed_hopeless), as a server's 429
     rec = RequestRecord.from_metrics(out.metrics, request_id=spec.request_id, request_class=spec.request_class,
                                      t0=t0, status=status, tenant=spec.tenant, priority=spec.priority,
                                      session=spec.session)

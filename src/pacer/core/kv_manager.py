@@ -215,6 +215,13 @@ class KVCacheManager:
         blocks = self.pool.allocate(len(hits))
         self.offload.bind(req.request_id, blocks)
         return blocks
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Tokens `match_prefix` would reuse for `req` now, looked up only (for ordering by it)."""
+        if self.cache is None or req.request_id in self.block_tables:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        tokens = req.token_ids_slice(0, req.num_tokens)
+        return self.cache.lookup_blocks(tokens, self._owners(req), max_blocks) * self.block_size
 
     def cancel_match(self, req: Request) -> None:
         """Undo `match_prefix` for a request that could not be admitted after all."""

@@ -76,6 +76,8 @@ class SchedulerOutput:
     # set by the engine when constrained requests sample this step: their allowed-token masks,
     # being computed while the forward runs (so per step, not per request); None: no constraint
     token_masks: TokenMasks | None = None
+    token_budget: int = 0                          # the step's token budget as chosen (<= max_num_batched_tokens)
+    budget_reason: str = "max_num_batched_tokens"  # what set it (slo: "itl 45.0ms of req-7")
 
     @property
     def num_scheduled_tokens(self) -> int:

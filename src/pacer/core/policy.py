@@ -1,68 +1,130 @@
-"""Ordering policies: each is a key function over requests. Smaller key = served first.
+"""Ordering policies: each orders requests by a key. Smaller key = served first.
 
-The scheduler uses one key for everything: the waiting queue's order, the running
-requests' order within a step, and the preemption victim (the running request with the
-largest key). Policies never schedule; they only order.
+The scheduler uses a policy's `key` for the waiting queue's order and the running requests'
+order within a step, and `victim_key` for preemption (the running request with the largest
+is preempted first). Policies never schedule; they only order. `fcfs`, `priority` and `sjf`
+are static keys; `lpm` (longest prefix match first, SGLang's policy) re-keys the queue every
+step from the prefix cache; `slo` (least slack first) lives in `pacer.core.slo_policy`.
+
+Aging (`WaitingQueue(max_queue_delay=...)`): a request that has waited longer than
+`max_queue_delay` seconds is served in arrival order ahead of every request that has not,
+whatever the policy, so no policy starves a request.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import insort
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from pacer.request import Request
 
-__all__ = ["Policy", "make_policy", "WaitingQueue"]
+__all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
+           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
 
 Key = tuple[float, ...]
+DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none is given
+LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
 
 
-@dataclass(frozen=True, slots=True)
 class Policy:
-    name: str
-    key: Callable[[Request], Key]
-    preempts_for_waiting: bool  # may a better waiting request preempt a running one?
-    starvation_free: bool
+    """First come, first served (the base: arrival order)."""
+
+    name = "fcfs"
+    preempts_for_waiting = False   # may a better waiting request preempt a running one?
+    starvation_free = True         # without aging
+    dynamic = False                # keys change between steps: the queue re-keys every step
+    default_max_queue_delay: float | None = None
+
+    def key(self, r: Request) -> Key:
+        return (r.arrival_time, r.arrival_seq)
+
+    def victim_key(self, r: Request) -> Key:
+        """Preemption order among running requests: the largest goes first."""
+        return self.key(r)
 
     def outranks(self, a: Request, b: Request) -> bool:
         """Whether `a` is strictly more important than `b` (for preemption by a waiting request)."""
         return self.preempts_for_waiting and a.priority < b.priority
 
+    def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
+        """Which of the sorted waiting items is served first (the slo policy skips hopeless ones)."""
+        return 0
 
-def _fcfs_key(r: Request) -> Key:
-    return (r.arrival_time, r.arrival_seq)
-
-
-def _priority_key(r: Request) -> Key:
-    return (r.priority, r.arrival_time, r.arrival_seq)
-
-
-def _sjf_key(r: Request) -> Key:
-    # Shortest (prompt + max output) first: sorted batching for throughput; can starve long jobs.
-    return (r.num_prompt_tokens + r.sampling_params.max_tokens, r.arrival_time, r.arrival_seq)
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        """Called once per step before scheduling (dynamic policies re-key here)."""
 
 
-_POLICIES = {
-    "fcfs": Policy("fcfs", _fcfs_key, preempts_for_waiting=False, starvation_free=True),
-    "priority": Policy("priority", _priority_key, preempts_for_waiting=True, starvation_free=False),
-    "sjf": Policy("sjf", _sjf_key, preempts_for_waiting=False, starvation_free=False),
+class PrioritySchedulingPolicy(Policy):
+    name = "priority"
+    preempts_for_waiting = True
+    starvation_free = False
+
+    def key(self, r: Request) -> Key:
+        return (r.priority, r.arrival_time, r.arrival_seq)
+
+
+class SjfPolicy(Policy):
+    """Shortest (prompt + max output) first: sorted batching for throughput; starves long jobs
+    without aging."""
+
+    name = "sjf"
+    starvation_free = False
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def key(self, r: Request) -> Key:
+        return (r.num_prompt_tokens + r.sampling_params.max_tokens, r.arrival_time, r.arrival_seq)
+
+
+class LpmPolicy(Policy):
+    """Longest cached prefix first (cache locality). Matches are looked up, never taken, each
+    step; past LPM_MAX_QUEUE waiting requests the order falls back to fcfs."""
+
+    name = "lpm"
+    starvation_free = False
+    dynamic = True
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def __init__(self, cached_prefix_tokens: Callable[[Request], int] | None = None) -> None:
+        self.cached_prefix_tokens = cached_prefix_tokens or (lambda r: 0)
+        self._fcfs = False
+
+    def key(self, r: Request) -> Key:
+        if self._fcfs or r.num_computed_tokens:
+            return (0.0, r.arrival_time, r.arrival_seq)
+        return (-float(self.cached_prefix_tokens(r)), r.arrival_time, r.arrival_seq)
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        self._fcfs = len(queue) > LPM_MAX_QUEUE
+        queue.rekey()
+
+
+_POLICIES: dict[str, type[Policy]] = {
+    "fcfs": Policy, "priority": PrioritySchedulingPolicy, "sjf": SjfPolicy, "lpm": LpmPolicy,
 }
+POLICY_NAMES = (*_POLICIES, "slo")
 
 
 def make_policy(name: str) -> Policy:
+    """A static policy by name (`lpm` and `slo` need the scheduler's collaborators: see Scheduler)."""
     try:
-        return _POLICIES[name]
+        return _POLICIES[name]()
     except KeyError:
-        raise ValueError(f"scheduling_policy must be one of {', '.join(_POLICIES)}; got {name!r}") from None
+        raise ValueError(f"scheduling_policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}") from None
 
 
 class WaitingQueue:
-    """Requests kept sorted by the policy key (a preempted request returns to its place)."""
+    """Requests kept sorted by the policy key (a preempted request returns to its place), with
+    aging: the oldest request is served first once it has waited `max_queue_delay` seconds."""
 
-    def __init__(self, policy: Policy) -> None:
-        self._key = policy.key
+    def __init__(self, policy: Policy, max_queue_delay: float | None = None) -> None:
+        if max_queue_delay is not None and not max_queue_delay > 0:
+            raise ValueError(f"max_queue_delay must be > 0 seconds (or None for off), got {max_queue_delay!r}")
+        self.policy = policy
+        self.max_queue_delay = None if max_queue_delay is None or math.isinf(max_queue_delay) else max_queue_delay
         self._items: list[tuple[Key, Request]] = []
+        self._by_arrival: list[tuple[float, int, Request]] = []   # kept only with aging
+        self._now = -math.inf
 
     def __len__(self) -> int:
         return len(self._items)
@@ -74,20 +136,56 @@ class WaitingQueue:
         return (r for _, r in self._items)
 
     def add(self, req: Request) -> None:
-        insort(self._items, (self._key(req), req), key=lambda item: item[0])
+        insort(self._items, (self.policy.key(req), req), key=lambda item: item[0])
+        if self.max_queue_delay is not None:
+            insort(self._by_arrival, (req.arrival_time, req.arrival_seq, req), key=lambda item: item[:2])
+
+    def refresh(self, now: float) -> None:
+        """Start of a step: the time aging and slack are judged at; dynamic policies re-key."""
+        self._now = now
+        self.policy.refresh(self, now)
+
+    def rekey(self) -> None:
+        self._items = sorted(((self.policy.key(r), r) for _, r in self._items), key=lambda item: item[0])
+
+    def is_aged(self, req: Request) -> bool:
+        return self.max_queue_delay is not None and self._now - req.arrival_time > self.max_queue_delay
+
+    def _head(self) -> int:
+        if self._by_arrival:
+            oldest = self._by_arrival[0][2]
+            if self.is_aged(oldest):
+                return next(i for i, (_, r) in enumerate(self._items) if r is oldest)
+        return self.policy.head_index(self._items, self._now)
 
     def peek(self) -> Request:
-        return self._items[0][1]
+        return self._items[self._head()][1]
 
     def pop(self) -> Request:
-        return self._items.pop(0)[1]
+        req = self._items.pop(self._head())[1]
+        self._drop_arrival(req)
+        return req
 
     def remove(self, req: Request) -> bool:
         for i, (_, r) in enumerate(self._items):
             if r is req:
                 del self._items[i]
+                self._drop_arrival(req)
                 return True
         return False
+
+    def _drop_arrival(self, req: Request) -> None:
+        for i, (_, _, r) in enumerate(self._by_arrival):
+            if r is req:
+                del self._by_arrival[i]
+                return
+
+    def take(self, pred: Callable[[Request], bool]) -> list[Request]:
+        """Remove and return the requests for which `pred` holds (in queue order)."""
+        taken = [r for _, r in self._items if pred(r)]
+        for r in taken:
+            self.remove(r)
+        return taken
 
     def last(self) -> Request:
         return self._items[-1][1]

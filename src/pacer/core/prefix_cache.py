@@ -117,6 +117,22 @@ class PrefixCache:
         self._touch(node, tenant)
         return PrefixMatch(node, tuple(blocks))
 
+    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int) -> int:
+        """How many whole blocks `match_prefix` would match, looked up only: no split, no touch."""
+        bs = self.block_size
+        limit = min(len(token_ids) // bs, max_blocks)
+        node, num = self.root, 0
+        while num < limit:
+            child = self._child(node, owners, token_ids[num * bs:(num + 1) * bs])
+            if child is None:
+                break
+            k = self._common_blocks(child, token_ids, num * bs, limit - num)
+            num += k
+            if k < len(child.block_ids):
+                break
+            node = child
+        return num
+
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
                tenant: str = PUBLIC, start: PrefixMatch | None = None) -> tuple[list[int], PrefixMatch]:
         """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens

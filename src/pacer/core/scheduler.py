@@ -15,6 +15,11 @@ place. With preemption_mode="swap" its blocks go to the KV manager's CPU tier in
 come back on resume (recompute when the tier is full). Under the `priority` policy a waiting request of strictly higher
 priority preempts the worst running one when max_num_seqs or KV is what holds it back
 (even one already picked for this step: its share of the budget is handed back).
+
+Under `slo` (pacer.core.slo_policy) the policy also caps each step's token budget by the
+tightest ITL target among the step's decodes, victims are the running requests with the
+most slack, and with `shed_hopeless` a waiting request that can no longer meet its TTFT is
+finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
-from pacer.core.policy import WaitingQueue, make_policy
+from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
+from pacer.core.slo_policy import SloPolicy
+from pacer.core.step_cost import StepCostModel
 from pacer.request import FinishReason, Request, RequestStatus
 
 __all__ = ["Scheduler"]
@@ -48,6 +55,8 @@ class _Step:
         self.new_blocks: dict[str, list[int]] = {}
         self.is_new: set[str] = set()
         self.preempted: list[str] = []
+        self.token_budget = budget.tokens_left
+        self.budget_reason = "max_num_batched_tokens"
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
         self.num_tokens[req.request_id] = n
@@ -67,7 +76,8 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Clock) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Clock,
+                 cost_model: StepCostModel | None = None) -> None:
         if config.max_num_batched_tokens is None or config.max_model_len is None:
             raise ValueError("Scheduler needs a resolved SchedulerConfig (call config.resolved(model_max_len))")
         self.config = config
@@ -75,16 +85,29 @@ class Scheduler:
         self.max_model_len: int = config.max_model_len
         self.kv = kv
         self.clock = clock
-        self.policy = make_policy(config.scheduling_policy)
         cap = config.long_prefill_token_threshold
         self._prefill_cap: int = cap if cap is not None and config.enable_chunked_prefill else self.max_num_batched_tokens
-        self.waiting = WaitingQueue(self.policy)
+        self.policy = self._build_policy(cost_model)
+        delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
+        self.waiting = WaitingQueue(self.policy, delay)
+        self._shed_since_step: list[str] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_since_step: list[str] = []
         self._step_id = 0
         self.num_preemptions = 0
         self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
+
+    def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
+        name = self.config.scheduling_policy
+        if name == "lpm":
+            return LpmPolicy(self.kv.cached_prefix_tokens)
+        if name == "slo":
+            if cost_model is None:
+                raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
+                                 "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
+            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens)
+        return make_policy(name)
 
     # ------------------------------------------------------------------ admission / exit
 
@@ -141,17 +164,46 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self) -> SchedulerOutput:
+        now = self.clock.now()
+        self.waiting.refresh(now)
+        if self.config.shed_hopeless and isinstance(self.policy, SloPolicy):
+            self._shed_hopeless(self.policy, now)
         step = _Step(_Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
         if self.config.enable_chunked_prefill:
             ordered = sorted(self.running, key=self.policy.key)
-            self._schedule_running(step, [r for r in ordered if r.num_remaining_tokens == 1])
-            self._schedule_running(step, [r for r in ordered if r.num_remaining_tokens > 1])
+            decodes = [r for r in ordered if r.num_remaining_tokens == 1]
+            partial = [r for r in ordered if r.num_remaining_tokens > 1]
+            self._schedule_running(step, decodes)
+            if isinstance(self.policy, SloPolicy):
+                self._budget_by_itl(self.policy, step, decodes, partial, now)
+            self._schedule_running(step, partial)
             self._schedule_waiting(step, chunked=True)
         else:
             self._schedule_waiting(step, chunked=False)
             if not step.num_tokens:
                 self._schedule_running(step, sorted(self.running, key=self.policy.key))
         return self._build_output(step)
+
+    def _budget_by_itl(self, policy: SloPolicy, step: _Step, decodes: list[Request], partial: list[Request],
+                       now: float) -> None:
+        head = partial[0] if partial else (self.waiting.peek() if self.waiting else None)
+        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
+        budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
+        step.budget.tokens_left = budget.tokens
+        step.token_budget = budget.tokens + sum(step.num_tokens.values())
+        step.budget_reason = budget.reason
+
+    def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
+        for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None
+                                     and policy.is_hopeless(r, now)):
+            req.metrics.shed = True
+            self.finish_request(req, FinishReason.ABORT)
+            self._shed_since_step.append(req.request_id)
+
+    def take_shed(self) -> list[str]:
+        """Ids of requests shed as hopeless since the last call (finished: the engine reports them)."""
+        shed, self._shed_since_step = self._shed_since_step, []
+        return shed
 
     def _schedule_running(self, step: _Step, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -175,7 +227,7 @@ class Scheduler:
             blocks = self.kv.allocate_slots(req, n)
             if blocks is not None:
                 return blocks
-            victim = max(self.running, key=self.policy.key)
+            victim = max(self.running, key=self.policy.victim_key)
             self._preempt(step, victim)
             if victim is req:
                 return None
@@ -222,9 +274,11 @@ class Scheduler:
         Returns whether anything was preempted (so the caller may retry)."""
         if not self.running:
             return False
-        worst = max(self.running, key=self.policy.key)
+        worst = max(self.running, key=self.policy.victim_key)
         if not self.policy.outranks(head, worst):
             return False
+        if self.waiting.is_aged(worst) and (worst.arrival_time, worst.arrival_seq) < (head.arrival_time, head.arrival_seq):
+            return False   # aging serves it ahead of `head`: preempting it would only bring it back
         self._preempt(step, worst)
         return True
 
@@ -277,7 +331,7 @@ class Scheduler:
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
-            swap_out=swap_out, swap_in=swap_in,
+            swap_out=swap_out, swap_in=swap_in, token_budget=step.token_budget, budget_reason=step.budget_reason,
         )
         self._step_id += 1
         return out

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from pacer.cli import COMMANDS
+from pacer.core.slo import ClassRules
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_args", "run", "load_sources", "today_kwargs", "SIM_SKIP"]
@@ -26,13 +27,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--metrics-url", default=None, help="a live pacer or vLLM Prometheus endpoint (…/metrics)")
     s.add_argument("--window", default="60s", help="with --metrics-url: the measurement window (default 60s)")
     s.add_argument("--time-unit", default="s", help="unit of table time columns without a suffix: s | ms | us")
-    s.add_argument("--long-context-threshold", type=int, default=2048,
-                   help="classify unlabelled rows: prompt tokens above this are long_context (as pacer serve)")
-    s.add_argument("--batch-max-tokens", type=int, default=1024,
+    s.add_argument("--long-context-threshold", type=int, default=ClassRules().rag_min_tokens,
+                   help="classify unlabelled rows: prompt tokens above this are rag (long context; as pacer serve)")
+    s.add_argument("--batch-max-tokens", type=int, default=ClassRules().batch_max_tokens,
                    help="classify unlabelled rows: max_tokens at or above this are batch (as pacer serve)")
     a = p.add_argument_group("analysis")
     a.add_argument("--slo", action="append", default=[],
-                   help="targets, e.g. ttft=2s,tpot=100ms or per class long_context:ttft=5s (repeatable)")
+                   help="targets, e.g. ttft=2s,tpot=100ms or per class rag:ttft=5s (repeatable)")
     a.add_argument("--target-attainment", type=float, default=0.9,
                    help="a class misses an SLO metric when more than 1 - this share of its requests miss it")
     a.add_argument("--hardware", default="cpu-local", help="the source's hardware (baseline and --what-if)")
@@ -72,7 +73,6 @@ def _analyze(args: argparse.Namespace, slo: Any, base: Any) -> tuple[dict[str, A
                                                                    dict[str, Any]]:
     """(class reports, source or None for a metrics endpoint, description, notes, the source's settings)."""
     from pacer.diagnose.analysis import analyze
-    from pacer.metrics import ClassRules
 
     if args.metrics_url:
         from pacer.diagnose.prometheus import analyze_metrics, collect, parse_window

@@ -153,7 +153,7 @@ def parse_table_rows(rows: Iterable[tuple[int, Mapping[str, Any]]], headers: lis
     src = Source(name, "table", has_classes="request_class" in bound)
     if "request_class" not in bound:
         src.notes.append(f"{name}: no feature/class column: classified by the server's rules "
-                         f"(long_context > {rules.long_context_tokens} prompt tokens, batch: max_tokens >= "
+                         f"(rag > {rules.rag_min_tokens} prompt tokens, batch: max_tokens >= "
                          f"{rules.batch_max_tokens}, else chat)")
     for lineno, row in rows:
         values: dict[str, Any] = {}

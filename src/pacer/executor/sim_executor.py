@@ -27,6 +27,8 @@ class SimStepRecord:
     num_decode_tokens: int
     num_preempted: int
     cost: StepCost
+    token_budget: int = 0
+    budget_reason: str = ""
 
 
 class SimExecutor:
@@ -51,6 +53,7 @@ class SimExecutor:
         self.num_steps += 1
         if self.keep_records:
             self.records.append(SimStepRecord(out.step_id, start, len(out.scheduled), out.num_prefill_tokens,
-                                              out.num_decode_tokens, len(out.preempted_ids), cost))
+                                              out.num_decode_tokens, len(out.preempted_ids), cost,
+                                              out.token_budget, out.budget_reason))
         tok = self.sample_token_id
         return ModelOutput.sampled({sr.request_id: tok for sr in out.scheduled if sr.sample}, forward_s=cost.time_s)

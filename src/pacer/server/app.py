@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pacer.core.slo import Slo, slo_from_request
 from pacer.engine import RequestOutput
 from pacer.server import errors
 from pacer.server.errors import APIError
@@ -89,6 +90,27 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+CLASS_HEADER = "x-pacer-class"   # a client-declared request class (chat | rag | agent | batch)
+_LLM_D_HEADERS = {"x-llm-d-slo-ttft-ms": "ttft_ms", "x-llm-d-slo-tpot-ms": "tpot_ms"}
+
+
+def _llm_d_slo(headers: Any) -> Slo:
+    """llm-d's per-request targets (milliseconds), which the body's `slo` overrides key by key."""
+    values: dict[str, float] = {}
+    for header, key in _LLM_D_HEADERS.items():
+        raw = headers.get(header)
+        if raw is None:
+            continue
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise errors.bad_request(header, f"{header} must be a number of milliseconds, got {raw!r}") from None
+    try:
+        return slo_from_request(values, "x-llm-d-slo")
+    except ValueError as e:
+        raise errors.bad_request(None, str(e)) from None
+
+
 async def _generate(service: Service, request: Request,
                     parse: Callable[[Any], ParsedRequest]) -> Response:
     raw = await request.body()
@@ -98,7 +120,9 @@ async def _generate(service: Service, request: Request,
         raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
     parsed = parse(body)
     agent_header = service.options.class_rules.agent_header
-    job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers)
+    job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers,
+                         declared_class=request.headers.get(CLASS_HEADER),
+                         header_slo=_llm_d_slo(request.headers))
     watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))
     if not parsed.stream:
         try:

@@ -33,9 +33,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
     s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
                    help="append one JSON line per finished request (schema: pacer.metrics)")
-    s.add_argument("--long-context-threshold", type=int, default=2048,
-                   help="request class long_context: prompts longer than this many tokens")
-    s.add_argument("--batch-max-tokens", type=int, default=1024,
+    s.add_argument("--rag-threshold", "--long-context-threshold", dest="long_context_threshold", type=int,
+                   default=1024, help="request class rag (alias long_context): prompts longer than this many "
+                                      "tokens, unless the client names its class (x-pacer-class header)")
+    s.add_argument("--batch-max-tokens", type=int, default=384,
                    help="request class batch: requested max_tokens at or above this")
     s.add_argument("--agent-header", default="x-pacer-agent",
                    help="request class agent: requests with this HTTP header (or with tools)")

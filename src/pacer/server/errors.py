@@ -43,6 +43,12 @@ def displaced(retry_after_s: int) -> APIError:
                     "rate_limit_error", None, "displaced", {"Retry-After": str(retry_after_s)})
 
 
+def slo_unattainable() -> APIError:
+    return APIError(429, "the request can no longer meet its TTFT target (shed before it was scheduled); "
+                         "retry later or relax its slo", "rate_limit_error", "slo", "slo_unattainable",
+                    {"Retry-After": "1"})
+
+
 def internal(message: str) -> APIError:
     return APIError(500, message, "server_error", None, "internal_error")
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pacer.core.slo import Slo, slo_from_request
 from pacer.request import MAX_LOGPROBS
 from pacer.server.errors import bad_request
 from pacer.server.structured_api import parse_structured
@@ -44,6 +45,7 @@ class ParsedRequest:
     has_tools: bool = False
     tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
     structured_param: str | None = None             # the field that constrained the output, if any
+    slo: Slo = Slo()                                # the request's own targets (body `slo`)
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -106,8 +108,12 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("stream_options", "stream_options is only allowed when stream is true")
         include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
     priority = _opt_int(body, "priority", low=None)
+    try:
+        slo = slo_from_request(body.get("slo"))
+    except (ValueError, TypeError) as e:
+        raise bad_request("slo", str(e)) from None
     return {"model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
-            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1}
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:

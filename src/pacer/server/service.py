@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.core.admission import AdmissionController
+from pacer.core.slo import ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
-from pacer.metrics import ClassRules, RequestLogWriter, ServingMetrics, make_log_record
+from pacer.metrics import RequestLogWriter, ServingMetrics, make_log_record
 from pacer.request import SamplingParams
 from pacer.server import errors
 from pacer.server.engine_loop import EngineLoop, Route
@@ -56,6 +57,7 @@ class RequestContext:
     request_class: str
     priority: int
     max_tokens: int
+    slo: Slo = Slo()           # the targets it is held to (class's with its own on top)
     status: int = 200          # what the client got: 200, 429 (displaced), 499 (went away), 500
     started: bool = False
 
@@ -127,7 +129,8 @@ class Service:
 
     # ------------------------------------------------------------------ submitting
 
-    def submit(self, parsed: ParsedRequest, is_agent: bool = False) -> Job:
+    def submit(self, parsed: ParsedRequest, is_agent: bool = False, declared_class: str | None = None,
+               header_slo: Slo | None = None) -> Job:
         """Validate, classify, admit and queue; raises APIError (4xx/5xx) instead."""
         if self.draining:
             self.metrics.on_refused("draining")
@@ -145,19 +148,26 @@ class Service:
         specs = []
         for p, ids in enumerate(prompts):
             params = self._params(parsed, len(ids))
-            rclass = self.options.class_rules.classify(len(ids), parsed.max_tokens,
-                                                       is_agent or parsed.has_tools)
+            try:
+                rclass = self.options.class_rules.classify(len(ids), parsed.max_tokens,
+                                                           is_agent or parsed.has_tools, declared_class)
+            except ValueError as e:
+                raise bad_request("x-pacer-class", str(e)) from None
+            own = (header_slo or Slo()).merged(parsed.slo)
+            targets = self.engine.slo_set.for_class(rclass).merged(
+                own, self.engine.scheduler_config.allow_tighter_slo)
             for j in range(parsed.n):
                 i = p * parsed.n + j
                 choice_params = params.for_sample(j)
                 ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
-                                     rclass, parsed.priority, params.max_tokens)
+                                     rclass, parsed.priority, params.max_tokens, targets)
                 specs.append((f"{api_id}-{i}", ids, choice_params, ctx))
         self._admit(job, [s[0] for s in specs])
         try:
             for rid, ids, params, ctx in specs:
                 route = Route(job.queue, ctx.index, ctx)
-                self.loop.add(rid, ids, params, priority=parsed.priority, tenant=parsed.tenant, route=route)
+                self.loop.add(rid, ids, params, priority=parsed.priority, tenant=parsed.tenant, route=route,
+                              request_class=ctx.request_class, slo=ctx.slo)
                 self._contexts[rid] = ctx
                 job.request_ids.append(rid)
                 job.contexts.append(ctx)
@@ -259,6 +269,13 @@ class Service:
         if not self._contexts:
             self._all_finished.set()
         reason = out.finish_reason or "abort"
+        if out.metrics.shed:
+            ctx.status = 429
+            self.metrics.on_refused("slo_unattainable")
+            route.queue.put_nowait(errors.slo_unattainable())
+        met = None if ctx.slo.is_empty() else ctx.slo.met_by(out.metrics, ok=reason in ("stop", "length"))
+        if met is not None:
+            self.metrics.on_slo(ctx.request_class, met)
         if reason == "error":
             ctx.status = 500
         elif reason == "abort" and ctx.status == 200:
@@ -269,7 +286,7 @@ class Service:
                 metrics=out.metrics, start=self._log_start, clock_to_unix=self._clock_to_unix,
                 request_id=out.request_id, api_id=ctx.api_id, index=ctx.index, endpoint=ctx.endpoint,
                 model=ctx.model, stream=ctx.stream, tenant=ctx.tenant, priority=ctx.priority,
-                max_tokens=ctx.max_tokens, finish_reason=reason, status=ctx.status,
+                max_tokens=ctx.max_tokens, finish_reason=reason, status=ctx.status, slo_met=met,
                 **{"class": ctx.request_class},
             ))
 

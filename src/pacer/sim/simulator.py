@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pacer.bench.report import RequestRecord
+from pacer.bench.report import STATUS_OK, STATUS_REJECTED, RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.engine import Engine
@@ -27,6 +27,7 @@ from pacer.executor.sim_executor import SimExecutor, SimStepRecord
 from pacer.request import SamplingParams
 from pacer.sim.cost_model import CostModel, make_cost_model
 from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
+from pacer.sim.step_model import SchedulerCostModel
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
            "write_chrome_trace", "utilisation_summary"]
@@ -108,7 +109,8 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
                            kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size)
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
-                    vocab_size=model.vocab_size)
+                    vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
+                    refit_cost_model=False)
     return engine, executor, clock
 
 
@@ -152,7 +154,8 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
                 r = requests[i]
                 records[i] = RequestRecord.from_metrics(
                     out.metrics, request_id=r.request_id, request_class=r.request_class, t0=t0,
-                    tenant=r.tenant, priority=r.priority)
+                    tenant=r.tenant, priority=r.priority,
+                    status=STATUS_REJECTED if out.metrics.shed else STATUS_OK)
                 in_flight -= 1
         if clock.now() > t_before:
             idle_steps = 0
@@ -173,7 +176,7 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
 def _add(engine: Engine, r: TraceRequest, index: int, arrival: float) -> str:
     params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
     return engine.add_request(r.prompt_token_ids, params, request_id=f"sim-{index}", priority=r.priority,
-                              tenant=r.tenant, arrival_time=arrival)
+                              tenant=r.tenant, arrival_time=arrival, request_class=r.request_class)
 
 
 def _kind(r: SimStepRecord) -> str:
@@ -211,6 +214,7 @@ def write_chrome_trace(result: SimResult, path: str | Path) -> None:
             "ph": "X", "pid": 0, "tid": 0, "ts": r.start_s * 1e6, "dur": c.time_s * 1e6,
             "args": {"step": r.step_id, "batch": r.batch_size, "prefill_tokens": r.num_prefill_tokens,
                      "decode_tokens": r.num_decode_tokens, "preempted": r.num_preempted,
+                    "token_budget": r.token_budget, "budget_reason": r.budget_reason,
                      "compute_util": round(c.compute_util, 4), "bandwidth_util": round(c.bandwidth_util, 4),
                      "bound": c.bound},
         })

@@ -1,0 +1,187 @@
+"""The `slo` scheduling policy: order by slack, budget by ITL, hopeless handling. Pure Python.
+
+Each request carries its targets (`Request.slo`, resolved by the engine from its class and
+its own). With a `StepCostModel` the policy predicts a request's remaining prefill time and:
+
+- **orders** waiting and partially prefilled requests by their latest start time, TTFT
+  deadline minus predicted remaining prefill (least slack first; `now` is common to all, so
+  the order is static between re-keys); the prefix the cache holds for it is not counted. A request without a TTFT target but with an e2e one
+  also budgets its decode; one without targets comes last (aging still bounds its wait).
+  A preempted request that already streamed tokens resumes first.
+- **deprioritises hopeless** requests: one whose latest start has passed goes behind every
+  request that can still make it (the queue serves from the first feasible key), or, with
+  `shed_hopeless`, is refused before it costs anything (`Scheduler` finishes it as shed).
+- **budgets each step by ITL** (`prefill_budget`): the most prefill tokens that keep the
+  predicted step within the tightest inter-token target among the step's decodes (minus the
+  time since their last token), never above `max_num_batched_tokens` and never below
+  `MIN_PREFILL_TOKENS`, so prefill always progresses. A decode whose only target is TPOT may
+  stretch to its remaining TPOT slack when a prefill is about to miss its TTFT.
+- **preempts the running request with the most slack** (`victim_key`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pacer.core.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, WaitingQueue
+from pacer.core.step_cost import StepCostModel, StepShape
+from pacer.request import Request
+
+__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY"]
+
+MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
+BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
+_INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class StepBudget:
+    """The token budget chosen for one step and why."""
+
+    tokens: int
+    reason: str
+
+
+class SloPolicy(Policy):
+    name = "slo"
+    starvation_free = False
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
+                 cached_prefix_tokens: Callable[[Request], int] | None = None) -> None:
+        self.cost_model = cost_model
+        self.cached_prefix_tokens = cached_prefix_tokens
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk = max(1, prefill_chunk)
+
+    # ---------------------------------------------------------------- predictions
+
+    def prefill_s(self, r: Request) -> float:
+        """Predicted seconds to compute the request's remaining prompt, past the prefix the cache
+        holds for it now (looked up, not taken; remembered per progress)."""
+        done = r.num_computed_tokens
+        cached = r.policy_state
+        if cached is not None and cached[0] == done:
+            return float(cached[1])
+        start = done
+        if not done and self.cached_prefix_tokens is not None:
+            start = min(self.cached_prefix_tokens(r), r.num_prompt_tokens - 1)
+        left, total = r.num_prompt_tokens - start, 0.0
+        while left > 0:
+            n = min(left, self.prefill_chunk)
+            total += self.cost_model.predict_step_s(StepShape().with_chunk(n, start, sample=n == left))
+            left -= n
+            start += n
+        r.policy_state = (done, total)
+        return total
+
+    def decode_step_s(self, r: Request) -> float:
+        """Per-token time a request can expect under load: a half-budget mixed step."""
+        half = max(2, self.max_num_batched_tokens // 2)
+        return self.cost_model.predict_step_s(StepShape().with_decode(r.num_tokens).with_chunk(half, 0))
+
+    def latest_start(self, r: Request) -> float:
+        """The latest time its remaining prefill may start and still meet TTFT (or e2e)."""
+        if r.num_output_tokens:
+            return -_INF                       # resumed after preemption: owed its next token
+        slo = r.slo
+        if slo is None:
+            return _INF
+        if slo.ttft is not None:
+            return r.arrival_time + slo.ttft - self.prefill_s(r)
+        if slo.e2e is not None:
+            decode = self.decode_step_s(r) * max(0, r.sampling_params.max_tokens - 1)
+            return r.arrival_time + slo.e2e - self.prefill_s(r) - decode
+        return _INF
+
+    def next_deadline(self, r: Request) -> float:
+        """When the running request next needs progress to keep its targets (slack + now)."""
+        if not r.num_output_tokens:
+            return self.latest_start(r)
+        slo = r.slo
+        if slo is None:
+            return _INF
+        last = r.metrics.token_times[-1] if r.metrics.token_times else r.arrival_time
+        itl = slo.itl_target
+        if itl is not None:
+            return last + itl
+        if slo.e2e is not None:
+            left = max(0, r.sampling_params.max_tokens - r.num_output_tokens)
+            return r.arrival_time + slo.e2e - self.decode_step_s(r) * left
+        return _INF
+
+    # ---------------------------------------------------------------- ordering
+
+    def key(self, r: Request) -> Key:
+        return (self.latest_start(r), r.arrival_time, r.arrival_seq)
+
+    def victim_key(self, r: Request) -> Key:
+        return (self.next_deadline(r), r.arrival_time, r.arrival_seq)
+
+    def is_hopeless(self, r: Request, now: float) -> bool:
+        return not r.num_output_tokens and self.latest_start(r) < now
+
+    def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
+        """Resumed requests first, then least slack among those that can still make it;
+        hopeless ones only when nothing feasible waits."""
+        if not items or items[0][0][0] == -_INF:
+            return 0
+        i = bisect_left(items, now, key=lambda item: item[0][0])
+        return 0 if i == len(items) else i
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        for r in queue:
+            if r.slo is not None and self.is_hopeless(r, now):
+                r.metrics.deprioritized = True
+            elif r.metrics.slack_at_admission is None and r.slo is not None:
+                ls = self.latest_start(r)
+                if math.isfinite(ls):
+                    r.metrics.slack_at_admission = ls - now
+
+    # ---------------------------------------------------------------- budget by ITL
+
+    def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
+                       now: float) -> StepBudget:
+        """Most prefill tokens this step may add after `decodes` (already scheduled)."""
+        if head is None or tokens_left <= 0:
+            return StepBudget(tokens_left, "max_num_batched_tokens")
+        urgent = self.latest_start(head) - now
+        bound, owner = _INF, ""
+        shape = StepShape()
+        for r in decodes:
+            shape = shape.with_decode(r.num_tokens)
+            gap = self._allowed_gap(r, now, urgent)
+            if gap < bound:
+                bound, owner = gap, r.request_id
+        if not math.isfinite(bound):
+            return StepBudget(tokens_left, "max_num_batched_tokens")
+        limit = BUDGET_SAFETY * bound
+        start = head.num_computed_tokens
+        floor = min(tokens_left, MIN_PREFILL_TOKENS)
+        lo, hi = floor, tokens_left          # largest n in [floor, tokens_left] within the limit
+        if self.cost_model.predict_step_s(shape.with_chunk(hi, start)) <= limit:
+            return StepBudget(hi, f"max_num_batched_tokens (itl {bound * 1e3:.1f}ms of {owner} allows more)")
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.cost_model.predict_step_s(shape.with_chunk(mid, start)) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return StepBudget(lo, f"itl {bound * 1e3:.1f}ms of {owner}" + (" (floor)" if lo == floor else ""))
+
+    def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
+        """The longest step `r` tolerates now: its ITL target minus the time since its last
+        token; a TPOT-only decode yields up to its TPOT slack to a prefill about to miss TTFT."""
+        slo = r.slo
+        if slo is None or slo.itl_target is None:
+            return _INF
+        times = r.metrics.token_times
+        last = times[-1] if times else now
+        gap = slo.itl_target - (now - last)
+        if slo.itl is None and slo.tpot is not None and 0 <= head_slack <= 2 * slo.tpot and times:
+            first = r.metrics.first_token_time or times[0]
+            gap = max(gap, first + slo.tpot * len(times) - now)
+        return max(gap, 0.0)

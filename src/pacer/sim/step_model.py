@@ -1,0 +1,106 @@
+"""The simulator's cost models behind the scheduler's `StepCostModel` protocol, refitted online.
+
+`SchedulerCostModel` wraps a `CostModel` (the calibrated fit of this machine, or a hardware
+roofline) so `pacer.core` can ask it for step times from `StepShape` counts; the simulator
+advances its clock with the same model, so both predict with the same numbers. On the real
+engine it keeps refitting from the engine's own measured steps: one multiplicative
+correction per regime (decode-only steps, steps with prefill chunks), an exponentially
+weighted mean of measured / predicted, because this machine's speed drifts by 2x between
+days while the shape of the fit holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from pacer.core.step_cost import StepShape
+from pacer.sim.cost_model import BatchFeatures, CostModel, make_cost_model
+
+__all__ = ["SchedulerCostModel", "features_of", "engine_step_cost_model", "REFIT_ALPHA"]
+
+log = logging.getLogger("pacer.sim")
+
+REFIT_ALPHA = 0.1            # weight of the newest measured step in the running correction
+_SCALE_RANGE = (0.2, 5.0)   # a correction outside this is a hiccup (GC, a neighbour), not drift
+
+
+def features_of(shape: StepShape) -> BatchFeatures:
+    """The cost models' features of a step given as counts."""
+    num_chunk_tokens = sum(n for n, _ in shape.chunks)
+    pairs = sum(n * s + n * (n + 1) // 2 for n, s in shape.chunks)
+    chunk_kv = sum(s + n for n, s in shape.chunks)
+    return BatchFeatures(
+        num_tokens=shape.num_tokens, num_seqs=shape.num_seqs, num_single=shape.num_decodes,
+        single_kv_tokens=shape.decode_kv_tokens, single_max_ctx=shape.decode_max_ctx, num_chunks=len(shape.chunks),
+        chunk_attn_pairs=pairs, chunk_kv_tokens=chunk_kv, num_sampled=shape.num_sampled,
+        num_prefill_tokens=num_chunk_tokens, num_decode_tokens=shape.num_decodes,
+    )
+
+
+class SchedulerCostModel:
+    """A `StepCostModel` over a simulator `CostModel`, with an online correction per regime."""
+
+    def __init__(self, cost_model: CostModel, refit: bool = True, alpha: float = REFIT_ALPHA) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.base = cost_model
+        self.refit = refit
+        self.alpha = alpha
+        self.scale = {"decode": 1.0, "prefill": 1.0}
+        self.num_observed = 0
+
+    @property
+    def name(self) -> str:
+        return self.base.name + (" (refit online)" if self.refit else "")
+
+    @staticmethod
+    def _regime(shape: StepShape) -> str:
+        return "prefill" if shape.chunks else "decode"
+
+    def predict_step_s(self, shape: StepShape) -> float:
+        if shape.num_seqs == 0:
+            return 0.0
+        return self.base.step_cost(features_of(shape)).time_s * self.scale[self._regime(shape)]
+
+    def token_cost_s(self, shape: StepShape, context_len: int) -> float:
+        return self.predict_step_s(shape.with_decode(context_len)) - self.predict_step_s(shape)
+
+    def observe(self, shape: StepShape, measured_s: float) -> None:
+        if not self.refit or shape.num_seqs == 0 or not measured_s > 0 or not math.isfinite(measured_s):
+            return
+        predicted = self.base.step_cost(features_of(shape)).time_s
+        if predicted <= 0:
+            return
+        regime = self._regime(shape)
+        lo, hi = _SCALE_RANGE
+        ratio = min(hi, max(lo, measured_s / predicted))
+        self.scale[regime] += self.alpha * (ratio - self.scale[regime])
+        self.num_observed += 1
+
+
+def engine_step_cost_model(config: Any, arch: Any) -> SchedulerCostModel:
+    """The real engine's predictor: this machine's calibration (`pacer sim calibrate`, else the
+    fit shipped with pacer) for the model, refitted online; says so in the log."""
+    from pacer.sim.profiles import calibration_path, get_hardware, get_model, model_from_hf_config
+
+    try:
+        model = get_model(config.model.model)
+    except ValueError:
+        model = model_from_hf_config({
+            "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_heads,
+            "num_hidden_layers": arch.num_layers, "intermediate_size": arch.intermediate_size,
+            "num_key_value_heads": arch.num_kv_heads, "head_dim": arch.head_dim, "vocab_size": arch.vocab_size,
+            "max_position_embeddings": arch.max_position_embeddings,
+            "tie_word_embeddings": arch.tie_word_embeddings}, arch.name or "model")
+    on_cpu = config.model.device == "cpu"
+    hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
+    dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
+        "bfloat16" if config.model.dtype == "auto" else config.model.dtype)
+    base = make_cost_model(hw, model, dtype, 1, config.cache.block_size)
+    source = (str(calibration_path()) if calibration_path().is_file() else "the fit shipped with pacer") if on_cpu \
+        else "the h100-sxm roofline"
+    log.warning("scheduling_policy=slo: predicting step times with %s (%s), refitted online from measured "
+                "steps; run `pacer sim calibrate` for a fit of this machine", base.name, source)
+    return SchedulerCostModel(base, refit=True)

@@ -1,0 +1,169 @@
+"""The slo and lpm policies and aging, on the fake executor with a stated cost model."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pacer.core.slo_policy import BUDGET_SAFETY, MIN_PREFILL_TOKENS
+from pacer.core.step_cost import FixedCostModel, StepShape
+from pacer.request import SamplingParams
+from tests.fakes import Arrival, drive_arrivals, make_engine, reference_output, run
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+LONG = [i % 997 + 1 for i in range(3000)]
+
+
+def _long_prompt_with_chats(policy: str, itl: str, cost: FixedCostModel) -> tuple[list, dict]:
+    eng, ex = make_engine(scheduling_policy=policy, slo=[f"ttft=10s,itl={itl}"], num_blocks=600, block_size=16,
+                          max_len=4096, max_num_batched_tokens=2048, cost_model=cost)
+    chat = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(4):
+        eng.add_request([i + 1] * 20, chat, request_id=f"chat{i}")
+    eng.step()
+    eng.step()
+    eng.add_request(LONG, GREEDY, request_id="long")
+    finals = run(eng, ex)
+    assert finals["long"].token_ids == reference_output(LONG, GREEDY)
+    return ex.steps, finals
+
+
+def test_budget_by_itl_keeps_predicted_steps_within_the_target_and_prefill_progressing() -> None:
+    cost = FixedCostModel(5e-3, 1e-4)     # 5 ms + 0.1 ms per token
+    steps, _ = _long_prompt_with_chats("slo", "50ms", cost)
+    mixed = [s for s in steps if s.num_prefill_tokens and s.num_decode_tokens]
+    assert mixed, "the long prompt was meant to run beside decodes"
+    for s in mixed:
+        # the bound is 50 ms minus the time since the chats' last token (the fake loop's 10 ms)
+        m = re.fullmatch(r"itl ([0-9.]+)ms of chat\d", s.budget_reason)
+        assert m, s.budget_reason
+        bound = float(m.group(1)) / 1000
+        assert 0.04 - 1e-9 <= bound <= 0.05
+        assert cost.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * bound + 1e-9
+        assert s.num_prefill_tokens >= MIN_PREFILL_TOKENS
+        assert s.num_scheduled_tokens <= s.token_budget <= 2048
+    fcfs_steps, _ = _long_prompt_with_chats("fcfs", "50ms", cost)
+    assert max(s.num_prefill_tokens for s in fcfs_steps if s.num_decode_tokens) > 2 * max(
+        s.num_prefill_tokens for s in mixed)
+
+
+def test_an_impossible_itl_target_never_starves_prefill() -> None:
+    steps, finals = _long_prompt_with_chats("slo", "1us", FixedCostModel(5e-3, 1e-4))
+    assert finals["long"].finish_reason == "length"
+    assert all(s.num_prefill_tokens >= MIN_PREFILL_TOKENS for s in steps if s.num_prefill_tokens)
+    assert any("(floor)" in s.budget_reason for s in steps)
+
+
+def _slack_case(shed: bool) -> tuple[list[str], dict]:
+    eng, ex = make_engine(scheduling_policy="slo", shed_hopeless=shed, max_num_seqs=1, num_blocks=200,
+                          cost_model=FixedCostModel(1e-3, 1e-4))
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 101)), p, request_id="relaxed", slo={"ttft_ms": 5000})
+    eng.add_request(list(range(1, 101)), p, request_id="none")
+    eng.add_request(list(range(2, 102)), p, request_id="hopeless", slo={"ttft_ms": 1})   # prefill ~11 ms
+    eng.add_request(list(range(3, 103)), p, request_id="urgent", slo={"ttft_ms": 500})
+    finals = run(eng, ex)
+    order = sorted((o.metrics.first_scheduled_time, o.request_id) for o in finals.values()
+                   if o.metrics.first_scheduled_time is not None)
+    return [rid for _, rid in order], finals
+
+
+def test_least_slack_first_and_hopeless_behind_the_feasible() -> None:
+    order, finals = _slack_case(shed=False)
+    assert order == ["urgent", "relaxed", "none", "hopeless"]
+    assert finals["hopeless"].metrics.deprioritized and not finals["urgent"].metrics.deprioritized
+    assert finals["urgent"].metrics.slack_at_admission is not None
+    assert 0.45 < finals["urgent"].metrics.slack_at_admission < 0.5
+    assert finals["urgent"].metrics.ttft_deadline == finals["urgent"].metrics.arrival_time + 0.5
+
+
+def test_shed_hopeless_refuses_before_any_compute() -> None:
+    order, finals = _slack_case(shed=True)
+    assert order == ["urgent", "relaxed", "none"]
+    shed = finals["hopeless"]
+    assert shed.metrics.shed and shed.finish_reason == "abort" and shed.metrics.first_scheduled_time is None
+    assert shed.metrics.prefill_tokens == 0
+
+
+def _first_victim(policy: str) -> str:
+    eng, ex = make_engine(scheduling_policy=policy, num_blocks=12, block_size=4, max_len=48,
+                          slo=["chat:ttft=1s,itl=50ms", "batch:e2e=60s"])
+    p = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    eng.add_request([i + 1 for i in range(8)], p, request_id="batch-job", request_class="batch")
+    eng.add_request([i + 50 for i in range(8)], p, request_id="chat", request_class="chat")
+    finals = run(eng, ex)
+    assert all(o.finish_reason == "length" for o in finals.values())
+    return next(rid for s in ex.steps for rid in s.preempted_ids)
+
+
+def test_slo_preempts_the_request_with_the_most_slack() -> None:
+    assert _first_victim("fcfs") == "chat"        # the latest arrival
+    assert _first_victim("slo") == "batch-job"    # 60 s of e2e slack vs a 50 ms ITL target
+
+
+def test_lpm_serves_the_longest_cached_prefix_first() -> None:
+    for policy, first in (("fcfs", "cold"), ("lpm", "warm")):
+        eng, ex = make_engine(scheduling_policy=policy, max_num_seqs=1, num_blocks=64, block_size=4)
+        shared = list(range(1, 33))
+        eng.add_request(shared, GREEDY, request_id="seed")
+        run(eng, ex)
+        eng.add_request(list(range(100, 140)), GREEDY, request_id="cold")
+        eng.add_request(shared + [90, 91, 92], GREEDY, request_id="warm")
+        finals = run(eng, ex)
+        order = sorted(finals, key=lambda rid: finals[rid].metrics.first_scheduled_time)
+        assert order[0] == first, policy
+
+
+POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(POLICIES),
+       reqs=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 40), st.integers(2, 12), st.integers(0, 2)),
+                     min_size=2, max_size=14))
+def test_aging_serves_overdue_requests_first_in_arrival_order(policy: str, reqs: list[tuple[int, int, int, int]]) -> None:
+    delay = 0.05   # five fake steps
+    eng, ex = make_engine(scheduling_policy=policy, max_queue_delay=delay, max_num_seqs=2, num_blocks=64,
+                          block_size=4, max_num_batched_tokens=32, slo=["ttft=30ms"])
+    arrivals = [Arrival(step, f"r{i}", [(i * 7 + j) % 900 + 1 for j in range(n)],
+                        SamplingParams(max_tokens=m, temperature=0, ignore_eos=True), add_kwargs={"priority": prio})
+                for i, (step, n, m, prio) in enumerate(reqs)]
+    seen: dict[str, object] = {}
+
+    def check() -> None:
+        now = eng.clock.now()
+        sched = eng.scheduler
+        for rid, r in sched.requests.items():
+            seen[rid] = r
+        out = ex.steps[-1] if ex.steps else None
+        if out is None:
+            return
+        admitted = [seen[s.request_id] for s in out.scheduled
+                    if seen[s.request_id].metrics.first_scheduled_time == now]   # type: ignore[attr-defined]
+        waiting_aged = [r for r in sched.waiting if now - r.arrival_time > delay
+                        and r.request_id not in out.preempted_ids]
+        if any(now - r.arrival_time <= delay for r in admitted):   # type: ignore[attr-defined]
+            assert not waiting_aged, (policy, [r.request_id for r in waiting_aged])
+        aged_admitted = [r.arrival_time for r in admitted if now - r.arrival_time > delay]  # type: ignore[attr-defined]
+        assert aged_admitted == sorted(aged_admitted)
+        if aged_admitted:
+            assert all(r.arrival_time >= aged_admitted[-1] for r in waiting_aged)
+
+    drive_arrivals(eng, arrivals, check, max_steps=5000)   # also: outputs equal the greedy reference
+
+
+def test_aging_bounds_the_wait_sjf_would_impose() -> None:
+    def long_job_start(max_queue_delay: float) -> float:
+        eng, ex = make_engine(scheduling_policy="sjf", max_queue_delay=max_queue_delay, max_num_seqs=1,
+                              num_blocks=128)
+        short = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        arrivals = [Arrival(0, "long", list(range(1, 60)), SamplingParams(max_tokens=3, temperature=0,
+                                                                          ignore_eos=True))]
+        arrivals += [Arrival(i, f"s{i}", [i + 1, i + 2], short) for i in range(0, 120, 2)]
+        finals = drive_arrivals(eng, arrivals, lambda: None, max_steps=5000)
+        return finals["long"].metrics.first_scheduled_time - finals["long"].metrics.arrival_time
+
+    assert long_job_start(float("inf")) > 1.0          # behind every short job (sjf starves it)
+    assert long_job_start(0.1) <= 0.1 + 0.05           # served within the bound plus the running job
