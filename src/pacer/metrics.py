@@ -33,6 +33,7 @@ these keys (names are stable; new keys may be added, none renamed):
 ``preemptions``        times the request was preempted
 ``finish_reason``      ``stop``, ``length``, ``abort`` or ``error``
 ``status``             HTTP status of the response (200; 429 displaced; 499 client gone; 500)
+``api_key_name``       the ``name`` of the API key that sent it (``--api-keys``), never the key; null
 =====================  ==============================================================
 """
 
@@ -57,7 +58,7 @@ REQUEST_LOG_FIELDS = (
     "timestamp", "arrival_unix", "scheduled_at", "first_token_at", "finished_at",
     "queue_wait", "ttft", "tpot", "itl_mean", "itl_max", "e2e",
     "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "prefill_tokens", "preemptions",
-    "finish_reason", "status",
+    "finish_reason", "status", "api_key_name",
 )
 REQUEST_CLASSES = ("chat", "long_context", "agent", "batch")
 
@@ -246,6 +247,9 @@ class ServingMetrics:
         self.request_refused = Counter(self.name("request_refused"), "Requests refused, by reason "
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
+        self.tenant_refused = Counter(self.name("tenant_request_refused"), "Requests refused, by tenant and "
+                                      "reason (also rate_limited, concurrency_limit, request_too_large).",
+                                      labels + ["tenant", "reason"], registry=reg)
         self._lock = threading.Lock()
         self._last_totals: dict[str, int] = {}
         self._engine_counts_cache = False
@@ -279,8 +283,10 @@ class ServingMetrics:
     def on_first_token(self, prompt_tokens: int) -> None:
         self.counters["prompt_tokens"].labels(self.model_name).inc(prompt_tokens)
 
-    def on_refused(self, reason: str) -> None:
+    def on_refused(self, reason: str, tenant: str | None = None) -> None:
         self.request_refused.labels(self.model_name, reason).inc()
+        if tenant is not None:
+            self.tenant_refused.labels(self.model_name, tenant, reason).inc()
 
     def on_finish(self, metrics: Any, request_class: str, finish_reason: str) -> None:
         """Observe one finished request from its `RequestMetrics`."""
