@@ -95,10 +95,11 @@ def test_tenant_and_priority_come_from_the_key(gated):
         _complete(c, extra_body={"tenant": "acme", "priority": 99})       # clamped down to 8
     with _client(served, "router-secret") as c:
         _complete(c, extra_headers={"x-llm-d-inference-fairness-id": "initech"})
-    records = wait_for(lambda: [r for r in read_request_log(served.log_path) if r["api_key_name"]
-                                in ("acme-prod", "router")], 30, "log lines")
-    wait_for(lambda: len(read_request_log(served.log_path)) >= 3, 30, "three log lines")
-    records = [r for r in read_request_log(served.log_path) if r["api_key_name"] in ("acme-prod", "router")]
+    def logged():
+        records = [r for r in read_request_log(served.log_path) if r["api_key_name"] in ("acme-prod", "router")]
+        return records if len(records) == 3 else None
+
+    records = wait_for(logged, 30, "three log lines")
     assert [(r["api_key_name"], r["tenant"], r["priority"]) for r in records] == [
         ("acme-prod", "acme", 2), ("acme-prod", "acme", 8), ("router", "initech", 0)]
     text = served.log_path.read_text()
@@ -159,6 +160,7 @@ def test_concurrency_cap(gated):
             running = [asyncio.create_task(c.completions.create(model=MODEL, prompt=f"Item {i}:", max_tokens=2))
                        for i in range(2)]
             await asyncio.to_thread(wait_for, lambda: _state(served)["num_admission_waiting"] == 2, 30, "2 waiting")
+            refused = None
             try:
                 await c.completions.create(model=MODEL, prompt="Item 3:", max_tokens=2)
             except openai.RateLimitError as e:
@@ -167,7 +169,7 @@ def test_concurrency_cap(gated):
             return refused, await asyncio.gather(*running)
 
     refused, done = asyncio.run(go())
-    assert refused.body["code"] == "concurrency_limit" and refused.response.headers["retry-after"] == "1"
+    assert refused is not None and refused.body["code"] == "concurrency_limit" and refused.response.headers["retry-after"] == "1"
     assert [r.usage.completion_tokens for r in done] == [2, 2]
 
 
