@@ -22,7 +22,7 @@ KEYS = {"keys": [
      "priority": [2, 8]},
     {"name": "globex", "key": "globex-secret", "tenant": "globex", "max_concurrent": 2},
     {"name": "metered", "key": "metered-secret", "tenant": "lim", "requests_per_minute": 2},
-    {"name": "tokens", "key": "tokens-secret", "tenant": "tok", "tokens_per_minute": 120},
+    {"name": "tokens", "key": "tokens-secret", "tenant": "tok", "tokens_per_minute": 12, "burst_tokens": 120},
     {"name": "router", "key": "router-secret", "gateway": True},
     {"name": "flooder", "key": "flood-secret", "tenant": "loud"},
     {"name": "quiet", "key": "quiet-secret", "tenant": "quiet"},
@@ -121,7 +121,7 @@ def test_request_rate_limit_is_429_with_retry_after(gated):
 def test_token_rate_limit_charges_max_tokens_and_refunds(gated):
     served, _ = gated
     with _client(served, "tokens-secret") as c:
-        with pytest.raises(openai.RateLimitError) as e:      # prompt + 200 can never fit 120/min
+        with pytest.raises(openai.RateLimitError) as e:      # prompt + 200 can never fit the bucket (120)
             c.completions.create(model=MODEL, prompt="Hi", max_tokens=200)
         assert e.value.body["code"] == "request_too_large" and "retry-after" not in e.value.response.headers
         # 80 max_tokens are charged, but stopping after a few refunds the rest: the next fits
@@ -130,11 +130,11 @@ def test_token_rate_limit_charges_max_tokens_and_refunds(gated):
         second = c.completions.create(max_tokens=80, **kwargs)
         used = first.usage.total_tokens + second.usage.total_tokens
         assert used < 40
-        # a request needing the whole bucket (120) is refused until what was used refills (2/s)
+        # a request needing the whole bucket (120) is refused until what was used refills (0.2/s)
         with pytest.raises(openai.RateLimitError) as e:
             c.completions.create(max_tokens=120 - first.usage.prompt_tokens, **kwargs)
         assert e.value.body["code"] == "rate_limited" and "tokens_per_minute" in e.value.body["message"]
-        assert 1 <= int(e.value.response.headers["retry-after"]) <= used // 2 + 1
+        assert 1 <= int(e.value.response.headers["retry-after"]) <= used * 5 + 1
 
 
 def test_request_limits_over_http(gated):
