@@ -89,19 +89,22 @@ def test_tenant_comes_from_the_key(keys_file):
     acme, router = ring.authenticate("Bearer acme-secret"), ring.authenticate("Bearer router-secret")
     parsed, body = _chat(user="end-user-17")
     assert parsed.tenant == "end-user-17"                                  # no keys: `user` as before
-    assert apply_key(acme, parsed, body, {}, True).tenant == "acme"         # keys: `user` never selects
+    assert apply_key(acme, parsed, body, {}).tenant == "acme"         # keys: `user` never selects
+    plain = KeyRing.from_plain(["k"]).keys[0]                              # --api-key: trusted, names any
+    assert apply_key(plain, parsed, body, {}).tenant == "default"
+    assert apply_key(plain, parsed, body, {"x-llm-d-inference-fairness-id": "t9"}).tenant == "t9"
     parsed, body = _chat(tenant="acme")
-    assert apply_key(acme, parsed, body, {}, True).tenant == "acme"
+    assert apply_key(acme, parsed, body, {}).tenant == "acme"
     parsed, body = _chat(tenant="globex")
     with pytest.raises(APIError) as e:
-        apply_key(acme, parsed, body, {}, True)
+        apply_key(acme, parsed, body, {})
     assert e.value.status == 403 and e.value.param == "tenant" and e.value.code == "tenant_not_allowed"
     # a gateway names the tenant in llm-d's header, within its allowed tenants
     parsed, body = _chat()
     header = {"x-llm-d-inference-fairness-id": "initech"}
-    assert apply_key(router, parsed, body, header, True).tenant == "initech"
+    assert apply_key(router, parsed, body, header).tenant == "initech"
     with pytest.raises(APIError) as e:
-        apply_key(router, parsed, body, {"x-llm-d-inference-fairness-id": "globex"}, True)
+        apply_key(router, parsed, body, {"x-llm-d-inference-fairness-id": "globex"})
     assert e.value.status == 403
 
 
@@ -110,7 +113,7 @@ def test_priority_is_clamped_into_the_keys_range(keys_file):
     for asked, got in ((None, 2), (0, 2), (-100, 2), (5, 5), (8, 8), (50, 8)):
         extra = {} if asked is None else {"priority": asked}
         body = {"model": "m", "prompt": "x", **extra}
-        assert apply_key(acme, parse_completion(body), body, {}, True).priority == got
+        assert apply_key(acme, parse_completion(body), body, {}).priority == got
 
 
 def test_slo_hook_raises_targets_to_the_keys_tightest(keys_file):

@@ -102,8 +102,7 @@ async def _generate(service: Service, request: Request,
         raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
     options.limits.check(body)
     key = getattr(request.state, STATE_KEY, None)
-    parsed = apply_key(key, parse(body), body, request.headers, options.access.binds_tenants,
-                       options.access.tenant_header)
+    parsed = apply_key(key, parse(body), body, request.headers, options.access.tenant_header)
     agent_header = options.class_rules.agent_header
     job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers, key=key)
     watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))

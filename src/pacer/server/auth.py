@@ -5,7 +5,8 @@ Three ways to run (see README "API keys"):
 - no key (default, local use): every route is open; a request names its tenant with the
   `tenant` extension field (else `user`), as before.
 - `--api-key KEY` (or `PACER_API_KEY` / `VLLM_API_KEY`), vLLM's flag: `/v1/*` needs
-  `Authorization: Bearer KEY`. Such a key is trusted like a gateway: it may name any tenant.
+  `Authorization: Bearer KEY`. Such a key is trusted like a gateway: it may name any tenant
+  (header or `tenant` field; `user` is an end-user id and never selects one).
 - `--api-keys FILE` (YAML or JSON): named keys, stored in clear or as their SHA-256, each
   bound to a tenant, an allowed priority range, rate limits, a concurrency cap and the
   tightest SLO targets it may ask for. The tenant comes from the key: a request whose
@@ -243,12 +244,11 @@ def _is_number(v: Any) -> bool:
 
 
 def apply_key(key: APIKey | None, parsed: ParsedRequest, body: Mapping[str, Any],
-              headers: Mapping[str, str], keys_bind_tenants: bool,
-              tenant_header: str = TENANT_HEADER) -> ParsedRequest:
+              headers: Mapping[str, str], tenant_header: str = TENANT_HEADER) -> ParsedRequest:
     """The request as the key allows it: its tenant (403 if the request names another) and its
-    priority clamped into the key's range. Without key-bound tenants (no --api-keys), the
-    request keeps the tenant it named (`tenant`, else `user`)."""
-    if not keys_bind_tenants or key is None:
+    priority clamped into the key's range. With any key `user` never selects the tenant; with
+    no key (an open server) the request keeps the tenant it named (`tenant`, else `user`)."""
+    if key is None:
         return parsed
     asked = body.get("tenant") if isinstance(body.get("tenant"), str) else None
     named = headers.get(tenant_header) or asked
