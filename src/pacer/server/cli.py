@@ -45,6 +45,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="compute these prefixes at start-up and pin them in the prefix cache (public to all "
                         "tenants): a JSON list or JSONL file whose items are text, token ids, "
                         '{"prompt": text} or {"messages": [...]} (rendered without a generation prompt)')
+    t = p.add_argument_group("tools and chat template (vLLM's flags)")
+    t.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
+    t.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json"),
+                   help="how tool calls are read from the output (and written by forced calls); default for "
+                        "forced calls: hermes")
+    t.add_argument("--chat-template", default=None, metavar="PATH",
+                   help="a Jinja chat template file used instead of the model's for every chat request "
+                        "(default: the model's, or pacer's tool-aware ChatML template when tools are given and "
+                        "the model's template has no tool support)")
     add_access_args(p)
     add_engine_args(p)
 
@@ -127,6 +137,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     from pacer.metrics import ClassRules
     from pacer.server.limits import RequestLimits
     from pacer.server.service import Service, ServiceOptions
+    from pacer.tools.serving import ToolOptions
+    from pacer.tools.template import load_chat_template
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -138,11 +150,13 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
     access, weights = build_access(args)
     limits = RequestLimits.from_args(args)
+    template = load_chat_template(args.chat_template) if args.chat_template else None
+    tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
     if engine is None:
         engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
-                             class_rules=rules, access=access, limits=limits,
+                             class_rules=rules, tools=tools, access=access, limits=limits,
                              tenant_weights=weights or engine.config.cache.tenant_weights)
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
