@@ -41,6 +41,7 @@ these keys (names are stable; new keys may be added, none renamed):
 ``slo_met``            whether it met every target it was held to (null: it had none)
 ``deprioritized``      slo policy: it went behind feasible requests once it could not meet TTFT
 ``shed``               refused as hopeless (``shed_hopeless``: HTTP 429 ``slo_unattainable``)
+``api_key_name``       the ``name`` of the API key that sent it (``--api-keys``), never the key; null
 =====================  ==============================================================
 """
 
@@ -67,7 +68,7 @@ REQUEST_LOG_FIELDS = (
     "queue_wait", "ttft", "tpot", "itl_mean", "itl_max", "e2e",
     "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
-    "finish_reason", "status", "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed",
+    "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed", "api_key_name",
 )
 
 
@@ -238,6 +239,9 @@ class ServingMetrics:
         self.request_refused = Counter(self.name("request_refused"), "Requests refused, by reason "
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
+        self.tenant_refused = Counter(self.name("tenant_request_refused"), "Requests refused, by tenant and "
+                                      "reason (also rate_limited, concurrency_limit, request_too_large).",
+                                      labels + ["tenant", "reason"], registry=reg)
         self._lock = threading.Lock()
         self._last_totals: dict[str, int] = {}
         self._engine_counts_cache = False
@@ -274,8 +278,10 @@ class ServingMetrics:
     def on_slo(self, request_class: str, met: bool) -> None:
         self.request_slo.labels(self.model_name, request_class, "met" if met else "missed").inc()
 
-    def on_refused(self, reason: str) -> None:
+    def on_refused(self, reason: str, tenant: str | None = None) -> None:
         self.request_refused.labels(self.model_name, reason).inc()
+        if tenant is not None:
+            self.tenant_refused.labels(self.model_name, tenant, reason).inc()
 
     def on_finish(self, metrics: Any, request_class: str, finish_reason: str) -> None:
         """Observe one finished request from its `RequestMetrics`."""

@@ -24,7 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pacer.core.slo import Slo, slo_from_request
 from pacer.engine import RequestOutput
 from pacer.server import errors
+from pacer.server.auth import STATE_KEY, AuthMiddleware, apply_key
 from pacer.server.errors import APIError
+from pacer.server.limits import read_body
 from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
 from pacer.server.service import Job, Service
@@ -44,6 +46,8 @@ def create_app(service: Service) -> FastAPI:
 
     app = FastAPI(title="pacer", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(AuthMiddleware, api_keys=service.options.access.api_keys,
+                       metrics_keys=service.options.access.metrics_keys)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -113,16 +117,19 @@ def _llm_d_slo(headers: Any) -> Slo:
 
 async def _generate(service: Service, request: Request,
                     parse: Callable[[Any], ParsedRequest]) -> Response:
-    raw = await request.body()
+    options = service.options
+    raw = await read_body(request, options.limits.max_body_bytes)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
-    parsed = parse(body)
-    agent_header = service.options.class_rules.agent_header
+    options.limits.check(body)
+    key = getattr(request.state, STATE_KEY, None)
+    parsed = apply_key(key, parse(body), body, request.headers, options.access.tenant_header)
+    agent_header = options.class_rules.agent_header
     job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers,
                          declared_class=request.headers.get(CLASS_HEADER),
-                         header_slo=_llm_d_slo(request.headers))
+                         header_slo=_llm_d_slo(request.headers), key=key)
     watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))
     if not parsed.stream:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -55,7 +56,46 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template file used instead of the model's for every chat request "
                         "(default: the model's, or pacer's tool-aware ChatML template when tools are given and "
                         "the model's template has no tool support)")
+    add_access_args(p)
     add_engine_args(p)
+
+
+def add_access_args(p: argparse.ArgumentParser) -> None:
+    from pacer.server.auth import TENANT_HEADER
+    from pacer.server.limits import LIMIT_FLAGS
+
+    a = p.add_argument_group("API keys and tenants (README: API keys)")
+    a.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* (vLLM's flag; default: $PACER_API_KEY, "
+                        "else $VLLM_API_KEY, else open). These keys may name any tenant.")
+    a.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="YAML/JSON file of named keys (clear or SHA-256) bound to tenants, priority ranges, "
+                        "rate limits, concurrency caps and tightest SLO targets; the tenant comes from the key")
+    a.add_argument("--metrics-api-key", default=None, metavar="KEY",
+                   help="require this key on /metrics and /debug/* (default: they stay open)")
+    a.add_argument("--tenant-header", default=TENANT_HEADER,
+                   help="header in which a gateway key names its client's tenant (llm-d's fairness id)")
+    lim = p.add_argument_group("request limits (400/413 naming the field and the limit)")
+    for flag, (name, default, help_) in LIMIT_FLAGS.items():
+        lim.add_argument(f"--{flag}", dest=name, type=int, default=default, help=f"{help_} (default {default})")
+
+
+def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
+    """The Access (key rings) for parsed args, and the keys file's tenant_weights."""
+    from pacer.server.auth import Access, KeyRing, load_keys_file
+
+    plain = getattr(args, "api_key", None) or [
+        k for k in (os.environ.get("PACER_API_KEY"), os.environ.get("VLLM_API_KEY")) if k][:1]
+    if any(not k for k in plain):
+        raise ValueError("--api-key must not be empty")
+    keys = list(KeyRing.from_plain(plain).keys)
+    weights: dict[str, float] = {}
+    if getattr(args, "api_keys", None):
+        loaded = load_keys_file(args.api_keys)
+        keys += loaded.keys
+        weights = loaded.tenant_weights
+    metrics = KeyRing.from_plain([args.metrics_api_key], "metrics-api-key") if args.metrics_api_key else KeyRing()
+    return Access(KeyRing(keys), metrics, bool(getattr(args, "api_keys", None)), args.tenant_header.lower()), weights
 
 
 def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
@@ -96,6 +136,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     """The Service for parsed `serve` args; builds the engine unless one is given (tests)."""
     from pacer.engine import Engine
     from pacer.metrics import ClassRules
+    from pacer.server.limits import RequestLimits
     from pacer.server.service import Service, ServiceOptions
     from pacer.tools.serving import ToolOptions
     from pacer.tools.template import load_chat_template
@@ -108,13 +149,16 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
     names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
+    access, weights = build_access(args)
+    limits = RequestLimits.from_args(args)
     template = load_chat_template(args.chat_template) if args.chat_template else None
     tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
-    options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
-                             metrics_prefix=args.metrics_prefix, request_log=args.request_log,
-                             class_rules=rules, tools=tools)
     if engine is None:
         engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
+    options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
+                             metrics_prefix=args.metrics_prefix, request_log=args.request_log,
+                             class_rules=rules, tools=tools, access=access, limits=limits,
+                             tenant_weights=weights or engine.config.cache.tenant_weights)
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
@@ -132,6 +176,10 @@ def run_serve(args: argparse.Namespace) -> int:
     service = build_service(args)
     app = create_app(service)
     print(f"[pacer] serving {service.model_name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    access = service.options.access
+    if access.api_keys.enabled:
+        print(f"[pacer] /v1/* needs an API key ({len(access.api_keys.keys)} accepted"
+              f"{'; tenants come from the keys' if access.binds_tenants else ''})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=max(args.drain_timeout, 0.001))
     return 0

@@ -3,12 +3,13 @@
 Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs` plus
 `top_logprobs`), `presence_penalty`, `frequency_penalty` and `n` (1..MAX_N) included, and
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
-`priority`; `tenant` is a pacer extension, also read from `user`. Options we do not implement
-(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are refused with a
-400 naming the field rather than ignored. Unknown keys are ignored, as OpenAI-compatible
-servers commonly do. Structured outputs (`response_format`, `structured_outputs`, `guided_*`)
-are read by pacer.server.structured_api, `tools` / `tool_choice` by pacer.tools.api; a chat
-request with tools is also of class `agent`.
+`priority`; `tenant` is a pacer extension, also read from `user` (with an API key `user` is an
+end-user id and the tenant comes from the key: pacer.server.auth). Options we do not implement
+(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`, `cache_salt`) are
+refused with a 400 naming the field rather than ignored. Unknown keys are ignored, as
+OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
+`structured_outputs`, `guided_*`) are read by pacer.server.structured_api, `tools` /
+`tool_choice` by pacer.tools.api; a chat request with tools is also of class `agent`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     n = _opt_int(body, "n", low=1, high=MAX_N)
     _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
     _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
+    _refuse_if(body, "cache_salt", lambda v: v is not None, "cache_salt is not supported: prefix sharing is "
+               "partitioned by tenant (--tenant-isolation isolated; with --api-keys the key's tenant)")
     stream = _opt_bool(body, "stream") or False
     include_usage = False
     opts = body.get("stream_options")

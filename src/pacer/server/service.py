@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.core.admission import AdmissionController
-from pacer.core.slo import ClassRules, Slo
+from pacer.core.slo import SLO_KEYS, ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
 from pacer.metrics import RequestLogWriter, ServingMetrics, make_log_record
 from pacer.request import SamplingParams
 from pacer.server import errors
+from pacer.server.auth import Access, APIKey, bound_slo_targets
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.errors import APIError, bad_request
+from pacer.server.key_limits import KeyLimiters
+from pacer.server.limits import RequestLimits
 from pacer.server.logprobs import TokenText
 from pacer.server.protocol import ParsedRequest
 from pacer.tools.serving import ToolOptions, plan_tools
@@ -41,6 +44,9 @@ class ServiceOptions:
     metrics_prefix: str = "pacer"
     request_log: str | None = None
     class_rules: ClassRules = field(default_factory=ClassRules)
+    tenant_weights: dict[str, float] | None = None   # shares of max_waiting (equal by default)
+    access: Access = field(default_factory=Access)    # API keys (none: open)
+    limits: RequestLimits = field(default_factory=RequestLimits)
     tools: ToolOptions = field(default_factory=ToolOptions)
 
 
@@ -58,6 +64,7 @@ class RequestContext:
     priority: int
     max_tokens: int
     slo: Slo = Slo()           # the targets it is held to (class's with its own on top)
+    api_key_name: str | None = None   # the key's name (never the key), for limits and the log
     status: int = 200          # what the client got: 200, 429 (displaced), 499 (went away), 500
     started: bool = False
 
@@ -87,7 +94,8 @@ class Service:
         self.options = options
         self.model_name = options.served_model_names[0]
         self.loop = EngineLoop(engine)
-        self.admission = AdmissionController(options.max_waiting)
+        self.admission = AdmissionController(options.max_waiting, tenant_weights=options.tenant_weights)
+        self.key_limits = KeyLimiters()
         self.metrics = ServingMetrics(self.model_name, options.metrics_prefix)
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
         self.draining = False
@@ -130,10 +138,12 @@ class Service:
     # ------------------------------------------------------------------ submitting
 
     def submit(self, parsed: ParsedRequest, is_agent: bool = False, declared_class: str | None = None,
-               header_slo: Slo | None = None) -> Job:
-        """Validate, classify, admit and queue; raises APIError (4xx/5xx) instead."""
+               header_slo: Slo | None = None, key: APIKey | None = None) -> Job:
+        """Validate, classify, charge the key's limits, admit and queue; raises APIError
+        (4xx/5xx) instead. `parsed` already carries the tenant and priority the key allows;
+        its SLO targets are bounded by the key's `tightest_slo`."""
         if self.draining:
-            self.metrics.on_refused("draining")
+            self.metrics.on_refused("draining", parsed.tenant)
             raise errors.unavailable("the server is shutting down")
         if not self.loop.alive:
             raise errors.unavailable("the engine is not running")
@@ -154,15 +164,24 @@ class Service:
             except ValueError as e:
                 raise bad_request("x-pacer-class", str(e)) from None
             own = (header_slo or Slo()).merged(parsed.slo)
+            if key is not None and key.tightest_slo:
+                asked = {k: v for k in SLO_KEYS if (v := getattr(own, k)) is not None}
+                own = Slo(**bound_slo_targets(key, asked))
             targets = self.engine.slo_set.for_class(rclass).merged(
                 own, self.engine.scheduler_config.allow_tighter_slo)
             for j in range(parsed.n):
                 i = p * parsed.n + j
                 choice_params = params.for_sample(j)
                 ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
-                                     rclass, parsed.priority, params.max_tokens, targets)
+                                     rclass, parsed.priority, params.max_tokens, targets,
+                                     key.name if key else None)
                 specs.append((f"{api_id}-{i}", ids, choice_params, ctx))
-        self._admit(job, [s[0] for s in specs])
+        self._charge(job, key, sum(len(s[1]) + s[2].max_tokens for s in specs), len(specs))
+        try:
+            self._admit(job, [s[0] for s in specs])
+        except APIError:
+            self._refund(specs)
+            raise
         try:
             for rid, ids, params, ctx in specs:
                 route = Route(job.queue, ctx.index, ctx)
@@ -172,10 +191,10 @@ class Service:
                 job.request_ids.append(rid)
                 job.contexts.append(ctx)
         except (ValueError, TypeError) as e:
-            self._undo(job, [s[0] for s in specs])
+            self._undo(job, specs)
             raise _engine_error(e, parsed) from None
         except RuntimeError as e:
-            self._undo(job, [s[0] for s in specs])
+            self._undo(job, specs)
             raise errors.unavailable(str(e)) from None
         return job
 
@@ -213,7 +232,7 @@ class Service:
         if max_tokens is None:
             max_tokens = 16 if parsed.endpoint == "completions" else room
         if max_tokens > room or room < 1:
-            self.metrics.on_refused("context_length_exceeded")
+            self.metrics.on_refused("context_length_exceeded", parsed.tenant)
             self.admission.refuse("context_length_exceeded")
             raise bad_request(param, f"This model's maximum context length is {self.limit_tokens} tokens. "
                                      f"However, you requested {num_prompt_tokens + max_tokens} tokens "
@@ -224,23 +243,39 @@ class Service:
         except (ValueError, TypeError) as e:
             raise _engine_error(e, parsed) from None
 
+    def _charge(self, job: Job, key: APIKey | None, num_tokens: int, num_requests: int) -> None:
+        """Charge the key's rate and concurrency limits (prompt + max_tokens of every choice)."""
+        try:
+            self.key_limits.acquire(key, num_requests, num_tokens, self.engine.clock.now())
+        except APIError as e:
+            self.metrics.on_refused(e.code or "rate_limited", job.parsed.tenant)
+            self.admission.refuse(e.code or "rate_limited")
+            raise
+
+    def _refund(self, specs: list[tuple[str, Any, SamplingParams, RequestContext]]) -> None:
+        """Give back the whole charge of engine requests that never reached the engine."""
+        now = self.engine.clock.now()
+        for _, ids, params, ctx in specs:
+            self.key_limits.release(ctx.api_key_name, len(ids) + params.max_tokens, now, refund_request=True)
+
     def _admit(self, job: Job, request_ids: list[str]) -> None:
         now = self.engine.clock.now()
         admitted: list[str] = []
+        tenant = job.parsed.tenant
         for rid in request_ids:
-            decision = self.admission.try_admit(rid, job.parsed.priority, now)
+            decision = self.admission.try_admit(rid, job.parsed.priority, now, tenant)
             if not decision.admitted:
                 for a in admitted:
                     self.admission.release(a)
-                self.metrics.on_refused(decision.reason or "queue_full")
+                self.metrics.on_refused(decision.reason or "queue_full", tenant)
                 raise errors.queue_full(decision.retry_after_s)
             admitted.append(rid)
             if decision.displaced_id is not None:
                 self._displace(decision.displaced_id, now)
 
     def _displace(self, request_id: str, now: float) -> None:
-        self.metrics.on_refused("displaced")
         ctx = self._contexts.get(request_id)
+        self.metrics.on_refused("displaced", ctx.tenant if ctx is not None else None)
         route = self.loop.route(request_id)
         if ctx is not None:
             ctx.status = 429
@@ -248,9 +283,13 @@ class Service:
             route.queue.put_nowait(errors.displaced(self.admission.retry_after(now)))
         self.loop.abort(request_id)
 
-    def _undo(self, job: Job, request_ids: list[str]) -> None:
-        for rid in request_ids:
+    def _undo(self, job: Job, specs: list[tuple[str, Any, SamplingParams, RequestContext]]) -> None:
+        """The engine refused one of the job's requests: release what was not added (the
+        added ones are aborted and released when the engine reports them finished)."""
+        added = set(job.request_ids)
+        for rid, *_ in specs:
             self.admission.release(rid)
+        self._refund([s for s in specs if s[0] not in added])
         self.cancel(job, 500)
 
     # ------------------------------------------------------------------ outputs (event loop)
@@ -265,6 +304,7 @@ class Service:
         if not out.finished:
             return
         self.admission.release(out.request_id)
+        self.key_limits.release(ctx.api_key_name, ctx.max_tokens - len(out.token_ids), self.engine.clock.now())
         self._contexts.pop(out.request_id, None)
         if not self._contexts:
             self._all_finished.set()
@@ -287,6 +327,7 @@ class Service:
                 request_id=out.request_id, api_id=ctx.api_id, index=ctx.index, endpoint=ctx.endpoint,
                 model=ctx.model, stream=ctx.stream, tenant=ctx.tenant, priority=ctx.priority,
                 max_tokens=ctx.max_tokens, finish_reason=reason, status=ctx.status, slo_met=met,
+                api_key_name=ctx.api_key_name,
                 **{"class": ctx.request_class},
             ))
 

@@ -1,0 +1,117 @@
+"""Per-key limits: token buckets for request and token rates, and a cap on concurrent
+requests. Pure Python; the caller passes `now` (seconds on any monotonic scale).
+
+Rule for the token rate: a request is charged `prompt tokens + max_tokens` when it is
+admitted (what it may use), and what it did not generate is refunded when it finishes
+(`refund`), so a client that asks for a large `max_tokens` but stops early pays for what it
+used, and the bucket never goes negative. A refused request is charged nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["TokenBucket", "KeyLimits", "KeyLimiter", "LimitRefusal"]
+
+
+class TokenBucket:
+    """`rate` units per second, holding at most `capacity`; starts full."""
+
+    def __init__(self, rate: float, capacity: float, now: float) -> None:
+        if not rate > 0 or not capacity > 0:
+            raise ValueError(f"a token bucket needs rate > 0 and capacity > 0, got {rate!r}, {capacity!r}")
+        self.rate = float(rate)
+        self.capacity = float(capacity)
+        self._level = self.capacity
+        self._at = now
+
+    def level(self, now: float) -> float:
+        if now > self._at:
+            self._level = min(self.capacity, self._level + (now - self._at) * self.rate)
+            self._at = now
+        return self._level
+
+    def wait_time(self, amount: float, now: float) -> float:
+        """Seconds until `amount` can be taken (0: now; inf: never, it exceeds the capacity)."""
+        if amount > self.capacity:
+            return math.inf
+        return max(0.0, (amount - self.level(now)) / self.rate)
+
+    def take(self, amount: float, now: float) -> None:
+        self._level = self.level(now) - amount
+
+    def give_back(self, amount: float, now: float) -> None:
+        self._level = min(self.capacity, self.level(now) + amount)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """One key's limits; None is unlimited. Buckets hold one minute's worth unless `burst_*`."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    max_concurrent: int | None = None
+    burst_requests: float | None = None
+    burst_tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRefusal:
+    reason: str               # "rate_limited" | "concurrency_limit" | "request_too_large"
+    limit: str                # which limit: requests_per_minute | tokens_per_minute | max_concurrent
+    message: str
+    retry_after_s: int | None  # None: retrying the same request never helps
+
+
+class KeyLimiter:
+    """The buckets and the in-flight count of one key."""
+
+    def __init__(self, limits: KeyLimits, now: float) -> None:
+        self.limits = limits
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        self.requests = None if rpm is None else TokenBucket(rpm / 60.0, limits.burst_requests or rpm, now)
+        self.tokens = None if tpm is None else TokenBucket(tpm / 60.0, limits.burst_tokens or tpm, now)
+        self.num_in_flight = 0
+
+    def try_acquire(self, num_requests: int, num_tokens: int, now: float) -> LimitRefusal | None:
+        """Charge `num_requests` engine requests costing `num_tokens` in all, or say why not
+        (then nothing is charged)."""
+        cap = self.limits.max_concurrent
+        if cap is not None and self.num_in_flight + num_requests > cap:
+            if num_requests > cap:
+                return LimitRefusal("request_too_large", "max_concurrent",
+                                    f"the request needs {num_requests} concurrent sequences; this key may run "
+                                    f"at most {cap} at once (max_concurrent)", None)
+            return LimitRefusal("concurrency_limit", "max_concurrent",
+                                f"this key already has {self.num_in_flight} requests in flight; its limit is "
+                                f"{cap} (max_concurrent)", 1)
+        for bucket, amount, name in ((self.requests, num_requests, "requests_per_minute"),
+                                     (self.tokens, num_tokens, "tokens_per_minute")):
+            if bucket is None:
+                continue
+            wait = bucket.wait_time(amount, now)
+            if math.isinf(wait):
+                return LimitRefusal("request_too_large", name,
+                                    f"the request needs {amount:g} against {name}; this key's bucket holds at "
+                                    f"most {bucket.capacity:g}", None)
+            if wait > 0:
+                return LimitRefusal("rate_limited", name,
+                                    f"rate limit reached for {name} (limit {bucket.rate * 60:g}/min, this "
+                                    f"request needs {amount:g}); retry after {math.ceil(wait)} s",
+                                    max(1, math.ceil(wait)))
+        if self.requests is not None:
+            self.requests.take(num_requests, now)
+        if self.tokens is not None:
+            self.tokens.take(num_tokens, now)
+        self.num_in_flight += num_requests
+        return None
+
+    def release(self, unused_tokens: int, now: float, refund_request: bool = False) -> None:
+        """One engine request ended; refund the tokens it was charged but did not use (and,
+        with `refund_request`, its place in the request rate: it never reached the engine)."""
+        self.num_in_flight = max(0, self.num_in_flight - 1)
+        if self.tokens is not None and unused_tokens > 0:
+            self.tokens.give_back(unused_tokens, now)
+        if self.requests is not None and refund_request:
+            self.requests.give_back(1, now)
