@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
+from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import SchedulerOutput
 from pacer.core.scheduler import Scheduler
@@ -94,6 +95,7 @@ class Engine:
         self._tracked: dict[str, TrackedRequest] = {}
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []
+        self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
@@ -151,8 +153,9 @@ class Engine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
-                    arrival_time: float | None = None) -> str:
-        """Validate and queue a request; raises ValueError/TypeError naming the bad field."""
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> str:
+        """Validate and queue a request; raises ValueError/TypeError naming the bad field.
+        `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
@@ -163,6 +166,8 @@ class Engine:
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if not isinstance(tenant, str) or not tenant:
             raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         ids = self.tokenize_prompt(prompt)
         self.validate(len(ids), params)
         with self._id_lock:
@@ -176,7 +181,7 @@ class Engine:
         req = Request(request_id, ids, params,
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=priority, tenant=tenant, arrival_seq=next(self._seq),
-                      eos_token_ids=self.eos_token_ids)
+                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer
@@ -219,6 +224,7 @@ class Engine:
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
+            self._publish_kv_events()
             return outputs
         try:
             result = self.executor.execute(sched_out)
@@ -232,7 +238,22 @@ class Engine:
             outputs.append(self._emit(req, logprobs.get(req.request_id)))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
+        self._publish_kv_events()
         return outputs
+
+    def add_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        """After every step that changed the prefix cache, `sink(now, events)` gets its
+        store/remove events in order (blocks cached already arrive first as stores)."""
+        if self.kv.enable_events() is None:
+            raise ValueError("KV cache events need enable_prefix_caching=True")
+        self._kv_event_sinks.append(sink)
+
+    def _publish_kv_events(self) -> None:
+        if self._kv_event_sinks:
+            events = self.kv.take_events()
+            if events:
+                for sink in self._kv_event_sinks:
+                    sink(self.clock.now(), events)
 
     def _execute_isolated(self, out: SchedulerOutput, outputs: list[RequestOutput]) -> Any:
         """After a failed execute: run each request of the step alone (whole block table, as if
