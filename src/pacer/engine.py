@@ -248,6 +248,10 @@ class Engine:
             raise ValueError("KV cache events need enable_prefix_caching=True")
         self._kv_event_sinks.append(sink)
 
+    def remove_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        if sink in self._kv_event_sinks:
+            self._kv_event_sinks.remove(sink)
+
     def _publish_kv_events(self) -> None:
         if self._kv_event_sinks:
             events = self.kv.take_events()

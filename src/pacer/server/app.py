@@ -26,6 +26,7 @@ from pacer.server import errors
 from pacer.server.errors import APIError
 from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
+from pacer.server.router_api import add_router_endpoints, tenant_from_headers
 from pacer.server.service import Job, Service
 
 __all__ = ["create_app"]
@@ -85,6 +86,7 @@ def create_app(service: Service) -> FastAPI:
     async def debug_state() -> dict[str, Any]:
         return service.debug_state()
 
+    add_router_endpoints(app, service.engine.tokenizer, service.engine.max_model_len, service.engine.vocab_size)
     return app
 
 
@@ -95,7 +97,7 @@ async def _generate(service: Service, request: Request,
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
-    parsed = parse(body)
+    parsed = tenant_from_headers(parse(body), request.headers)
     agent_header = service.options.class_rules.agent_header
     job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers)
     watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))

@@ -44,7 +44,36 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="compute these prefixes at start-up and pin them in the prefix cache (public to all "
                         "tenants): a JSON list or JSONL file whose items are text, token ids, "
                         '{"prompt": text} or {"messages": [...]} (rendered without a generation prompt)')
+    s.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="publish KV cache events as vLLM does (its KVEventsConfig fields), e.g. "
+                        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+                        '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
     add_engine_args(p)
+
+
+def attach_kv_events(service: Any, config_json: str | None, replica_index: int = 0) -> Any:
+    """Start the KV event publisher for `--kv-events-config` (None when not enabled); replica i
+    binds the configured ports + i. Closed, and detached from the engine, at shutdown."""
+    import time
+
+    from pacer.kv_events import KVEventPublisher, parse_kv_events_config
+
+    config = parse_kv_events_config(config_json)
+    if not config.enabled:
+        return None
+    if service.engine.kv.cache is None:
+        raise ValueError("--kv-events-config needs prefix caching (drop --no-enable-prefix-caching)")
+    publisher = KVEventPublisher(config, replica_index)
+
+    def sink(now: float, events: list[Any]) -> None:
+        publisher.publish(time.time(), events)
+
+    service.engine.add_kv_event_sink(sink)
+    service.kv_publisher = publisher
+    service.closers.append(lambda: (service.engine.remove_kv_event_sink(sink), publisher.close()))
+    print(f"[pacer] KV events (replica {replica_index}) on {publisher.endpoint}, replay "
+          f"{publisher.replay_endpoint or 'off'}, topic {config.topic!r}", file=sys.stderr)
+    return publisher
 
 
 def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
@@ -98,12 +127,17 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
                              class_rules=rules)
+    from pacer.kv_events import parse_kv_events_config
+
+    parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
     if engine is None:
         engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
-    return Service(engine, options)
+    service = Service(engine, options)
+    attach_kv_events(service, getattr(args, "kv_events_config", None))
+    return service
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -94,7 +94,7 @@ class EngineLoop:
     # ------------------------------------------------------------------ requests (event loop)
 
     def add(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams, *,
-            priority: int, tenant: str, route: Route) -> None:
+            priority: int, tenant: str, route: Route, cache_salt: str | None = None) -> None:
         """Queue one engine request; raises ValueError/TypeError from the engine's validation."""
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped after a failure: {self.error}")
@@ -102,7 +102,8 @@ class EngineLoop:
         with self._live_lock:
             self._live.add(request_id)
         try:
-            self.engine.add_request(prompt, params, request_id=request_id, priority=priority, tenant=tenant)
+            self.engine.add_request(prompt, params, request_id=request_id, priority=priority, tenant=tenant,
+                                    cache_salt=cache_salt)
         except BaseException:
             self._routes.pop(request_id, None)
             with self._live_lock:

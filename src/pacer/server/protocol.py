@@ -40,6 +40,8 @@ class ParsedRequest:
     priority: int = 0
     tenant: str = "default"
     has_tools: bool = False
+    cache_salt: str | None = None                   # vLLM's: share cached blocks only with the same salt
+    tenant_given: bool = False                      # `tenant` or `user` was in the body
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -93,7 +95,11 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("stream_options", "stream_options is only allowed when stream is true")
         include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
     priority = _opt_int(body, "priority", low=None)
-    return {"model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request("cache_salt", "cache_salt must be a non-empty string")
+    return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
+            "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
             "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1}
 
 
