@@ -70,7 +70,11 @@ def attach_kv_events(service: Any, config_json: str | None, replica_index: int =
 
     service.engine.add_kv_event_sink(sink)
     service.kv_publisher = publisher
-    service.closers.append(lambda: (service.engine.remove_kv_event_sink(sink), publisher.close()))
+    def close() -> None:
+        service.engine.remove_kv_event_sink(sink)
+        publisher.close()
+
+    service.closers.append(close)
     print(f"[pacer] KV events (replica {replica_index}) on {publisher.endpoint}, replay "
           f"{publisher.replay_endpoint or 'off'}, topic {config.topic!r}", file=sys.stderr)
     return publisher

@@ -13,13 +13,14 @@ at the arrival time; a busy one takes the request at its next step, as a real on
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
+from pacer.core.block_events import BlockEvent
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.routers import Cluster, Router, RouteRequest, request_namespace
 from pacer.engine import Engine
@@ -58,6 +59,12 @@ class ClusterResult:
         return hits / queried if queried else 0.0
 
 
+def _index_sink(index: BlockIndex, replica_id: str) -> Callable[[float, list[BlockEvent]], None]:
+    def sink(now: float, events: list[BlockEvent]) -> None:
+        index.apply(replica_id, events)
+    return sink
+
+
 def build_cluster(num_replicas: int, config: EngineConfig, hw: Any, model: Any, index: BlockIndex,
                   **engine_kwargs: Any) -> list[Replica]:
     """N simulated engines, each publishing its KV events into `index` under its replica id."""
@@ -68,7 +75,7 @@ def build_cluster(num_replicas: int, config: EngineConfig, hw: Any, model: Any, 
         engine, executor, clock = build_sim_engine(config, hw, model, keep_records=False, **engine_kwargs)
         rid = f"replica-{i}"
         if engine.kv.cache is not None:
-            engine.add_kv_event_sink(lambda now, events, rid=rid: index.apply(rid, events))
+            engine.add_kv_event_sink(_index_sink(index, rid))
         replicas.append(Replica(rid, engine, executor, clock))
     return replicas
 
