@@ -48,6 +48,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="publish KV cache events as vLLM does (its KVEventsConfig fields), e.g. "
                         '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
                         '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
+    s.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); "
+                        "default: start Ray on this machine")
+    from pacer.deploy.options import add_router_args
+
+    add_router_args(p)
     add_engine_args(p)
 
 
@@ -145,6 +151,13 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from pacer.deploy.options import check_replicas
+
+    check_replicas(args.replicas)
+    if args.replicas > 1 or args.ray_address or args.router != "least-loaded":
+        from pacer.deploy.launch import run_replicas
+
+        return run_replicas(args)
     import prometheus_client
     import uvicorn
 
