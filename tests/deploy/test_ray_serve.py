@@ -4,8 +4,6 @@ with the prefix router, aggregates /metrics with per-replica labels; bad flags f
 
 The deployment test is slow (Ray start-up plus two model loads, ~1-2 min here): `make test-slow`."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import socket
