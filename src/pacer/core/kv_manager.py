@@ -230,6 +230,15 @@ class KVCacheManager:
         """The store/remove events since the last call, in order (empty when not enabled)."""
         return self.cache.events.take() if self.cache is not None and self.cache.events is not None else []
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
+        stay). Each dropped block is reported as removed. Returns how many were dropped."""
+        if self.cache is None:
+            return 0
+        freed = self.cache.evict(self.cache.num_evictable_blocks)
+        self._release(freed, "capacity")
+        return len(freed)
+
     def drop_expired(self) -> None:
         """Proactively drop cache nodes idle longer than the TTL (cheap when nothing is due)."""
         if self.cache is not None:
