@@ -56,13 +56,13 @@ def test_config_takes_vllm_fields_and_rejects_unknown_keys_and_bad_types():
 
 def test_port_in_use_is_a_clear_error():
     port = _free_port()
-    cfg = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"})
+    cfg = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})
     first = KVEventPublisher(cfg)
     try:
-        with pytest.raises(ValueError, match=rf"cannot bind endpoint tcp://127.0.0.1:{port}: Address already in use"):
+        with pytest.raises(ValueError, match=rf"cannot bind endpoint tcp://\*:{port}: Address already in use"):
             KVEventPublisher(cfg)
         second = KVEventPublisher(cfg, replica_index=1)   # replica 1 takes port + 1
-        assert second.endpoint == f"tcp://127.0.0.1:{port + 1}"
+        assert second.endpoint == f"tcp://0.0.0.0:{port + 1}"
         second.close()
     finally:
         first.close()
@@ -84,19 +84,24 @@ def _engine_batches() -> list[tuple[float, list]]:
 
 def test_publisher_stream_and_replay_reproduce_the_cache():
     batches = _engine_batches()
-    cfg = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0",
-                                  "replay_endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
+    cfg = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
+                                  "replay_endpoint": "tcp://*:0", "topic": "kv"})
     pub = KVEventPublisher(cfg)
     sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint, topic="kv")
     try:
         for ts, events in batches:
             pub.publish(ts, events)
-        got = []
-        while len(got) < len(batches) + 1:   # + the AllBlocksCleared the publisher starts with
-            polled = sub.poll(2000)
-            assert polled, "no frames arrived"
-            got.extend(polled)
-        assert [seq for seq, _ in got] == list(range(len(batches) + 1))
+        got: list = []
+        beats = 0
+        while not got and beats < 100:   # the first frames are lost until SUB is connected (slow joiner)
+            pub.publish(0.0, [])
+            beats += 1
+            got.extend(sub.poll(100))
+        total = len(batches) + 1 + beats   # + the AllBlocksCleared the publisher starts with
+        while got[-1][0] < total - 1:
+            got.extend(sub.poll(2000) or pytest.fail("frames stopped arriving"))
+        # any gap before the first live frame is filled from the replay socket, in order
+        assert [seq for seq, _ in got] == list(range(total))
         assert type(got[0][1].events[0]).__name__ == "AllBlocksCleared"
         live, replayed = BlockIndex(strict=True), BlockIndex(strict=True)
         for _, batch in got:
@@ -157,3 +162,30 @@ def test_vllms_own_decoder_reads_the_stream_and_reproduces_the_cache():
     for _, events in batches:
         expect.apply("r", events)
     assert expect.blocks("r") and set(json.loads(out.stdout.strip().splitlines()[-1])) == expect.blocks("r")
+
+
+def test_publisher_connects_to_a_consumer_that_binds():
+    """llm-d's EPP can bind one SUB socket that every model server connects to (vLLM's rule:
+    an endpoint without a wildcard is connected to)."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    pub = KVEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True,
+                                                   "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv@pod-1@m"}))
+    try:
+        assert pub.endpoint == f"tcp://127.0.0.1:{port}"
+        got = None
+        for _ in range(50):   # the PUB side drops frames until the connection is up (ZMQ slow joiner)
+            pub.publish(0.0, [BlockRemovedEvent((7,))])
+            if sub.poll(100):
+                got = sub.recv_multipart()
+                break
+        assert got is not None and got[0] == b"kv@pod-1@m"
+        names = {type(e).__name__ for e in msgspec.msgpack.Decoder(KVEventBatch).decode(got[2]).events}
+        assert names <= {"AllBlocksCleared", "BlockRemoved"} and names
+    finally:
+        pub.close()
+        sub.close(linger=0)

@@ -110,6 +110,12 @@ def offset_endpoint(endpoint: str | None, index: int) -> str | None:
     return f"{endpoint}_dp{index}"
 
 
+def is_bind_endpoint(endpoint: str) -> bool:
+    """vLLM's rule for the PUB socket: bind a wildcard (`tcp://*:5557`, `::`) or an ipc/inproc
+    address, connect to any other (a consumer that binds, as llm-d's EPP can)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def connect_address(endpoint: str, host: str = "127.0.0.1") -> str:
     """Where a subscriber connects for a bound address (`tcp://*:5557` -> tcp://host:5557)."""
     return endpoint.replace("tcp://*:", f"tcp://{host}:").replace("tcp://0.0.0.0:", f"tcp://{host}:")
@@ -167,7 +173,8 @@ def to_wire(events: Iterable[BlockEvent], ts: float, rank: int | None = None) ->
 class KVEventPublisher:
     """PUB + ROUTER (replay) sockets owned by one background thread.
 
-    Binding happens in that thread before the constructor returns, so a port in use is a
+    The PUB socket binds or connects by vLLM's rule (`is_bind_endpoint`); the replay socket
+    always binds. Binding happens in that thread before the constructor returns, so a port in use is a
     `ValueError` naming the key and the address. The first batch (sequence 0) is
     `AllBlocksCleared`: a consumer that knew an earlier life of this replica drops it.
     """
@@ -215,6 +222,9 @@ class KVEventPublisher:
             sockets.append(("replay_endpoint", self.replay_endpoint, replay))
         for key, address, sock in sockets:
             try:
+                if key == "endpoint" and not is_bind_endpoint(address):
+                    sock.connect(address)   # e.g. llm-d's EPP binds and the model servers connect
+                    continue
                 sock.bind(address)
             except zmq.ZMQError as e:
                 for _, _, s in sockets:
@@ -279,12 +289,12 @@ class KVEventSubscriber:
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "") -> None:
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.connect(endpoint)
+        self._sub.connect(connect_address(endpoint))
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._replay: zmq.Socket[Any] | None = None
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.DEALER)
-            self._replay.connect(replay_endpoint)
+            self._replay.connect(connect_address(replay_endpoint))
         self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self.next_seq = 0
         self.num_replayed = 0

@@ -54,8 +54,8 @@ def deployment():
     port = _port()
     parser = argparse.ArgumentParser()
     add_serve_args(parser)
-    events = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:0",
-                         "replay_endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
+    events = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
+                         "replay_endpoint": "tcp://*:0", "topic": "kv"})
     args = parser.parse_args(["--replicas", "2", "--router", "prefix", "--port", str(port), "--num-threads", "1",
                               "--num-kv-blocks", "512", "--kv-events-config", events, "--max-waiting", "64"])
     start_ray(None)

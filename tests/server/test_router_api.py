@@ -75,8 +75,8 @@ def test_fairness_header_is_the_tenant_when_none_is_given(llm, tmp_path):
 
 
 def test_served_engine_publishes_kv_events_a_subscriber_mirrors(llm):
-    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:0",
-                         "replay_endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
+    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0",
+                         "replay_endpoint": "tcp://*:0", "topic": "kv"})
     with serve(llm.engine, "--kv-events-config", config) as served:
         pub = served.service.kv_publisher
         sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint, topic="kv")

@@ -56,6 +56,23 @@ def routing_facts(body: Any, headers: Any, tokenizer: Any) -> tuple[list[int], s
     return ids, tenant, salt
 
 
+# helpers before the class: Ray Serve pickles the deployment class when it is decorated
+async def _relay(gen: Any) -> AsyncIterator[bytes]:
+    try:
+        async for item in gen:
+            yield item["body"]
+    except Exception as exc:   # the replica died mid-stream: an error event, then the end
+        body = errors.unavailable(f"the replica serving this request failed: {type(exc).__name__}").body()
+        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+    finally:
+        gen.cancel()
+
+
+def _unavailable(exc: BaseException) -> JSONResponse:
+    e = errors.unavailable(f"no replica could serve this request ({type(exc).__name__}: {exc})"[:500])
+    return JSONResponse(e.body(), status_code=e.status)
+
+
 @serve.deployment(name="PacerIngress")
 @serve.ingress(app)
 class PacerIngress:
@@ -154,19 +171,3 @@ class PacerIngress:
             return Response(body, status_code=start["status"], headers=headers)
         self.num_waiting -= generate
         return StreamingResponse(_relay(gen), status_code=start["status"], headers=headers)
-
-
-async def _relay(gen: Any) -> AsyncIterator[bytes]:
-    try:
-        async for item in gen:
-            yield item["body"]
-    except Exception as exc:   # the replica died mid-stream: an error event, then the end
-        body = errors.unavailable(f"the replica serving this request failed: {type(exc).__name__}").body()
-        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-    finally:
-        gen.cancel()
-
-
-def _unavailable(exc: BaseException) -> JSONResponse:
-    e = errors.unavailable(f"no replica could serve this request ({type(exc).__name__}: {exc})"[:500])
-    return JSONResponse(e.body(), status_code=e.status)
