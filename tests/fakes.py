@@ -15,7 +15,7 @@ from typing import Any
 
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.engine import Engine, RequestOutput
 from pacer.request import Request, SamplingParams
@@ -30,16 +30,11 @@ def next_token(tokens: list[int], vocab: int) -> int:
     return h % vocab
 
 
-@dataclass
-class FakeResult:
-    sampled: dict[str, int]
-    timings: dict[str, float] = field(default_factory=dict)
-
-
 class FakeExecutor:
     def __init__(self, block_size: int, vocab: int = 1000) -> None:
         self.block_size = block_size
         self.vocab = vocab
+        self.kv_block_bytes: int | None = None
         self.scheduler: Scheduler | None = None   # god view, for checking only
         self.slots: dict[int, tuple[int, int]] = {}
         self.tables: dict[str, list[int]] = {}
@@ -48,9 +43,9 @@ class FakeExecutor:
 
     def _swap(self, out: SchedulerOutput) -> None:
         bs = self.block_size
-        for dev, slot in getattr(out, "swap_out", ()):
+        for dev, slot in out.swap_out:
             self.cpu[slot] = [self.slots.get(dev * bs + i) for i in range(bs)]
-        for slot, dev in getattr(out, "swap_in", ()):
+        for slot, dev in out.swap_in:
             for i, content in enumerate(self.cpu.pop(slot)):
                 if content is None:
                     self.slots.pop(dev * bs + i, None)
@@ -70,7 +65,7 @@ class FakeExecutor:
     def _slot(self, table: list[int], p: int) -> int:
         return table[p // self.block_size] * self.block_size + p % self.block_size
 
-    def execute(self, out: SchedulerOutput) -> FakeResult:
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
         assert self.scheduler is not None
         self.steps.append(out)
         self._swap(out)
@@ -97,7 +92,7 @@ class FakeExecutor:
             if sr.sample:
                 assert end == len(seq)
                 sampled[sr.request_id] = next_token(seq[:end], self.vocab)
-        return FakeResult(sampled)
+        return ModelOutput.sampled(sampled)
 
 
 def make_engine(*, num_blocks: int = 64, block_size: int = 4, max_len: int = 256, clock: VirtualClock | None = None,

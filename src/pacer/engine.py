@@ -14,13 +14,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
-from pacer.core.outputs import SchedulerOutput
+from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.output_processor import RequestOutput, TrackedRequest
 from pacer.request import FinishReason, Request, SamplingParams
@@ -28,13 +28,6 @@ from pacer.request import FinishReason, Request, SamplingParams
 __all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
 
 log = logging.getLogger("pacer.engine")
-
-
-class Executor(Protocol):
-    def execute(self, out: SchedulerOutput) -> Any:
-        """Returns an object with `.sampled: dict[str, int]` and `.timings: dict[str, float]`, and
-        optionally `.logprobs: dict[str, dict[int, float]]` (requests whose params ask for them)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +55,6 @@ class StepStats:
         return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
 
 
-@dataclass(slots=True)
-class _IsolatedResult:
-    sampled: dict[str, int]
-    logprobs: dict[str, dict[int, float]]
-    timings: dict[str, float] | None = None
-
-    def __post_init__(self) -> None:
-        self.timings = self.timings or {}
-
-
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
@@ -80,7 +63,7 @@ class Engine:
         self.clock: Clock = clock or WallClock()
         self.scheduler_config = config.scheduler.resolved(model_max_len)
         self.kv = KVCacheManager.from_config(config.cache, num_kv_blocks, self.clock.now,
-                                             block_bytes=getattr(executor, "kv_block_bytes", None),
+                                             block_bytes=executor.kv_block_bytes,
                                              max_model_len=self.scheduler_config.max_model_len or model_max_len)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock)
         self.executor = executor
@@ -94,7 +77,8 @@ class Engine:
         self._id_lock = threading.Lock()
         self._tracked: dict[str, TrackedRequest] = {}
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
-        self.stats_listeners: list[Callable[[StepStats], None]] = []
+        self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
+        self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
@@ -221,6 +205,8 @@ class Engine:
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
         t1 = time.perf_counter()
+        for listener in self.schedule_listeners:
+            listener(sched_out)
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
@@ -230,14 +216,13 @@ class Engine:
             result = self.executor.execute(sched_out)
         except Exception:
             log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
-            result = self._execute_isolated(sched_out, outputs)
+            result = self._execute_isolated(sched_out)
         t2 = time.perf_counter()
-        touched = self.scheduler.update_from_output(sched_out, result.sampled)
-        logprobs: dict[str, dict[int, float]] = getattr(result, "logprobs", None) or {}
-        for req in touched:
-            outputs.append(self._emit(req, logprobs.get(req.request_id)))
+        self._finish_failed(sched_out, result, outputs)
+        for req, num_new in self.scheduler.update_from_output(sched_out, result):
+            outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
-        self._record_stats(sched_out, result.timings, t1 - t0, t2 - t1, t3 - t2)
+        self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         self._publish_kv_events()
         return outputs
 
@@ -259,19 +244,16 @@ class Engine:
                 for sink in self._kv_event_sinks:
                     sink(self.clock.now(), events)
 
-    def _execute_isolated(self, out: SchedulerOutput, outputs: list[RequestOutput]) -> Any:
+    def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
         """After a failed execute: run each request of the step alone (whole block table, as if
-        new to the executor) so that one bad request fails alone; those that fail again finish
-        with FinishReason.ERROR (appended to `outputs`). A step with KV swaps is not retried
-        (its copies may have half run): all its requests fail."""
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, dict[int, float]] = {}
-        failed: list[str] = []
-        swaps = getattr(out, "swap_out", None) or getattr(out, "swap_in", None)
+        new to the executor) so that one bad request fails alone: those that fail again get an
+        error result. A step with KV swaps is not retried (its copies may have half run): all
+        its requests fail."""
+        results: dict[str, RequestResult] = {}
         for sr in out.scheduled:
             req = self.scheduler.requests.get(sr.request_id)
-            if req is None or swaps:
-                failed.append(sr.request_id)
+            if req is None or out.swap_out or out.swap_in:
+                results[sr.request_id] = RequestResult(error="its step failed with KV swaps in flight")
                 continue
             prompt_history, output_history = req.penalty_history()
             alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
@@ -281,25 +263,27 @@ class Engine:
                                      num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
                                      num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)
             try:
-                result = self.executor.execute(single)
-                sampled.update(result.sampled)
-                logprobs.update(getattr(result, "logprobs", None) or {})
-            except Exception:
+                results.update(self.executor.execute(single).results)
+            except Exception as e:
                 log.exception("request %s failed alone; finishing it with an error", sr.request_id)
-                failed.append(sr.request_id)
-        starts = {sr.request_id: sr.start_position for sr in out.scheduled}
-        for rid in failed:
-            req = self.scheduler.requests.get(rid)
-            if req is not None and not req.is_finished:
-                req.num_computed_tokens = starts[rid]   # this step's KV is unreliable: never cache it
-                self.scheduler.finish_request(req, FinishReason.ERROR)
-                outputs.append(self._finish_output(self._tracked[rid], [], ""))
-        return _IsolatedResult(sampled, logprobs)
+                results[sr.request_id] = RequestResult(error=f"{type(e).__name__}: {e}")
+        return ModelOutput(results)
 
-    def _emit(self, req: Request, logprobs: dict[int, float] | None) -> RequestOutput:
+    def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
+        """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
+        for sr in out.scheduled:
+            res = result.results.get(sr.request_id)
+            req = self.scheduler.requests.get(sr.request_id)
+            if res is None or not res.failed or req is None or req.is_finished:
+                continue
+            req.num_computed_tokens = sr.start_position   # this step's KV is unreliable: never cache it
+            self.scheduler.finish_request(req, FinishReason.ERROR)
+            outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
+
+    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         tracked = self._tracked[req.request_id]
-        new_ids, new_text, new_logprobs, stop = tracked.push_token(logprobs)
-        self.total_generation_tokens += 1
+        new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
+        self.total_generation_tokens += num_new
         if stop is not None:
             req.stop_reason = stop
             self.scheduler.finish_request(req, FinishReason.STOP)
@@ -317,11 +301,10 @@ class Engine:
             self._live_ids.discard(rid)
         return out
 
-    def _record_stats(self, out: SchedulerOutput, timings: dict[str, float], sched_s: float,
+    def _record_stats(self, out: SchedulerOutput, result: ModelOutput, sched_s: float,
                       exec_s: float, update_s: float) -> None:
-        prepare = timings.get("prepare", 0.0)
-        forward = timings.get("forward", exec_s)
-        sample = timings.get("sample", 0.0)
+        prepare, sample = result.prepare_s, result.sample_s
+        forward = exec_s if result.forward_s is None else result.forward_s
         stats = StepStats(
             step_id=out.step_id, time=self.clock.now(), num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting, batch_size=len(out.scheduled),
@@ -341,7 +324,7 @@ class Engine:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
         /metrics and reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
         kv, st = self.kv, self.kv.stats
-        block_bytes = int(getattr(self.executor, "kv_block_bytes", 0) or 0)
+        block_bytes = self.executor.kv_block_bytes or 0
         cpu = kv.cpu_pool
         return {
             "prefix_caching": kv.cache is not None,

@@ -4,6 +4,7 @@ processor). The engine owns finishing: a stop string found here is reported back
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,16 +78,17 @@ class TrackedRequest:
         self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
         self.logprobs: list[dict[int, float]] | None = None if req.sampling_params.logprobs is None else []
 
-    def push_token(self, logprobs: dict[int, float] | None
-                   ) -> tuple[list[int], str, list[dict[int, float]] | None, str | None]:
-        """Take the request's newest output token. Returns its id, the text it adds, its
-        logprobs (when asked for) and the stop string it completed, if any: then the text stops
-        before that string, and the caller finishes the request with that stop reason."""
+    def push_tokens(self, num_new: int, logprobs: Sequence[Mapping[int, float]] | None
+                    ) -> tuple[list[int], str, list[dict[int, float]] | None, str | None]:
+        """Take the request's `num_new` newest output tokens. Returns their ids, the text they
+        add, their logprobs (when asked for) and the stop string they completed, if any: then
+        the text stops before that string, and the caller finishes the request with that stop
+        reason."""
         req = self.req
-        new_ids = req.output_token_ids[-1:]
+        new_ids = req.output_token_ids[-num_new:] if num_new else []
         new_logprobs = None
         if self.logprobs is not None:
-            new_logprobs = [] if logprobs is None else [logprobs]
+            new_logprobs = [] if logprobs is None else [dict(lp) for lp in logprobs[:num_new]]
             self.logprobs.extend(new_logprobs)
         if self.detok is None:
             return new_ids, "", new_logprobs, None

@@ -26,16 +26,11 @@ class _Stats:
         self.step_id, self.total_s, self.time = step_id, total_s, t
 
 
-class _Null:
-    def execute(self, out):
-        return None
-
-
 def test_refit_on_recorded_steps_recovers_the_step_times():
     hw, model = get_hardware("cpu-local"), get_model("smollm2-135m")
     true = dict.fromkeys(LINEAR_FEATURES, 0.0) | {"const": 0.01, "tokens": 0.002, "single_kv_tokens": 1e-5}
     truth = LinearCostModel(hw, model, "float32", true)
-    rec = StepRecorder(_Null())
+    rec = StepRecorder()
     t = 0.0
     for i in range(40):
         rows = [ScheduledRequest(f"d{j}", [1], 100 + 10 * i, [], False, True, False, 0) for j in range(1 + i % 7)]
@@ -43,7 +38,7 @@ def test_refit_on_recorded_steps_recovers_the_step_times():
             rows.append(ScheduledRequest("p", list(range(16 * (i + 1))), 0, [], True, True, True, 0))
         out = SchedulerOutput(i, rows, sum(r.num_tokens for r in rows if r.is_prefill),
                               sum(r.num_tokens for r in rows if not r.is_prefill))
-        rec.execute(out)
+        rec.on_schedule(out)
         dt = truth.step_cost(rec.features[i]).time_s
         t += dt
         rec.on_stats(_Stats(i, dt, t))

@@ -9,15 +9,21 @@ and every token generated so far, which a resumed request has): an executor mirr
 extends it with later chunks' tokens past those it holds (the decode tokens), since
 `token_ids` is only this step's chunk and may start after a prefix-cache hit. Requests
 without penalties carry no history, so the common path copies nothing.
+
+The way back is `ModelOutput`, one frozen record whatever runs the step (the model, the
+simulator, the engine's per-request retry, a test fake): per request its sampled token ids,
+their logprobs when asked for, or an error. `Executor` is the protocol they all implement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pacer.request import SamplingParams
 
-__all__ = ["ScheduledRequest", "SchedulerOutput"]
+__all__ = ["ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,10 @@ class ScheduledRequest:
     sampling_params: SamplingParams | None = None  # set when is_new
     prompt_token_ids: list[int] | None = None      # set when is_new and sampling_params.has_penalties
     output_token_ids: list[int] | None = None      # likewise: the tokens generated before this step
+    # Room for the sampler's next per-request inputs (unset today; executors must reject what
+    # they cannot honour rather than ignore it):
+    draft_token_ids: Sequence[int] = ()            # drafted tokens to verify after token_ids (speculation)
+    token_mask: Sequence[int] | None = None        # allowed-token bitmask (structured outputs); None: all
 
     @property
     def num_tokens(self) -> int:
@@ -59,3 +69,46 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What one step produced for one request."""
+
+    token_ids: Sequence[int] = ()     # sampled: one today, several once drafted tokens are verified
+    # one {token_id: logprob} per sampled token (the token first, then the top-k); None: not asked for
+    logprobs: Sequence[Mapping[int, float]] | None = None
+    error: str | None = None          # this request failed on the executor: the engine finishes it alone
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """An executor's answer to one SchedulerOutput: a result for every request that sampled
+    (or failed) this step, and where the step's time went (seconds; None: not measured, the
+    engine counts the whole execute call as forward)."""
+
+    results: Mapping[str, RequestResult] = field(default_factory=dict)
+    prepare_s: float = 0.0
+    forward_s: float | None = None
+    sample_s: float = 0.0
+
+    @classmethod
+    def sampled(cls, tokens: Mapping[str, int], **timings: float) -> ModelOutput:
+        """One sampled token per request id, no logprobs."""
+        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, **timings)
+
+
+class Executor(Protocol):
+    """Runs one SchedulerOutput: mirrors block tables and sampling params from it alone (it
+    never reads scheduler state), applies its KV swaps, then computes its chunks."""
+
+    @property
+    def kv_block_bytes(self) -> int | None:
+        """Bytes of one KV block over all layers (sizes the CPU swap tier); None: unknown."""
+        ...
+
+    def execute(self, out: SchedulerOutput) -> ModelOutput: ...

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.policy import WaitingQueue, make_policy
 from pacer.request import FinishReason, Request, RequestStatus
 
@@ -283,28 +283,34 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Append sampled tokens, stamp times, apply token-based stop rules.
+    def update_from_output(self, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
+        """Append sampled tokens, stamp times, apply token-based stop rules (a request that
+        stops keeps none of the tokens after its stop). Requests the executor failed must be
+        finished before this is called.
 
-        Returns the requests that received a token this step (finished ones included).
+        Returns the requests that received tokens this step (finished ones included), each
+        with how many it kept.
         """
         now = self.clock.now()
-        touched: list[Request] = []
+        touched: list[tuple[Request, int]] = []
         for sr in output.scheduled:
             if not sr.sample:
                 continue
             req = self.requests.get(sr.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
-                continue  # aborted while the step ran
-            token = sampled[sr.request_id]
-            req.output_token_ids.append(token)
-            req.metrics.token_times.append(now)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            touched.append(req)
-            reason = self._stop_reason(req, token)
-            if reason is not None:
-                self.finish_request(req, reason)
+                continue  # aborted or failed while the step ran
+            kept = 0
+            for token in result.results[sr.request_id].token_ids:
+                kept += 1
+                req.output_token_ids.append(token)
+                req.metrics.token_times.append(now)
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = now
+                reason = self._stop_reason(req, token)
+                if reason is not None:
+                    self.finish_request(req, reason)
+                    break
+            touched.append((req, kept))
         return touched
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:

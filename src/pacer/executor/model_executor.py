@@ -8,25 +8,16 @@ the request is new, extended by each later chunk). It never reads scheduler stat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
 from pacer.model.attention import AttentionMetadata, PrefillSeq
 from pacer.model.llama import LlamaModel
 from pacer.model.sampler import Sampler, SamplingRow, TokenHistory
 from pacer.request import SamplingParams
 
-__all__ = ["ModelExecutor", "ExecutorOutput"]
-
-
-@dataclass(slots=True)
-class ExecutorOutput:
-    sampled: dict[str, int]
-    timings: dict[str, float] = field(default_factory=dict)   # prepare / forward / sample seconds
-    # request id -> {token_id: logprob} of its sampled token (first) and top-k; only requests that asked
-    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+__all__ = ["ModelExecutor"]
 
 
 class _ReqState:
@@ -94,12 +85,12 @@ class ModelExecutor:
             raise ValueError(f"request {sr.request_id} uses penalties but came without its token history")
         return TokenHistory(sr.prompt_token_ids, sr.output_token_ids)
 
-    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
         t0 = time.perf_counter()
         self._apply_swaps(out)
         self._sync_states(out)
         if not out.scheduled:
-            return ExecutorOutput({}, {"prepare": time.perf_counter() - t0, "forward": 0.0, "sample": 0.0})
+            return ModelOutput(prepare_s=time.perf_counter() - t0, forward_s=0.0)
         singles = [sr for sr in out.scheduled if sr.num_tokens == 1]
         multis = [sr for sr in out.scheduled if sr.num_tokens > 1]
         input_ids, positions, meta, logits_rows, sample_reqs = self._prepare(singles, multis)
@@ -108,14 +99,14 @@ class ModelExecutor:
         t2 = time.perf_counter()
         states = [self._states[sr.request_id] for sr in sample_reqs]
         rows = [SamplingRow(st.params, sr.num_output_tokens, st.history) for sr, st in zip(sample_reqs, states)]
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, dict[int, float]] = {}
+        results: dict[str, RequestResult] = {}
         if rows:
-            result = self.sampler.sample(logits, rows)
-            sampled = {sr.request_id: tok for sr, tok in zip(sample_reqs, result.token_ids)}
-            logprobs = {sample_reqs[i].request_id: entry for i, entry in result.logprobs.items()}
+            sampled = self.sampler.sample(logits, rows)
+            for i, (sr, tok) in enumerate(zip(sample_reqs, sampled.token_ids)):
+                entry = sampled.logprobs.get(i)
+                results[sr.request_id] = RequestResult((tok,), None if entry is None else (entry,))
         t3 = time.perf_counter()
-        return ExecutorOutput(sampled, {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}, logprobs)
+        return ModelOutput(results, prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
 
     def _prepare(
         self, singles: list[ScheduledRequest], multis: list[ScheduledRequest]

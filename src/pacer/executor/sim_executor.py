@@ -9,19 +9,13 @@ Per-step costs are kept for reports and the Chrome trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pacer.clock import VirtualClock
-from pacer.core.outputs import SchedulerOutput
+from pacer.core.outputs import ModelOutput, SchedulerOutput
 from pacer.sim.cost_model import CostModel, StepCost, batch_features
 
-__all__ = ["SimExecutor", "SimStepRecord", "SimExecutorOutput"]
-
-
-@dataclass(slots=True)
-class SimExecutorOutput:
-    sampled: dict[str, int]
-    timings: dict[str, float] = field(default_factory=dict)
+__all__ = ["SimExecutor", "SimStepRecord"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +41,9 @@ class SimExecutor:
         self.busy_s = 0.0
         self.num_steps = 0
 
-    def execute(self, out: SchedulerOutput) -> SimExecutorOutput:
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
         if not out.scheduled:
-            return SimExecutorOutput({}, {"forward": 0.0})
+            return ModelOutput(forward_s=0.0)
         cost = self.cost_model.step_cost(batch_features(out))
         start = self.clock.now()
         self.clock.advance(cost.time_s)
@@ -59,5 +53,4 @@ class SimExecutor:
             self.records.append(SimStepRecord(out.step_id, start, len(out.scheduled), out.num_prefill_tokens,
                                               out.num_decode_tokens, len(out.preempted_ids), cost))
         tok = self.sample_token_id
-        sampled = {sr.request_id: tok for sr in out.scheduled if sr.sample}
-        return SimExecutorOutput(sampled, {"forward": cost.time_s})
+        return ModelOutput.sampled({sr.request_id: tok for sr in out.scheduled if sr.sample}, forward_s=cost.time_s)

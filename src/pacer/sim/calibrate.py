@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pacer.config import EngineConfig
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.core.outputs import Executor, ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.request import SamplingParams
 from pacer.sim.cost_model import LINEAR_FEATURES, BatchFeatures, StepCounts, batch_features, feature_vector
 from pacer.sim.fit import FitStats, fit_relative
@@ -134,11 +134,15 @@ def time_grid(executor: Any, grid: Sequence[GridPoint], block_size: int, num_blo
 class _TimedExecutor:
     """Wraps the real executor to time execute() and remember the step's features."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.last: tuple[BatchFeatures, float] | None = None
 
-    def execute(self, out: SchedulerOutput) -> Any:
+    @property
+    def kv_block_bytes(self) -> int | None:
+        return self.inner.kv_block_bytes
+
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
         t0 = time.perf_counter()
         result = self.inner.execute(out)
         if out.scheduled:

@@ -190,8 +190,8 @@ def _run_validate(args: argparse.Namespace) -> int:
     specs, workload, arrivals = build_specs(args, rates[0], real_engine.max_model_len,
                                             tokenizer=real_engine.tokenizer, default_num=DEFAULT_VALIDATE_PROMPTS)
     _warm_up(real_engine)
-    recorder = StepRecorder(real_engine.executor)
-    real_engine.executor = recorder   # observe only: features and StepStats of every real step
+    recorder = StepRecorder()   # observes only: features and StepStats of every real step
+    real_engine.schedule_listeners.append(recorder.on_schedule)
     real_engine.stats_listeners.append(recorder.on_stats)
     print(f"validate: {len(specs)} requests of {workload!r}, {arrivals}, through the real engine ...", flush=True)
     records, _, _ = run_inprocess(specs, real_engine, concurrency=args.concurrency, closed_loop=rates[0] is None)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pacer.sim.cost_model import BatchFeatures, CostModel, batch_features
+
+if TYPE_CHECKING:
+    from pacer.core.outputs import SchedulerOutput
+    from pacer.engine import StepStats
 
 __all__ = ["MetricError", "compare_summaries", "VALIDATION_METRICS", "format_errors", "StepRecorder",
            "refit_on_steps", "STALL_RATIO"]
@@ -63,27 +69,22 @@ def format_errors(errors: list[MetricError]) -> list[str]:
 
 
 class StepRecorder:
-    """Wraps the real executor during validation: each step's batch features and the engine's
-    own StepStats, so measured and predicted step times can be compared step by step."""
+    """Listens to the real engine during validation: each step's batch features and the
+    engine's own StepStats, so measured and predicted step times can be compared step by step
+    (`engine.schedule_listeners.append(rec.on_schedule)`, `engine.stats_listeners.append(rec.on_stats)`)."""
 
-    def __init__(self, inner: Any) -> None:
-        from pacer.sim.cost_model import BatchFeatures
-
-        self.inner = inner
+    def __init__(self) -> None:
         self.features: dict[int, BatchFeatures] = {}
-        self.stats: list[Any] = []
+        self.stats: list[StepStats] = []
 
-    def execute(self, out: Any) -> Any:
-        from pacer.sim.cost_model import batch_features
-
+    def on_schedule(self, out: SchedulerOutput) -> None:
         if out.scheduled:
             self.features[out.step_id] = batch_features(out)
-        return self.inner.execute(out)
 
-    def on_stats(self, stats: Any) -> None:
+    def on_stats(self, stats: StepStats) -> None:
         self.stats.append(stats)
 
-    def step_errors(self, cost_model: Any) -> list[str]:
+    def step_errors(self, cost_model: CostModel) -> list[str]:
         """Median measured / predicted step time by step kind, and the time between steps."""
         by_kind: dict[str, list[tuple[float, float]]] = {}
         gaps: list[float] = []
