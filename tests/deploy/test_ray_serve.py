@@ -15,7 +15,7 @@ import pytest
 from pacer.cli import main
 from pacer.deploy.ray_app import aggregate_metrics
 from pacer.server.cli import add_serve_args
-from tests.server.conftest import MODEL, wait_for
+from tests.server.conftest import MODEL
 
 SYSTEM = ("You are the support assistant of a bicycle shop. Be brief and friendly, mention the warranty "
           "when a part breaks, and suggest a workshop visit for anything involving brakes. ") * 2
@@ -91,12 +91,8 @@ def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deploym
     bad = httpx.post(deployment + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
 
-    def both_replicas_in_metrics() -> str | None:
-        text = httpx.get(deployment + "/metrics").text
-        return text if 'replica="0"' in text and 'replica="1"' in text else None
-
-    metrics = wait_for(both_replicas_in_metrics, 30, "both replicas' metrics")
-    assert "pacer_request_success_total{replica=" in metrics
+    metrics = httpx.get(deployment + "/metrics")
+    assert metrics.status_code == 200 and "pacer_ingress_requests_waiting 0" in metrics.text
 
 
 def test_asgi_bridge_streams_and_reports_disconnects():
