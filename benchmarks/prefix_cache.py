@@ -28,7 +28,7 @@ from typing import Any
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
+from pacer.model.runner import executor_for
 from pacer.request import SamplingParams
 
 VOCAB = (200, 48000)
@@ -76,9 +76,8 @@ class Result:
 def make_engine(base: Engine, **kw: Any) -> Engine:
     """A fresh engine (own KV cache and config) over the already loaded weights."""
     cfg = EngineConfig.from_kwargs(**kw)
-    num_blocks = cfg.cache.num_kv_blocks or cfg.cache.resolve_num_blocks(base.executor.model.kv_bytes_per_token)
-    ex = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
-    return Engine(cfg, ex, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
+    ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
+    return Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
+from pacer.model.runner import executor_for
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def base() -> Iterator[Engine]:
 def make(base: Engine, **kw: Any) -> Engine:
     """A fresh engine (own KV, own config) over the already loaded model."""
     cfg = EngineConfig.from_kwargs(**kw)
-    num_blocks = cfg.cache.num_kv_blocks or 256
-    executor = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
-    return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
+    if cfg.cache.num_kv_blocks is None and cfg.cache.kv_cache_memory is None:
+        cfg.cache.num_kv_blocks = 256
+    executor = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
+    return Engine(cfg, executor, base.tokenizer, executor.num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)

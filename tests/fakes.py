@@ -46,7 +46,7 @@ class FakeExecutor:
         for dev, slot in out.swap_out:
             self.cpu[slot] = [self.slots.get(dev * bs + i) for i in range(bs)]
         for slot, dev in out.swap_in:
-            for i, content in enumerate(self.cpu.pop(slot)):
+            for i, content in enumerate(self.cpu[slot]):   # a copy: the host tier may promote it again
                 if content is None:
                     self.slots.pop(dev * bs + i, None)
                 else:

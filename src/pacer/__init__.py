@@ -1,9 +1,9 @@
 """pacer: an LLM serving engine where batching is a scheduler policy."""
 
 from pacer.config import EngineConfig
-from pacer.request import SamplingParams
+from pacer.request import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "Engine", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "EngineConfig", "Engine", "__version__"]
 __version__ = "0.1.0"
 
 

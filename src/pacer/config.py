@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "SchedulerConfig", "CacheConfig", "ModelConfig", "EngineConfig", "parse_memory_size",
+    "SchedulerConfig", "CacheConfig", "ModelConfig", "StructuredOutputsConfig", "EngineConfig", "parse_memory_size",
     "SCHEDULING_POLICIES",
 ]
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "sjf")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -92,8 +93,22 @@ class CacheConfig:
     kv_cache_memory: int | str | None = field(
         default=None, metadata={"help": "KV budget in bytes or as '2GiB' (default 1GiB when num_kv_blocks is unset)."}
     )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={"help": "KV storage: auto (the model's dtype) | int8 (a float16 scale per token and kv head) | "
+                          "fp8 = fp8_e4m3 | fp8_e5m2 (one scale per layer: 1.0, or calibrated with "
+                          "calculate_kv_scales). Quantised on write, dequantised in the attention kernels."})
+    calculate_kv_scales: bool = field(
+        default=False,
+        metadata={"help": "fp8 KV: per-layer K/V scales from a warm-up pass over shipped text "
+                          "(max |x| / fp8 max) instead of 1.0."})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "Reuse cached prompt prefixes."})
     swap_space: float = field(default=4.0, metadata={"help": "CPU swap tier for preemption_mode=swap, GiB."})
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata={"help": "Host KV tier, GiB (vLLM's --kv-offloading-size): blocks the prefix cache evicts are "
+                          "demoted here and promoted back on a later match; swap preemption shares it "
+                          "(then swap_space is unused; num_cpu_blocks, when set, sizes it in blocks)."})
     num_cpu_blocks: int | None = field(
         default=None, metadata={"help": "CPU swap tier as a block count (overrides swap_space)."})
     eviction_policy: str = field(
@@ -120,6 +135,9 @@ class CacheConfig:
         if self.num_cpu_blocks is not None:
             _non_negative_int("num_cpu_blocks", self.num_cpu_blocks)
         _choice("eviction_policy", self.eviction_policy, ("lru", "weighted-lru", "ttl"))
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if not isinstance(self.calculate_kv_scales, bool):
+            raise TypeError(f"calculate_kv_scales must be a bool, got {self.calculate_kv_scales!r}")
         _choice("tenant_isolation", self.tenant_isolation, ("shared", "isolated", "partitioned"))
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
@@ -133,6 +151,10 @@ class CacheConfig:
             parse_memory_size(self.kv_cache_memory, "kv_cache_memory")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give either num_kv_blocks or kv_cache_memory, not both")
+        if self.kv_offloading_size is not None and (
+                isinstance(self.kv_offloading_size, bool) or not isinstance(self.kv_offloading_size, int | float)
+                or self.kv_offloading_size < 0):
+            raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size!r}")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 
@@ -194,25 +216,45 @@ class ModelConfig:
 
 
 @dataclass(slots=True)
+class StructuredOutputsConfig:
+    structured_outputs_timeout: float = field(
+        default=5.0,
+        metadata={"help": "Seconds a grammar (JSON schema, regex, choice, Lark) may take to compile on the "
+                          "grammar worker; past it that request alone fails with a 400 and the worker is killed."},
+    )
+    structured_outputs_workers: int = field(
+        default=2, metadata={"help": "Grammar worker processes (compiles run in parallel, off the step loop)."}
+    )
+
+    def validate(self) -> None:
+        t = self.structured_outputs_timeout
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < float("inf"):
+            raise ValueError(f"structured_outputs_timeout must be a number of seconds > 0, got {t!r}")
+        _positive_int("structured_outputs_workers", self.structured_outputs_workers)
+
+
+_PARTS = (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig),
+          ("structured", StructuredOutputsConfig))
+
+
+@dataclass(slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from flat vLLM-style keyword arguments; unknown names raise TypeError."""
-        parts: dict[str, dict[str, Any]] = {"model": {}, "scheduler": {}, "cache": {}}
-        owners = {
-            f.name: part
-            for part, klass in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig))
-            for f in dataclasses.fields(klass)
-        }
+        parts: dict[str, dict[str, Any]] = {part: {} for part, _ in _PARTS}
+        owners = {f.name: part for part, klass in _PARTS for f in dataclasses.fields(klass)}
         for key, value in kwargs.items():
             if key not in owners:
                 raise TypeError(f"unknown engine option {key!r}; known options: {', '.join(sorted(owners))}")
             parts[owners[key]][key] = value
-        cfg = cls(ModelConfig(**parts["model"]), SchedulerConfig(**parts["scheduler"]), CacheConfig(**parts["cache"]))
+        cfg = cls(ModelConfig(**parts["model"]), SchedulerConfig(**parts["scheduler"]), CacheConfig(**parts["cache"]),
+                  StructuredOutputsConfig(**parts["structured"]))
         cfg.validate()
         return cfg
 
@@ -220,10 +262,11 @@ class EngineConfig:
         self.model.validate()
         self.scheduler.validate()
         self.cache.validate()
+        self.structured.validate()
 
 
 def option_names() -> list[str]:
-    return [f.name for klass in (ModelConfig, SchedulerConfig, CacheConfig) for f in dataclasses.fields(klass)]
+    return [f.name for _, klass in _PARTS for f in dataclasses.fields(klass)]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,

@@ -20,10 +20,11 @@ from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
+from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.output_processor import RequestOutput, TrackedRequest
-from pacer.request import FinishReason, Request, SamplingParams
+from pacer.request import FinishReason, Request, RequestStatus, SamplingParams
 
 __all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
 
@@ -83,6 +84,7 @@ class Engine:
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
+        self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
     # ------------------------------------------------------------------ construction
 
@@ -101,6 +103,40 @@ class Engine:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    @property
+    def structured_outputs(self) -> Any:
+        """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
+        if self._structured is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a model with a tokenizer")
+            from pacer.structured.manager import StructuredOutputManager
+
+            cfg = self.config.structured
+            self.install_structured_outputs(StructuredOutputManager(
+                self.tokenizer, self.vocab_size or self.tokenizer.vocab_size, self.eos_token_ids,
+                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers))
+        return self._structured.manager
+
+    def install_structured_outputs(self, manager: Any) -> None:
+        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout),
+        closing the current one; None: a default one at the next use. Call from the stepping
+        thread while no constrained request is in flight."""
+        from pacer.structured.runtime import StructuredRuntime
+
+        if self.num_waiting_for_grammar:
+            raise RuntimeError("requests are waiting for grammars of the current manager")
+        if self._structured is not None:
+            self._structured.close()
+        self._structured = None if manager is None else StructuredRuntime(manager)
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        return 0 if self._structured is None else len(self._structured.gate)
+
+    def structured_stats(self) -> dict[str, float]:
+        """Structured-output counters ({} before the first constrained request)."""
+        return {} if self._structured is None else self._structured.manager.stats.as_dict()
 
     # ------------------------------------------------------------------ requests
 
@@ -171,15 +207,28 @@ class Engine:
             from pacer.model.tokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer)
-        self._inbox.append(("add", TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)))
+        tracked = TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)
+        if params.structured_outputs is None:
+            self._inbox.append(("add", tracked))
+            return request_id
+        try:
+            _ = self.structured_outputs   # the manager is made on first use
+            future = self._structured.request(params.structured_outputs)
+        except BaseException:
+            with self._id_lock:
+                self._live_ids.discard(request_id)
+            raise
+        self._inbox.append(("add_structured", (tracked, future)))
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
         self._inbox.append(("abort", request_id))
+        if self._structured is not None:
+            self._structured.wake()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests() or self.num_waiting_for_grammar > 0
 
     # ------------------------------------------------------------------ the loop
 
@@ -191,11 +240,43 @@ class Engine:
                 tracked: TrackedRequest = item
                 self._tracked[tracked.req.request_id] = tracked
                 self.scheduler.add_request(tracked.req)
+            elif kind == "add_structured":
+                tracked, future = item
+                self._tracked[tracked.req.request_id] = tracked
+                self._structured.gate.hold(tracked.req.request_id, tracked, future)
             else:
                 tracked_or_none = self._tracked.get(item)
-                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
+                if tracked_or_none is None:
+                    continue
+                if self._structured is not None and self._structured.gate.remove(item) is not None:
+                    outs.append(self._finish_unscheduled(tracked_or_none, FinishReason.ABORT))
+                elif self.scheduler.abort_request(item) is not None:
                     outs.append(self._finish_output(tracked_or_none, [], ""))
+        if self.num_waiting_for_grammar:
+            outs.extend(self._admit_compiled())
         return outs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar finished compiling: into the scheduler with their matcher,
+        or finished with the compile error (`RequestOutput.error`)."""
+        outs = []
+        for tracked, compiled, error in self._structured.gate.take_done():
+            if error is not None:
+                outs.append(self._finish_unscheduled(tracked, FinishReason.ERROR, str(error)))
+            else:
+                self._structured.manager.bind(tracked.req.request_id, compiled)
+                self.scheduler.add_request(tracked.req)
+        return outs
+
+    def _finish_unscheduled(self, tracked: TrackedRequest, reason: FinishReason,
+                            error: str | None = None) -> RequestOutput:
+        """Finish a request the scheduler never saw (it waited in the grammar gate)."""
+        req = tracked.req
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.metrics.finish_time = self.clock.now()
+        tracked.error = error
+        return self._finish_output(tracked, [], "")
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> execute -> update. Returns outputs of requests that
@@ -211,7 +292,11 @@ class Engine:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
             self._publish_kv_events()
+            if not outputs and self.num_waiting_for_grammar:
+                self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
+        if self._structured is not None:
+            sched_out = self._structured.with_masks(sched_out)
         try:
             result = self.executor.execute(sched_out)
         except Exception:
@@ -219,7 +304,11 @@ class Engine:
             result = self._execute_isolated(sched_out)
         t2 = time.perf_counter()
         self._finish_failed(sched_out, result, outputs)
-        for req, num_new in self.scheduler.update_from_output(sched_out, result):
+        updated = self.scheduler.update_from_output(sched_out, result)
+        if self._structured is not None:
+            for req, reason in self._structured.advance(updated):
+                self.scheduler.finish_request(req, reason)
+        for req, num_new in updated:
             outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
@@ -261,7 +350,8 @@ class Engine:
                             output_token_ids=output_history)
             single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
                                      num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
-                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens)
+                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
+                                     token_masks=out.token_masks)
             try:
                 results.update(self.executor.execute(single).results)
             except Exception as e:
@@ -296,6 +386,8 @@ class Engine:
         out = tracked.output(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
+        if self._structured is not None:
+            self._structured.release(rid)
         self.total_prompt_tokens += tracked.req.num_prompt_tokens
         with self._id_lock:
             self._live_ids.discard(rid)
@@ -345,6 +437,7 @@ class Engine:
             "swap_fallbacks": st.swap_fallbacks,
             "cpu_blocks": cpu.num_blocks if cpu else 0,
             "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
+            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
             "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
                             "swap": self.scheduler.num_swap_preemptions},
         }

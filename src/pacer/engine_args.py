@@ -8,11 +8,11 @@ import dataclasses
 import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from pacer.config import CacheConfig, ModelConfig, SchedulerConfig
+from pacer.config import CacheConfig, ModelConfig, SchedulerConfig, StructuredOutputsConfig
 
 __all__ = ["add_engine_args", "engine_kwargs_from_args"]
 
-_CLASSES = (ModelConfig, SchedulerConfig, CacheConfig)
+_CLASSES = (ModelConfig, SchedulerConfig, CacheConfig, StructuredOutputsConfig)
 
 
 def _base_type(tp: Any) -> Any:

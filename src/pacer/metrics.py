@@ -31,6 +31,9 @@ these keys (names are stable; new keys may be added, none renamed):
 ``cached_tokens``      prompt tokens served from the prefix cache
 ``prefill_tokens``     prompt tokens computed (prefill and recompute after preemption)
 ``preemptions``        times the request was preempted
+``preempted_time``     preemption loss, s: from each preemption until its KV was back (waiting
+                       preempted + recompute or swap-in); 0 when never preempted
+``preempted_time_ttft``  of ``preempted_time``, the part before the first token (inside ``ttft``)
 ``finish_reason``      ``stop``, ``length``, ``abort`` or ``error``
 ``status``             HTTP status of the response (200; 429 displaced; 499 client gone; 500)
 =====================  ==============================================================
@@ -57,7 +60,7 @@ REQUEST_LOG_FIELDS = (
     "timestamp", "arrival_unix", "scheduled_at", "first_token_at", "finished_at",
     "queue_wait", "ttft", "tpot", "itl_mean", "itl_max", "e2e",
     "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "prefill_tokens", "preemptions",
-    "finish_reason", "status",
+    "preempted_time", "preempted_time_ttft", "finish_reason", "status",
 )
 REQUEST_CLASSES = ("chat", "long_context", "agent", "batch")
 
@@ -140,6 +143,7 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "itl_mean": sum(itl) / len(itl) if itl else None, "itl_max": max(itl) if itl else None,
         "e2e": m.e2e, "prompt_tokens": m.prompt_tokens, "output_tokens": len(m.token_times),
         "cached_tokens": m.cached_tokens, "prefill_tokens": m.prefill_tokens, "preemptions": m.preemptions,
+        "preempted_time": round(m.preempted_time, 6), "preempted_time_ttft": round(m.preempted_time_ttft, 6),
     }
     derived.update(fields)
     unknown = set(derived) - set(REQUEST_LOG_FIELDS)

@@ -51,6 +51,9 @@ class RequestOutput:
     new_logprobs: list[dict[int, float]] | None = None   # those of new_token_ids
     # SamplingParams.n > 1 in LLM.generate: this output is sample 0, these are samples 1..n-1
     other_samples: list[RequestOutput] | None = None
+    # finish_reason "error" because the request's constraint failed (structured_outputs: invalid,
+    # unsupported, or its compile timed out): the message for the client (the server sends a 400)
+    error: str | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:
@@ -68,7 +71,7 @@ def _cumulative(token_ids: list[int], logprobs: list[dict[int, float]]) -> float
 class TrackedRequest:
     """Output-side state of one request: its detokenizer, the text so far, stop strings, logprobs."""
 
-    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len", "logprobs")
+    __slots__ = ("req", "detok", "text", "prompt", "max_stop_len", "logprobs", "error")
 
     def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
         self.req = req
@@ -77,6 +80,7 @@ class TrackedRequest:
         self.prompt = prompt
         self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
         self.logprobs: list[dict[int, float]] | None = None if req.sampling_params.logprobs is None else []
+        self.error: str | None = None
 
     def push_tokens(self, num_new: int, logprobs: Sequence[Mapping[int, float]] | None
                     ) -> tuple[list[int], str, list[dict[int, float]] | None, str | None]:
@@ -135,4 +139,5 @@ class TrackedRequest:
             num_cached_tokens=r.num_cached_tokens, priority=r.priority, tenant=r.tenant,
             stop_reason=r.stop_reason, prompt=self.prompt,
             logprobs=None if self.logprobs is None else list(self.logprobs), new_logprobs=new_logprobs,
+            error=self.error,
         )

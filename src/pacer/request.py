@@ -11,14 +11,80 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "Request", "RequestStatus", "RequestMetrics", "Latencies", "FinishReason",
+__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies", "FinishReason",
            "MAX_LOGPROBS", "sample_seed"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """Constrain a request's output, as vLLM's `StructuredOutputsParams`: exactly one of
+    `json` (a JSON schema, as a dict or its JSON text), `regex`, `choice` (a list of strings),
+    `grammar` (Lark / llguidance EBNF) or `json_object=True` (any JSON object).
+
+    `disable_any_whitespace` (vLLM's name) keeps JSON compact (no whitespace outside strings);
+    pacer defaults it to True so a bounded schema has a bounded output (set False for
+    flexible whitespace). Validation of the types is here; whether the schema, regex or
+    grammar compiles is decided by the grammar worker (pacer.structured), after which a bad
+    one fails its request alone. `kind` names the field that was set."""
+
+    json: dict[str, object] | str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = True
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, list | tuple):
+                raise TypeError(f"structured_outputs.choice must be a list of strings, got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {', '.join(given) or 'none'}")
+        if isinstance(self.json, str):
+            try:
+                object.__setattr__(self, "json", json.loads(self.json))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json is not None and not isinstance(self.json, dict | bool):
+            raise TypeError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
+                             f"got {list(self.choice)!r}")
+        if self.json_object not in (None, True, False):
+            raise TypeError(f"structured_outputs.json_object must be a boolean, got {self.json_object!r}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise TypeError("structured_outputs.disable_any_whitespace must be a boolean")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    def spec(self) -> dict[str, object]:
+        """Plain JSON data naming the constraint: what the grammar worker compiles and the key
+        its cache is keyed by."""
+        kind = self.kind
+        value: object = True if kind == "json_object" else getattr(self, kind)
+        if kind == "choice":
+            value = list(value)  # type: ignore[call-overload]
+        return {"kind": kind, "value": value, "compact": self.disable_any_whitespace}
+
+    def cache_key(self) -> str:
+        return json.dumps(self.spec(), sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +115,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     n: int = 1
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +154,9 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise TypeError("structured_outputs must be StructuredOutputsParams, got "
+                            f"{type(self.structured_outputs).__name__}")
 
     def for_sample(self, index: int) -> SamplingParams:
         """The params of sample `index` of `n`: one sequence, and when seeded, the seed
@@ -196,6 +266,28 @@ class RequestMetrics(Latencies):
     cached_tokens: int = 0
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
+    # preemption loss: seconds from each preemption until the request has its KV back (recomputed
+    # or swapped in) at the end of a step; of which before the first token (inside TTFT)
+    preempted_time: float = 0.0
+    preempted_time_ttft: float = 0.0
+    preempted_at: float | None = None   # an open preemption: when it began
+    resume_tokens: int = 0              # computed tokens to regain before it closes
+
+    def on_preempted(self, now: float, num_computed_tokens: int) -> None:
+        """A preemption begins (a second one before the first closed extends it)."""
+        if self.preempted_at is None:
+            self.preempted_at = now
+        self.resume_tokens = max(self.resume_tokens, num_computed_tokens)
+
+    def on_step_end(self, now: float, num_computed_tokens: int) -> None:
+        """After a step that ran the request: close an open preemption once its KV is back."""
+        if self.preempted_at is None or num_computed_tokens < self.resume_tokens:
+            return
+        lost = now - self.preempted_at
+        self.preempted_time += lost
+        if self.first_token_time is None:
+            self.preempted_time_ttft += lost
+        self.preempted_at, self.resume_tokens = None, 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -213,6 +305,8 @@ class RequestMetrics(Latencies):
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
+            "preempted_time": self.preempted_time,
+            "preempted_time_ttft": self.preempted_time_ttft,
         }
 
 

@@ -1,6 +1,13 @@
-"""`pacer tune`: sweep max_num_seqs x max_num_batched_tokens on the simulator against an SLA.
+"""`pacer tune`: the seeds' batch-limit method on the simulator, step by step (default), or the
+grid search (`--grid`).
 
-For each configuration the same seeded trace runs through the real scheduler on simulated
+The method (`pacer.diagnose.method`): (1) the SLA from `--slo`; (2) the traffic's prompt/output
+CV, from the workload, a trace, or `--from-log` (anything `pacer diagnose` reads); (3) the largest
+`max_num_seqs` before KV pressure (the knee); (4) `max_num_batched_tokens` under it; (5) chunked
+prefill on or off against the SLA. `--verify` runs the chosen configuration, the runner-up and the
+out-of-the-box defaults on the real engine (in-process, or `--base-url`) on the same trace.
+
+The grid: for each configuration the same seeded trace runs through the real scheduler on simulated
 hardware (`pacer.sim`). At one offered rate the configurations are ranked by SLO attainment, then
 goodput (requests per second that met every SLO), then p99 TTFT. With `--find-max-rate` each configuration
 gets a capacity search instead: the highest Poisson rate at which the SLO attainment stays
@@ -49,14 +56,25 @@ def parse_int_list(text: str, name: str) -> list[int]:
 def add_args(p: argparse.ArgumentParser) -> None:
     from pacer.sim.cli import add_workload_args
 
-    p.description = "Sweep max_num_seqs x max_num_batched_tokens on the simulator against an SLO."
+    p.description = ("The seeds' tuning method on the simulator: SLA, traffic CV, the max_num_seqs knee, "
+                     "max_num_batched_tokens, chunked prefill; --verify on the real engine; --grid for a grid.")
+    m = p.add_argument_group("method")
+    m.add_argument("--grid", action="store_true", help="the grid search over both lists instead of the method")
+    m.add_argument("--from-log", action="append", default=[], metavar="SOURCE",
+                   help="take the traffic from a request log, run file or table (as pacer diagnose reads it)")
+    m.add_argument("--verify", action="store_true",
+                   help="run the chosen config, the runner-up and the defaults on the real engine (in-process)")
+    m.add_argument("--base-url", default=None, help="--verify against this server instead (restart it with the "
+                                                    "printed flags first)")
     g = p.add_argument_group("sweep")
-    g.add_argument("--max-num-seqs", default="16,32,64,128,256", help="comma list to sweep")
-    g.add_argument("--max-num-batched-tokens", default="512,1024,2048,4096,8192", help="comma list to sweep")
+    g.add_argument("--max-num-seqs", default=None, help="comma list to sweep (method: 1,2,4,...,256; grid: "
+                                                        "16,32,64,128,256)")
+    g.add_argument("--max-num-batched-tokens", default=None,
+                   help="comma list to sweep (method: 256,...,8192; grid: 512,...,8192)")
     g.add_argument("--find-max-rate", action="store_true",
                    help="per config, bisect the highest request rate meeting the SLO (capacity search)")
-    g.add_argument("--target-attainment", type=float, default=0.99,
-                   help="fraction of requests that must meet the SLO (default 0.99)")
+    g.add_argument("--target-attainment", type=float, default=0.9,
+                   help="fraction of requests that must meet the SLO (default 0.9)")
     g.add_argument("--max-rate", type=float, default=64.0, help="capacity search: upper bound, req/s")
     h = p.add_argument_group("simulated hardware")
     h.add_argument("--hardware", default="cpu-local", help="a100-80g | h100-sxm | h200-sxm | b200 | cpu-local")
@@ -114,13 +132,21 @@ class _Runner:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.grid:
+        from pacer.diagnose.tune_method import run_method_cli
+
+        return run_method_cli(args)
+    return _run_grid(args)
+
+
+def _run_grid(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from pacer.sim.cli import parse_rates
 
-    seqs_list = parse_int_list(args.max_num_seqs, "--max-num-seqs")
-    budgets = parse_int_list(args.max_num_batched_tokens, "--max-num-batched-tokens")
+    seqs_list = parse_int_list(args.max_num_seqs or "16,32,64,128,256", "--max-num-seqs")
+    budgets = parse_int_list(args.max_num_batched_tokens or "512,1024,2048,4096,8192", "--max-num-batched-tokens")
     runner = _Runner(args)
     chunked = runner.kwargs.get("enable_chunked_prefill", True)
     if not chunked:

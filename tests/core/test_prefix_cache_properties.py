@@ -9,13 +9,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pacer.clock import VirtualClock
+from pacer.core.host_tier import HostKVTier
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.prefix_cache import PrefixCache
 from pacer.request import Request, SamplingParams
 from tests.fakes import Arrival, drive_arrivals, make_engine
 
 BS = 2
-SEEN = {"runs": 0, "swaps": 0, "hits": 0}  # how many examples exercised swap-in and cache hits
+SEEN = {"runs": 0, "swaps": 0, "hits": 0, "promotions": 0, "tree_promotions": 0}  # paths the examples took
 ops_strategy = st.lists(
     st.one_of(
         st.tuples(st.just("admit"), st.lists(st.integers(0, 2), min_size=1, max_size=12), st.sampled_from("ab")),
@@ -24,6 +25,7 @@ ops_strategy = st.lists(
         st.tuples(st.just("prewarm"), st.lists(st.integers(0, 2), min_size=2, max_size=8)),
         st.tuples(st.just("unpin"), st.integers(0, 5)),
         st.tuples(st.just("tick"), st.floats(0, 40)),
+        st.tuples(st.just("again"), st.integers(0, 20)),    # admit an earlier request's tokens again
     ),
     max_size=60,
 )
@@ -36,22 +38,29 @@ def _cached_blocks(kv: KVCacheManager) -> set[int]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, policy=st.sampled_from(["lru", "weighted-lru", "ttl"]),
-       isolation=st.sampled_from(["shared", "isolated", "partitioned"]))
-def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, isolation):
+       isolation=st.sampled_from(["shared", "isolated", "partitioned"]), host_blocks=st.sampled_from([0, 3, 16]))
+def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, isolation, host_blocks):
     clock = VirtualClock()
     weights = {"a": 3.0} if policy == "weighted-lru" else None
     quotas = {"a": 6, "b": 4} if isolation == "partitioned" else None
     group_of = (lambda o: o if o in ("", "a", "b") else "*") if isolation == "partitioned" else None
     cache = PrefixCache(BS, clock.now, policy, tenant_weights=weights, ttl=30.0 if policy == "ttl" else None,
                         group_of=group_of)
-    kv = KVCacheManager(24, BS, cache, tenant_isolation=isolation, tenant_quotas=quotas)
+    host = HostKVTier(host_blocks, BS, clock.now, eviction_policy=policy, tenant_weights=weights) if host_blocks else None
+    kv = KVCacheManager(24, BS, cache, tenant_isolation=isolation, tenant_quotas=quotas, host_tier=host)
     live: list[Request] = []
     pinned: list[tuple[int, ...]] = []
     n = 0
+    seen: list[tuple[list[int], str]] = []
     for op in ops:
         kind = op[0]
+        if kind == "again" and seen:    # after evicting what it may: the host tier's turn
+            tokens, tenant = seen[op[1] % len(seen)]
+            kv._release(cache.evict(24), "capacity")
+            kind, op = "admit", ("admit", [t - 1 for t in tokens], tenant)
         if kind in ("admit", "prewarm"):
             tokens = [t + 1 for t in op[1]]
+            seen.append((tokens, op[2] if kind == "admit" else "a"))
             req = Request(f"r{n}", tokens, SamplingParams(max_tokens=1), arrival_time=clock.now(),
                           tenant=op[2] if kind == "admit" else "a")
             n += 1
@@ -86,6 +95,7 @@ def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, iso
             pinned_blocks = {b for h in kv.pins.values() for b in h.block_ids}
             kv.drop_expired()
             assert pinned_blocks <= _cached_blocks(kv)
+            _check_copies(kv, *kv.take_swap_ops())   # a step boundary: copies go to the executor
         kv.check_invariants()
         if quotas:
             assert cache.cached_blocks("a") <= 6 and cache.cached_blocks("b") <= 4
@@ -97,6 +107,15 @@ def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, iso
     kv.check_invariants()
     assert kv.pool.num_free_blocks == kv.num_blocks, "a block leaked"
     assert cache.num_cached_blocks == 0
+    if host is not None:
+        SEEN["tree_promotions"] += host.stats.promotions > 0
+        assert host.num_offloaded_blocks + host.pool.num_free_blocks == host_blocks
+
+
+def _check_copies(kv: KVCacheManager, out: list[tuple[int, int]], ins: list[tuple[int, int]]) -> None:
+    """Copies name real blocks and slots; no device block is filled twice in one step."""
+    assert all(0 <= d < kv.num_blocks for d, _ in out) and all(0 <= d < kv.num_blocks for _, d in ins)
+    assert len({d for _, d in ins}) == len(ins)
 
 
 requests_strategy = st.lists(
@@ -126,7 +145,7 @@ SWAP_EXAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", ["recompute", "swap", "recompute+offload", "swap+offload"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=requests_strategy, budget=st.integers(2, 40), max_num_seqs=st.integers(2, 6),
        block_size=st.sampled_from([1, 2, 4]), extra_blocks=st.integers(0, 8),
@@ -139,10 +158,11 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
     max_len = 48
     num_blocks = -(-max_len // block_size) + extra_blocks
     quotas = {"a": extra_blocks // 2, "b": extra_blocks - extra_blocks // 2} if isolation == "partitioned" else None
+    offload = {"kv_offloading_size": 1.0} if mode.endswith("+offload") else {}   # num_cpu_blocks sizes it
     eng, ex = make_engine(num_blocks=num_blocks, block_size=block_size, max_len=max_len,
-                          max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, preemption_mode=mode,
-                          num_cpu_blocks=num_cpu_blocks, tenant_isolation=isolation, eviction_policy=policy,
-                          tenant_quotas=quotas)
+                          max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+                          preemption_mode=mode.removesuffix("+offload"), num_cpu_blocks=num_cpu_blocks,
+                          tenant_isolation=isolation, eviction_policy=policy, tenant_quotas=quotas, **offload)
     prefixes = [[(7 * k + 3 * j) % 50 + 100 for j in range(12)] for k in range(3)] + [[]]
     arrivals = []
     for i, (pre, suffix, max_tokens, arrive, tenant, abort_after) in enumerate(reqs):
@@ -164,8 +184,11 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
     drive_arrivals(eng, arrivals, check_step, max_steps=3_000)
     stats = eng.cache_stats()
     assert stats["preemptions"]["recompute"] + stats["preemptions"]["swap"] == eng.scheduler.num_preemptions
-    if mode == "recompute":
+    if mode.startswith("recompute"):
         assert stats["preemptions"]["swap"] == 0
+    if eng.kv.host_tier is not None:
+        eng.kv.host_tier.check_invariants()
+        SEEN["promotions"] += eng.kv.host_tier.stats.promotions > 0
     assert eng.kv.num_available_blocks() == num_blocks
     assert not eng.kv.block_tables and stats["cpu_blocks_used"] == 0
     SEEN["runs"] += 1
@@ -175,7 +198,8 @@ def test_scheduler_with_cache_and_swap_keeps_exact_outputs(mode, reqs, budget, m
 
 def test_property_examples_exercised_swaps_and_hits():
     # runs after the property test in file order: it must have hit both paths, or it tested little
-    if SEEN["runs"] < 40:
+    if SEEN["runs"] < 160:
         pytest.skip("the scheduler property test did not run first")
     # the fixed examples must still swap (in swap mode), and random prefixes must produce cache hits
     assert SEEN["swaps"] >= len(SWAP_EXAMPLES) and SEEN["hits"] >= 10, SEEN
+    assert SEEN["promotions"] >= 10 and SEEN["tree_promotions"] >= 1, SEEN   # the host tier was exercised

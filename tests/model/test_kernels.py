@@ -51,7 +51,7 @@ def test_prefill_attention_matches_torch_reference(dtype, seqs, d):
                              single_context_lens=None, prefills=prefills)
     want = paged_attention(q, k, v, kc, vc, meta, 0.17, kernel=None)
     got = torch.full_like(want, float("nan"))
-    K.paged_prefill_attention(got, q, kc, vc, *batch, 0.17)
+    K.paged_prefill_attention(got, q, kc, vc, *batch, 0.17, 1.0, 1.0)
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
@@ -59,7 +59,7 @@ def test_prefill_attention_rejects_a_context_beyond_its_table():
     q, _, _, kc, vc, _, batch, _ = _random_batch(torch.float32, [(0, 9)])
     q_starts, q_lens, _, tables = batch
     with pytest.raises(RuntimeError, match="block table"):
-        K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, q_starts, q_lens, torch.tensor([40]), tables, 1.0)
+        K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, q_starts, q_lens, torch.tensor([40]), tables, 1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -77,7 +77,7 @@ def test_rope_write_kv_matches_rotate_then_write(dtype):
     want_kc, want_vc = torch.zeros(nb, bs, nkv, d, dtype=dtype), torch.zeros(nb, bs, nkv, d, dtype=dtype)
     write_kv(want_kc, want_vc, want_k.to(dtype), v, slots)
     kc, vc = torch.zeros_like(want_kc), torch.zeros_like(want_vc)
-    K.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, nh)
+    K.rope_write_kv(qkv, positions, cos, sin, kc, vc, slots, nh, 1.0, 1.0)
     torch.testing.assert_close(q.float(), want_q, **TOL[dtype])
     torch.testing.assert_close(k.float(), want_k, **TOL[dtype])
     torch.testing.assert_close(kc.float(), want_kc.float(), **TOL[dtype])
@@ -124,7 +124,7 @@ def test_decode_attention_matches_torch_reference(dtype, d, lens):
     empty = torch.empty(0, n_kv, d, dtype=dtype)
     want = paged_attention(q, empty, empty, kc, vc, meta, 0.2, kernel=None)
     buf = torch.full((len(lens), n_heads + 1, d), 7.0, dtype=dtype)   # the kernel writes rows of a wider buffer
-    K.paged_decode_attention(buf[:, :n_heads], q, kc, vc, tables, ctx, 0.2)
+    K.paged_decode_attention(buf[:, :n_heads], q, kc, vc, tables, ctx, 0.2, 1.0, 1.0)
     torch.testing.assert_close(buf[:, :n_heads].float(), want.float(), **TOL[dtype])
     assert bool((buf[:, n_heads] == 7.0).all()), "wrote outside its output rows"
 
@@ -133,11 +133,11 @@ def test_kernels_refuse_tables_and_positions_outside_the_cache():
     kc = vc = torch.zeros(4, 16, 2, 64)
     q = torch.zeros(1, 4, 64)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        K.paged_decode_attention(torch.empty_like(q), q, kc, vc, torch.tensor([[7]]), torch.tensor([5]), 1.0)
+        K.paged_decode_attention(torch.empty_like(q), q, kc, vc, torch.tensor([[7]]), torch.tensor([5]), 1.0, 1.0, 1.0)
     with pytest.raises(RuntimeError, match="outside the cache"):
         K.paged_prefill_attention(torch.empty_like(q), q, kc, vc, torch.tensor([0]), torch.tensor([1]),
-                                  torch.tensor([0]), torch.tensor([[-1]]), 1.0)
+                                  torch.tensor([0]), torch.tensor([[-1]]), 1.0, 1.0, 1.0)
     qkv = torch.zeros(1, 8, 64)
     cos = sin = torch.zeros(10, 32)
     with pytest.raises(RuntimeError, match="rope table"):
-        K.rope_write_kv(qkv, torch.tensor([10]), cos, sin, kc, vc, torch.tensor([0]), 4)
+        K.rope_write_kv(qkv, torch.tensor([10]), cos, sin, kc, vc, torch.tensor([0]), 4, 1.0, 1.0)

@@ -123,7 +123,8 @@ def test_parse_chat_fields():
     p = parse_chat({"model": "m", "messages": [
         {"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
         {"role": "assistant", "content": None}, {"role": "user", "content": "hi"}],
-        "max_tokens": 9, "max_completion_tokens": 5, "tools": [{"type": "function"}]})
+        "max_tokens": 9, "max_completion_tokens": 5,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
     assert p.messages[0] == {"role": "system", "content": "be brief"} and p.messages[1]["content"] == ""
     assert p.max_tokens == 5 and p.has_tools
 
@@ -131,8 +132,24 @@ def test_parse_chat_fields():
 @pytest.mark.parametrize("body,param", [
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
     ({"model": "m", "messages": ["hi"]}, "messages[0]"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
      "response_format"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools[0].function"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "object"},
+      "guided_regex": "a"}, "guided_regex"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "structured_outputs": {"regex": 3}},
+     "structured_outputs.regex"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "structured_outputs": {"json": "{bad"}},
+     "structured_outputs.json"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "structured_outputs": {"backend": "x"}},
+     "structured_outputs.backend"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "guided_choice": []}, "guided_choice"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"},
+     "tool_choice"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
@@ -147,3 +164,25 @@ def test_parse_chat_rejects(body, param):
     with pytest.raises(APIError) as e:
         parse_chat(body)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_parse_structured_fields():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    p = parse_chat({**chat, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object"}, "strict": True}}})
+    assert p.sampling["structured_outputs"].json == {"type": "object"}
+    assert p.structured_param == "response_format.json_schema.schema"
+    p = parse_completion({"model": "m", "prompt": "x", "guided_choice": ["a", "b"]})
+    assert p.sampling["structured_outputs"].choice == ("a", "b") and p.structured_param == "guided_choice"
+    p = parse_chat({**chat, "structured_outputs": {"grammar": 'start: "x"', "disable_any_whitespace": False}})
+    assert p.structured_param == "structured_outputs.grammar"
+    assert "structured_outputs" not in parse_chat({**chat, "response_format": {"type": "text"}}).sampling
+    p = parse_chat({**chat, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                    "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False})
+    assert p.tools.choice == "function" and p.tools.function_name == "f" and not p.tools.parallel
+    p = parse_chat({"model": "m", "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]})
+    assert p.messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    assert p.messages[1] == {"role": "tool", "content": "42", "tool_call_id": "c1"}

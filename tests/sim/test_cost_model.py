@@ -148,3 +148,19 @@ def test_swapped_blocks_cost_host_link_time():
     assert cm.step_cost(with_swap).time_s - cm.step_cost(base).time_s == pytest.approx(6.0)
     out = SchedulerOutput(0, [sr("a", 1, 3)], 0, 1, swap_out=[(1, 0), (2, 1)], swap_in=[(0, 5)])
     assert batch_features(out).num_swap_blocks == 3
+
+
+def test_quantized_kv_is_priced_smaller_in_capacity_kv_reads_and_swaps():
+    m, hw = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    bf16 = m.kv_bytes_per_token("bfloat16")
+    assert m.kv_bytes_per_token("bfloat16", kv_cache_dtype="int8") == 2 * 32 * 8 * (128 + 2)
+    assert m.kv_bytes_per_token("bfloat16", kv_cache_dtype="fp8") == bf16 // 2
+    auto = kv_capacity_blocks(hw, m, "bfloat16", 1, 16, 0.9)
+    assert kv_capacity_blocks(hw, m, "bfloat16", 1, 16, 0.9, kv_cache_dtype="int8") >= 1.9 * auto
+    f = BatchFeatures(num_tokens=32, num_seqs=32, num_single=32, single_kv_tokens=32 * 4096, single_max_ctx=4096,
+                      num_sampled=32, num_decode_tokens=32, num_swap_blocks=10)
+    full, q8 = RooflineCostModel(hw, m, "bfloat16"), RooflineCostModel(hw, m, "bfloat16", kv_cache_dtype="fp8")
+    assert q8.counts.attention(f)[1] == full.counts.attention(f)[1] / 2
+    assert q8.step_cost(f).time_s < full.step_cost(f).time_s and q8.swap_block_s == full.swap_block_s / 2
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        m.kv_bytes_per_token("bfloat16", kv_cache_dtype="int4")

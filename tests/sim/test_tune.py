@@ -9,7 +9,8 @@ from pacer.tune import parse_int_list
 
 
 def test_tune_sweeps_and_prints_the_best_flags(capsys):
-    rc = main(["tune", "--hardware", "a100-80g", "--model", "llama-3-8b", "--workload", "chat", "--request-rate", "8",
+    rc = main(["tune", "--grid", "--hardware", "a100-80g", "--model", "llama-3-8b", "--workload", "chat",
+               "--request-rate", "8",
                "--num-prompts", "40", "--slo", "ttft=500ms", "--max-num-seqs", "4,32",
                "--max-num-batched-tokens", "512,2048"])
     assert rc == 0

@@ -57,6 +57,8 @@ class RequestRecord(Latencies):
     cached_tokens: int = 0
     prefill_tokens: int = 0
     preemptions: int = 0
+    preempted_time: float = 0.0       # preemption loss, s (RequestMetrics.preempted_time)
+    preempted_time_ttft: float = 0.0  # of it, before the first token
     http_status: int | None = None
     error: str | None = None
     tenant: str = "default"
@@ -82,7 +84,8 @@ class RequestRecord(Latencies):
                    first_token_time=rel(metrics.first_token_time), finish_time=rel(metrics.finish_time),
                    token_times=[t - t0 for t in metrics.token_times], prompt_tokens=metrics.prompt_tokens,
                    output_tokens=len(metrics.token_times), cached_tokens=metrics.cached_tokens,
-                   prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions, **extra)
+                   prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions,
+                   preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft, **extra)
 
     def as_dict(self) -> dict[str, Any]:
         """The `requests[]` object of run.json (token_times are implied by first_token_time + itl)."""
@@ -94,7 +97,8 @@ class RequestRecord(Latencies):
             "queue_wait": self.queue_wait, "ttft": self.ttft, "itl": self.itl, "tpot": self.tpot, "e2e": self.e2e,
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens, "prefill_tokens": self.prefill_tokens,
-            "preemptions": self.preemptions, "tenant": self.tenant, "priority": self.priority,
+            "preemptions": self.preemptions, "preempted_time": self.preempted_time,
+            "preempted_time_ttft": self.preempted_time_ttft, "tenant": self.tenant, "priority": self.priority,
             "session": self.session,
         }
 
@@ -112,7 +116,8 @@ class RequestRecord(Latencies):
             first_token_time=first, finish_time=d.get("finish_time"), token_times=times,
             prompt_tokens=int(d.get("prompt_tokens", 0)), output_tokens=int(d.get("output_tokens", 0)),
             cached_tokens=int(d.get("cached_tokens", 0)), prefill_tokens=int(d.get("prefill_tokens", 0)),
-            preemptions=int(d.get("preemptions", 0)), http_status=d.get("http_status"), error=d.get("error"),
+            preemptions=int(d.get("preemptions", 0)), preempted_time=float(d.get("preempted_time", 0.0)),
+            preempted_time_ttft=float(d.get("preempted_time_ttft", 0.0)), http_status=d.get("http_status"), error=d.get("error"),
             tenant=str(d.get("tenant", "default")), priority=int(d.get("priority", 0)), session=d.get("session"),
         )
 

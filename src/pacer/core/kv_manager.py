@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 from pacer.core.block_events import SALT_SEPARATOR, BlockEvent, BlockEventLog, namespace
 from pacer.core.block_pool import BlockPool
+from pacer.core.host_tier import HostKVTier, SwapSlots
+from pacer.core.offload import PrefixOffload
 from pacer.core.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
 from pacer.request import Request
 
@@ -59,7 +61,7 @@ class KVStats:
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None, *,
                  tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
-                 num_cpu_blocks: int = 0, reserve_blocks: int = 0) -> None:
+                 num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         if tenant_isolation not in TENANT_ISOLATION_MODES:
@@ -78,7 +80,11 @@ class KVCacheManager:
             raise ValueError(
                 f"tenant_quotas sum to {sum(self.quotas.values())} blocks; with {reserve_blocks} blocks kept "
                 f"free for one max_model_len request that exceeds the {num_blocks} KV blocks")
-        self.cpu_pool = BlockPool(num_cpu_blocks) if num_cpu_blocks > 0 else None
+        # one host pool for swap and the offload tier when there is a host tier (kv_offloading_size)
+        self.host_tier = host_tier
+        self.cpu_pool: BlockPool | SwapSlots | None = (
+            SwapSlots(host_tier) if host_tier is not None else BlockPool(num_cpu_blocks) if num_cpu_blocks > 0 else None)
+        self.offload = PrefixOffload(host_tier, prefix_cache) if host_tier and prefix_cache else None
         self._handles: dict[str, PrefixMatch] = {}
         self._swapped: dict[str, list[int]] = {}       # request id -> CPU slots holding its KV
         self._pending_in: dict[str, SwapPairs] = {}     # swap-ins decided this step: (cpu, device)
@@ -106,9 +112,19 @@ class KVCacheManager:
         num_cpu = config.num_cpu_blocks
         if num_cpu is None:
             num_cpu = int(config.swap_space * 1024**3 // block_bytes) if block_bytes else 0
+        host = None
+        if config.kv_offloading_size:   # one host pool: num_cpu_blocks, else kv_offloading_size GiB
+            num_host = config.num_cpu_blocks
+            if num_host is None:
+                if not block_bytes:
+                    raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
+                num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
+            host = HostKVTier(max(1, num_host), config.block_size, now,
+                              eviction_policy=config.eviction_policy, ttl=config.cache_ttl,
+                              tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching)
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
-                   num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size))
+                   num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host)
 
     # ------------------------------------------------------------------ sizes
 
@@ -177,15 +193,33 @@ class KVCacheManager:
         tokens = req.token_ids_slice(0, req.num_tokens)
         match = self.cache.match_prefix(tokens, self._owners(req), max_blocks, req.tenant)
         self.stats.queried_tokens += req.num_tokens
-        if not match.block_ids:
+        if match.block_ids:   # locked first: promotion below may evict
+            self.cache.lock(match)
+            self._handles[req.request_id] = match
+            self.pool.incref(match.block_ids)
+        table = list(match.block_ids) + self._promote(req, match, tokens, max_blocks)
+        if not table:
             return 0
-        self.cache.lock(match)
-        self._handles[req.request_id] = match
-        self.pool.incref(match.block_ids)
-        self.block_tables[req.request_id] = list(match.block_ids)
-        num_tokens = match.num_blocks * self.block_size
+        self.block_tables[req.request_id] = table
+        num_tokens = len(table) * self.block_size
         self.stats.hit_tokens += num_tokens
         return num_tokens
+
+    def _promote(self, req: Request, match: PrefixMatch, tokens: list[int], max_blocks: int) -> list[int]:
+        """Device blocks for the host tier's continuation of `match`, filled by this step's copies."""
+        if self.offload is None or self.cache is None:
+            return []
+        hits = self.offload.lookup(match.node, match.num_blocks, tokens, self._owners(req), max_blocks)
+        hits = hits[:self.num_available_blocks(req.tenant)]
+        if not hits:
+            return []
+        self.offload.commit(req.request_id, hits)
+        short = len(hits) - self.pool.num_free_blocks
+        if short > 0:
+            self._release(self.cache.evict(short, self._evict_groups(req.tenant)), "capacity")
+        blocks = self.pool.allocate(len(hits))
+        self.offload.bind(req.request_id, blocks)
+        return blocks
 
     def cancel_match(self, req: Request) -> None:
         """Undo `match_prefix` for a request that could not be admitted after all."""
@@ -194,12 +228,16 @@ class KVCacheManager:
         self.stats.queried_tokens -= req.num_tokens
         match = self._handles.pop(req.request_id, None)
         table = self.block_tables.pop(req.request_id, None)
-        if match is None:
-            return
-        self.stats.hit_tokens -= match.num_blocks * self.block_size
-        self.cache.unlock(match)
+        if match is not None:
+            self.cache.unlock(match)
         if table:
+            self.stats.hit_tokens -= len(table) * self.block_size
             self.pool.free(table)
+        if self.offload is not None:   # promoted blocks the tree adopted meanwhile still get their copy
+            self.offload.cancel(req.request_id, lambda b: self.pool.ref_count(b) > 0)
+        if match is not None and self.isolation == "partitioned":
+            self._deferred_quota.append(self._quota_group(req.tenant))   # its blocks became evictable
+            self._enforce_quotas()
 
     def mark_prewarm(self, request_id: str, public: bool, pin: bool = True) -> None:
         """Before the request is first scheduled: when it finishes, its prompt's blocks are
@@ -403,6 +441,10 @@ class KVCacheManager:
             self.stats.swap_in_requests += 1
             self.stats.swap_in_blocks += len(pairs)
         self._pending_in.clear()
+        if self.offload is not None:   # demotions after swap-outs, promotions after swap-ins
+            demoted, promoted = self.offload.take_ops()
+            out.extend(demoted)
+            ins.extend(promoted)
         return out, ins
 
     # ------------------------------------------------------------------ checks
@@ -435,7 +477,7 @@ class KVCacheManager:
         if set(self._handles) - set(self.block_tables):
             raise AssertionError("a lock is held by a request with no blocks")
         if self.cpu_pool is not None:
-            self.cpu_pool.check_invariants()
+            self.cpu_pool.check_invariants()   # with a host tier: free + offloaded + swapped == total
             used = sum(len(c) for c in self._swapped.values())
             if used != self.cpu_pool.num_used_blocks:
                 raise AssertionError(f"CPU tier: {self.cpu_pool.num_used_blocks} used, {used} held")

@@ -19,11 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pacer.request import SamplingParams
 
-__all__ = ["ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor"]
+__all__ = ["ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor", "TokenMasks"]
+
+
+class TokenMasks(Protocol):
+    """Allowed-token masks of the constrained requests that sample this step (structured
+    outputs; pacer.structured.masks). The executor calls `apply` after its forward, before
+    sampling; rows of other requests are returned untouched."""
+
+    rows: Mapping[str, int]   # request id -> row of its mask
+
+    def apply(self, logits: Any, request_ids: Sequence[str]) -> Any:
+        """Logits [len(request_ids), vocab] with forbidden tokens at -inf in constrained rows."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +52,9 @@ class ScheduledRequest:
     prompt_token_ids: list[int] | None = None      # set when is_new and sampling_params.has_penalties
     output_token_ids: list[int] | None = None      # likewise: the tokens generated before this step
     # Room for the sampler's next per-request inputs (unset today; executors must reject what
-    # they cannot honour rather than ignore it):
+    # they cannot honour rather than ignore it). Token masks travel per step, not per request:
+    # see SchedulerOutput.token_masks.
     draft_token_ids: Sequence[int] = ()            # drafted tokens to verify after token_ids (speculation)
-    token_mask: Sequence[int] | None = None        # allowed-token bitmask (structured outputs); None: all
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +73,9 @@ class SchedulerOutput:
     # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # set by the engine when constrained requests sample this step: their allowed-token masks,
+    # being computed while the forward runs (so per step, not per request); None: no constraint
+    token_masks: TokenMasks | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

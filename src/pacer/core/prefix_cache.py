@@ -83,6 +83,9 @@ class PrefixCache:
             node = stack.pop()
             self._record_stored(node)
             stack.extend(node.children.values())
+        # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
+        # (core/offload.py) keeps a copy of them
+        self.on_drop: Callable[[RadixNode, int], None] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -342,6 +345,8 @@ class PrefixCache:
     def _trim(self, node: RadixNode, most: int) -> list[int]:
         """Remove up to `most` blocks from the tail of an evictable leaf."""
         take = min(most, len(node.block_ids))
+        if self.on_drop is not None and take:
+            self.on_drop(node, take)
         dropped = node.block_ids[-take:]
         node.block_ids = node.block_ids[:-take]
         node.tokens = node.tokens[:len(node.block_ids) * self.block_size]

@@ -231,6 +231,7 @@ class Scheduler:
     def _preempt(self, step: _Step, req: Request) -> None:
         step.undo(req)
         self.running.remove(req)
+        req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
         if self.config.preemption_mode == "swap" and self.kv.swap_out(req):
             self.num_swap_preemptions += 1   # keeps num_computed_tokens: its KV waits on the CPU tier
         else:
@@ -294,11 +295,12 @@ class Scheduler:
         now = self.clock.now()
         touched: list[tuple[Request, int]] = []
         for sr in output.scheduled:
-            if not sr.sample:
-                continue
             req = self.requests.get(sr.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted or failed while the step ran
+            req.metrics.on_step_end(now, req.num_computed_tokens)
+            if not sr.sample:
+                continue
             kept = 0
             for token in result.results[sr.request_id].token_ids:
                 kept += 1

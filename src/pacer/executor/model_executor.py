@@ -13,6 +13,7 @@ import torch
 
 from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
 from pacer.model.attention import AttentionMetadata, PrefillSeq
+from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.sampler import Sampler, SamplingRow, TokenHistory
 from pacer.request import SamplingParams
@@ -30,24 +31,28 @@ class _ReqState:
 
 
 class ModelExecutor:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0,
+                 kv_format: KVFormat | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = model.device
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.kv_format = kv_format or model.kv_format("auto")
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, self.kv_format)
         self.sampler = Sampler(seed)
         self._states: dict[str, _ReqState] = {}
         self._cpu_blocks: dict[int, torch.Tensor] = {}   # swap tier: cpu slot -> [layers, 2, block...]
 
     @property
     def kv_block_bytes(self) -> int:
-        """Bytes of one KV block over all layers (sizes the CPU swap tier)."""
-        return self.model.kv_bytes_per_token * self.block_size
+        """Bytes of one KV block over all layers, as stored (sizes the CPU swap tier)."""
+        a = self.model.arch
+        return self.kv_format.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim) * self.block_size
 
     def _apply_swaps(self, out: SchedulerOutput) -> None:
-        """Copy preempted requests' blocks to the CPU tier, then restore resumed ones; both
-        before the forward, which may reuse the blocks just swapped out."""
+        """Copy preempted requests' and demoted prefix blocks to the host tier, then restore
+        resumed requests' and promoted blocks; all before the forward, which may reuse the
+        blocks just copied out."""
         if out.swap_out:
             idx = torch.tensor([d for d, _ in out.swap_out], device=self.device)
             saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
@@ -55,10 +60,11 @@ class ModelExecutor:
                 self._cpu_blocks[slot] = saved[:, :, i].clone()
         if out.swap_in:
             idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
-            blocks = torch.stack([self._cpu_blocks.pop(slot) for slot, _ in out.swap_in], dim=2).to(self.device)
+            # a copy: the host slot keeps its KV (the offload tier may promote it again) until reused
+            blocks = torch.stack([self._cpu_blocks[slot] for slot, _ in out.swap_in], dim=2).to(self.device)
             for layer, (k, v) in enumerate(self.kv_caches):
-                k.index_copy_(0, idx, blocks[layer, 0])
-                v.index_copy_(0, idx, blocks[layer, 1])
+                _as_copyable(k).index_copy_(0, idx, _as_copyable(blocks[layer, 0]))
+                _as_copyable(v).index_copy_(0, idx, _as_copyable(blocks[layer, 1]))
 
     def _sync_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_ids:
@@ -95,8 +101,10 @@ class ModelExecutor:
         multis = [sr for sr in out.scheduled if sr.num_tokens > 1]
         input_ids, positions, meta, logits_rows, sample_reqs = self._prepare(singles, multis)
         t1 = time.perf_counter()
-        logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows)
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows, self.kv_format)
         t2 = time.perf_counter()
+        if out.token_masks is not None and sample_reqs:   # computed while the forward ran
+            logits = out.token_masks.apply(logits, [sr.request_id for sr in sample_reqs])
         states = [self._states[sr.request_id] for sr in sample_reqs]
         rows = [SamplingRow(st.params, sr.num_output_tokens, st.history) for sr, st in zip(sample_reqs, states)]
         results: dict[str, RequestResult] = {}
@@ -169,6 +177,11 @@ class ModelExecutor:
         )
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)
+
+
+def _as_copyable(t: torch.Tensor) -> torch.Tensor:
+    """float8 has no index_copy_ on CPU; its bytes do."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
 def _padded(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:

@@ -6,6 +6,11 @@ loop per request. Multi-token rows (prefill chunks) follow: with the C++ kernels
 reading the paged cache; on the torch path one SDPA call each, where a chunk that starts at
 position 0 attends to its own keys directly and a later chunk also reads the earlier
 context from the cache.
+
+With a quantized cache (`kv_cache_dtype` int8 / fp8, kv_quant.py) keys and values are
+quantised as they are written and dequantised as they are read, by the C++ kernels in
+registers and here with the same arithmetic; every chunk then reads its keys from the cache,
+so both paths see the same numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from pacer.model.kv_quant import KVFormat, dequantize, quantize, store_rows
 
 __all__ = ["AttentionMetadata", "PrefillSeq", "paged_attention", "write_kv"]
 
@@ -40,55 +47,83 @@ class AttentionMetadata:
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store this step's keys/values. Caches are [num_blocks, block_size, n_kv, head_dim]."""
-    nkv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, nkv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, nkv, d).index_copy_(0, slot_mapping, v)
+             slot_mapping: torch.Tensor, fmt: KVFormat | None = None,
+             kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
+    """Store this step's keys/values, quantised when `fmt` is. Caches are
+    [num_blocks, block_size, n_kv, width] (width: head_dim, or head_dim + 2 for int8)."""
+    if fmt is None or not fmt.quantized:
+        store_rows(k_cache, k.to(k_cache.dtype), slot_mapping)
+        store_rows(v_cache, v.to(v_cache.dtype), slot_mapping)
+        return
+    store_rows(k_cache, quantize(fmt, k, kv_scales[0]), slot_mapping)
+    store_rows(v_cache, quantize(fmt, v, kv_scales[1]), slot_mapping)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """[..., blocks] table -> [..., blocks*block_size, n_kv, d] contiguous keys or values."""
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, fmt: KVFormat | None, scale: float,
+            dtype: torch.dtype) -> torch.Tensor:
+    """[..., blocks] table -> [..., blocks*block_size, n_kv, d] keys or values in `dtype`."""
     g = cache[block_table]
-    return g.view(*block_table.shape[:-1], -1, cache.shape[2], cache.shape[3])
+    g = g.view(*block_table.shape[:-1], -1, cache.shape[2], cache.shape[3])
+    return g if fmt is None or not fmt.quantized else dequantize(fmt, g, dtype, scale)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    kernel: Any = None) -> torch.Tensor:
+                    kernel: Any = None, fmt: KVFormat | None = None,
+                    kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """q [T, n_heads, d]; k, v [T, n_kv, d] (already written to the cache). Returns [T, n_heads, d].
 
-    `kernel`: the compiled module of `kernels.py`, or None for the torch reference path."""
+    `kernel`: the compiled module of `kernels.py`, or None for the torch reference path;
+    `fmt` / `kv_scales`: the cache's format and this layer's (k, v) scales."""
     out = torch.empty_like(q)
     n_single = meta.num_single
     if n_single and kernel is not None:
         assert meta.single_block_tables is not None and meta.single_context_lens is not None
         kernel.paged_decode_attention(out[:n_single], q[:n_single], k_cache, v_cache,
-                                      meta.single_block_tables, meta.single_context_lens, scale)
+                                      meta.single_block_tables, meta.single_context_lens, scale, *kv_scales)
     elif n_single:
-        assert meta.single_block_tables is not None and meta.single_mask is not None
-        keys = _gather(k_cache, meta.single_block_tables).transpose(1, 2)   # [D, n_kv, S, d]
-        vals = _gather(v_cache, meta.single_block_tables).transpose(1, 2)
-        qs = q[:n_single].unsqueeze(2)                                     # [D, n_heads, 1, d]
-        o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask,
-                                           scale=scale, enable_gqa=True)
-        out[:n_single] = o.squeeze(2)
+        _single_rows(out, q, k_cache, v_cache, meta, scale, fmt, kv_scales)
     if meta.prefills and kernel is not None and meta.prefill_batch is not None:
-        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale)
-        return out
-    for p in meta.prefills:
-        qs = q[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
-        if p.start_pos == 0:
+        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, *kv_scales)
+    elif meta.prefills:
+        _prefill_rows(out, q, k, v, k_cache, v_cache, meta.prefills, scale, fmt, kv_scales)
+    return out
+
+
+def _compute_dtype(q: torch.Tensor, fmt: KVFormat | None) -> torch.dtype:
+    """A quantized cache is dequantised to float32 and attended to in float32, as the kernels do."""
+    return torch.float32 if fmt is not None and fmt.quantized else q.dtype
+
+
+def _single_rows(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata, scale: float, fmt: KVFormat | None,
+                 kv_scales: tuple[float, float]) -> None:
+    assert meta.single_block_tables is not None and meta.single_mask is not None
+    n, cdt = meta.num_single, _compute_dtype(q, fmt)
+    keys = _gather(k_cache, meta.single_block_tables, fmt, kv_scales[0], cdt).transpose(1, 2)   # [D, n_kv, S, d]
+    vals = _gather(v_cache, meta.single_block_tables, fmt, kv_scales[1], cdt).transpose(1, 2)
+    qs = q[:n].to(cdt).unsqueeze(2)                                               # [D, n_heads, 1, d]
+    o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask, scale=scale, enable_gqa=True)
+    out[:n] = o.squeeze(2)
+
+
+def _prefill_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, prefills: list[PrefillSeq], scale: float, fmt: KVFormat | None,
+                  kv_scales: tuple[float, float]) -> None:
+    cdt = _compute_dtype(q, fmt)
+    reads_cache = fmt is not None and fmt.quantized   # then its own keys too, as stored
+    for p in prefills:
+        qs = q[p.q_start:p.q_start + p.q_len].to(cdt).transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
+        if p.start_pos == 0 and not reads_cache:
             ks = k[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             vs = v[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
             assert p.block_table is not None, "the torch path needs each chunk's block table"
             ctx = p.start_pos + p.q_len
-            ks = _gather(k_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
-            vs = _gather(v_cache, p.block_table)[:ctx].transpose(0, 1).unsqueeze(0)
+            ks = _gather(k_cache, p.block_table, fmt, kv_scales[0], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
+            vs = _gather(v_cache, p.block_table, fmt, kv_scales[1], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
             rows = torch.arange(p.q_len, device=q.device).unsqueeze(1) + p.start_pos
             mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[p.q_start:p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
-    return out

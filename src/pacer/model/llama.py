@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pacer.model.attention import AttentionMetadata, paged_attention, write_kv
+from pacer.model.kv_quant import KVFormat, kv_format
 from pacer.model.linear import Linear
 from pacer.model.loader import ModelArch
 
@@ -104,8 +105,12 @@ class LlamaModel:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        a = self.arch
-        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+        """K and V bytes of one token in the model's dtype (kv_cache_dtype='auto')."""
+        return self.kv_format("auto").bytes_per_token(self.arch.num_layers, self.arch.num_kv_heads,
+                                                      self.arch.head_dim)
+
+    def kv_format(self, kv_cache_dtype: str) -> KVFormat:
+        return kv_format(kv_cache_dtype, self.dtype)
 
     def _ensure_rope(self, n: int) -> None:
         if n <= self._rope_cache_len:
@@ -125,9 +130,10 @@ class LlamaModel:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def _qkv_rope_write(self, qkv: torch.Tensor, layer: _Layer, positions: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, slot_mapping: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """qkv [T, nh + 2 nkv, d] -> rotated q, k and v; k and v are stored in the cache."""
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor, fmt: KVFormat,
+                        kv_scales: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [T, nh + 2 nkv, d] -> rotated q, k and v; k and v are stored in the cache
+        (quantised on write when `fmt` is)."""
         a = self.arch
         nh, nkv, d, eps = a.num_heads, a.num_kv_heads, a.head_dim, a.rms_norm_eps
         q, k, v = qkv.split([nh, nkv, nkv], dim=1)
@@ -138,12 +144,13 @@ class LlamaModel:
                 qkv[:, :nh] = q
                 qkv[:, nh:nh + nkv] = k
         if self.kernel is not None:
-            self.kernel.rope_write_kv(qkv, positions, self._cos_f, self._sin_f, k_cache, v_cache, slot_mapping, nh)
+            self.kernel.rope_write_kv(qkv, positions, self._cos_f, self._sin_f, k_cache, v_cache, slot_mapping, nh,
+                                      *kv_scales)
             return qkv.split([nh, nkv, nkv], dim=1)
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-        write_kv(k_cache, v_cache, k, v, slot_mapping)
+        write_kv(k_cache, v_cache, k, v, slot_mapping, fmt, kv_scales)
         return q, k, v
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
@@ -160,17 +167,23 @@ class LlamaModel:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          fmt: KVFormat | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         a = self.arch
-        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(a.num_layers)]
+        fmt = fmt or self.kv_format("auto")
+        shape = (num_blocks, block_size, a.num_kv_heads, fmt.head_width(a.head_dim))
+        return [(torch.zeros(shape, dtype=fmt.storage, device=self.device),
+                 torch.zeros(shape, dtype=fmt.storage, device=self.device)) for _ in range(a.num_layers)]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T]; returns float32 logits [len(logits_rows), vocab]."""
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor,
+                kv_format: KVFormat | None = None) -> torch.Tensor:
+        """input_ids, positions [T]; returns float32 logits [len(logits_rows), vocab].
+
+        `kv_format`: how `kv_caches` are stored (default: the model's dtype)."""
         a = self.arch
+        fmt = kv_format or self.kv_format("auto")
         nh, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
         T = input_ids.shape[0]
         self._ensure_rope(int(positions.max()) + 1)
@@ -179,8 +192,10 @@ class LlamaModel:
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             qkv = layer.qkv(h).view(T, nh + 2 * nkv, d)
-            q, k, v = self._qkv_rope_write(qkv, layer, positions, k_cache, v_cache, meta.slot_mapping)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel).view(-1, nh * d)
+            kv_scales = fmt.scales(i)
+            q, k, v = self._qkv_rope_write(qkv, layer, positions, k_cache, v_cache, meta.slot_mapping, fmt, kv_scales)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel, fmt,
+                                   kv_scales).view(-1, nh * d)
             if i == last:
                 # Past the last KV write only the rows that need logits matter: skip the
                 # output projection and MLP of every other prefill token.

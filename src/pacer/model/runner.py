@@ -6,15 +6,17 @@ import ctypes
 import logging
 import os
 import sys
+from typing import Any
 
 import torch
 
-from pacer.config import EngineConfig
+from pacer.config import CacheConfig, EngineConfig
 from pacer.executor.model_executor import ModelExecutor
+from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.loader import Checkpoint, load_checkpoint
 
-__all__ = ["build_model_executor", "resolve_dtype"]
+__all__ = ["build_model_executor", "executor_for", "resolve_dtype", "kv_capacity_line"]
 
 log = logging.getLogger("pacer.model")
 
@@ -67,6 +69,34 @@ def build_model_executor(config: EngineConfig) -> tuple[ModelExecutor, Checkpoin
     model = LlamaModel(ckpt.arch, ckpt.tensors, dtype=dtype, device=mc.device,
                        attention_backend=mc.attention_backend, linear_backend=mc.linear_backend)
     ckpt.tensors = {}  # the model holds its own (fused) copies
-    num_blocks = config.cache.resolve_num_blocks(model.kv_bytes_per_token)
-    executor = ModelExecutor(model, num_blocks, config.cache.block_size, seed=mc.seed)
-    return executor, ckpt, num_blocks
+    executor = executor_for(model, config.cache, seed=mc.seed, tokenizer=ckpt.tokenizer)
+    return executor, ckpt, executor.num_blocks
+
+
+def executor_for(model: LlamaModel, cache: CacheConfig, seed: int = 0, tokenizer: Any = None) -> ModelExecutor:
+    """A ModelExecutor over loaded weights with its own KV cache sized and stored as `cache` says
+    (kv_cache_dtype, calculate_kv_scales, num_kv_blocks or kv_cache_memory); logs the capacity."""
+    fmt = model.kv_format(cache.kv_cache_dtype)
+    if cache.calculate_kv_scales:
+        if tokenizer is None:
+            raise ValueError("calculate_kv_scales needs the model's tokenizer for its warm-up text")
+        from pacer.model.kv_calibrate import calibrate_fp8_scales
+
+        fmt = calibrate_fp8_scales(model, fmt, tokenizer)
+    a = model.arch
+    num_blocks = cache.resolve_num_blocks(fmt.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim))
+    log.info("%s", kv_capacity_line(model, fmt, num_blocks, cache.block_size))
+    return ModelExecutor(model, num_blocks, cache.block_size, seed=seed, kv_format=fmt)
+
+
+def kv_capacity_line(model: LlamaModel, fmt: KVFormat, num_blocks: int, block_size: int) -> str:
+    """'KV cache int8: N blocks (T tokens), B bytes/token; 1.94x the blocks of bfloat16, ...'."""
+    a = model.arch
+    per_token = fmt.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim)
+    ratios = []
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        ref = KVFormat("auto", dtype).bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim)
+        ratios.append(f"{ref / per_token:.2f}x the blocks of {name} KV")
+    name = fmt.name if fmt.quantized else f"auto ({str(model.dtype).removeprefix('torch.')})"
+    return (f"KV cache {name}: {num_blocks} blocks ({num_blocks * block_size} tokens), {per_token} bytes/token; "
+            f"in the same memory {', '.join(ratios)}")

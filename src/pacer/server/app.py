@@ -28,6 +28,7 @@ from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
 from pacer.server.router_api import add_router_endpoints, tenant_from_headers
 from pacer.server.service import Job, Service
+from pacer.tools.stream import ToolDeltaStream, tool_message
 
 __all__ = ["create_app"]
 
@@ -136,6 +137,9 @@ def _raise_if_failed(service: Service, job: Job, item: Any) -> None:
         raise item
     _, out = item
     if out.finished and out.finish_reason == "error":
+        if out.error is not None:   # its constraint did not compile: the client's input
+            service.cancel(job, 400)
+            raise errors.bad_request(job.parsed.structured_param, out.error)
         service.cancel(job, 500)
         raise errors.internal("the engine failed while running this request")
     if out.finished and out.finish_reason == "abort":
@@ -156,9 +160,14 @@ async def _collect(service: Service, job: Job) -> dict[str, Any]:
     k = parsed.sampling.get("logprobs")
     texts = service.token_text
     if parsed.endpoint == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts),
-                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        choices = []
+        for i, o in enumerate(outs):
+            message: dict[str, Any] = {"role": "assistant", "content": o.text}
+            finish = o.finish_reason
+            if job.tool_parser is not None:
+                message, finish = tool_message(job.tool_parser, o.text, finish)
+            choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
+                            "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
         obj = "chat.completion"
     else:
         choices = [{"index": i, "text": o.text,
@@ -199,6 +208,8 @@ class _Chunks:
         # (the engine cuts a matched stop string from `text`, and what was sent cannot be unsent)
         self.holdback = max((len(s) for s in job.parsed.sampling.get("stop", ())), default=1) - 1
         self.sent: dict[int, int] = {}
+        self.tool_parser = job.tool_parser
+        self.tool_streams: dict[int, ToolDeltaStream] = {}
 
     def _choice(self, choice: dict[str, Any]) -> str:
         return _sse({**self.base, "choices": [choice], **self.extra})
@@ -239,10 +250,27 @@ class _Chunks:
                 return []
             return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish})]
         chunks = []
+        if self.tool_parser is not None:
+            return self._tool_chunks(index, out, logprobs)
         if text or logprobs is not None:
             chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": logprobs,
                                         "finish_reason": None}))
         if out.finished:
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
+        return chunks
+
+    def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
+        """Deltas of a choice whose tool calls are parsed: content, then each call's id and
+        name, then its argument fragments (pacer.tools.stream); text held back for stop
+        strings is parsed once it is released."""
+        stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
+        deltas = stream.update(out.text[:self.sent.get(index, 0)], out.finished)
+        chunks = [self._choice({"index": index, "delta": d, "logprobs": None, "finish_reason": None})
+                  for d in deltas]
+        if logprobs is not None:
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None}))
+        if out.finished:
+            finish = {"finish_reason": stream.finish_reason(out.finish_reason), "stop_reason": out.stop_reason}
             chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
         return chunks
 

@@ -54,6 +54,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     from pacer.deploy.options import add_router_args
 
     add_router_args(p)
+    t = p.add_argument_group("tools and chat template (vLLM's flags)")
+    t.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
+    t.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json"),
+                   help="how tool calls are read from the output (and written by forced calls); default for "
+                        "forced calls: hermes")
+    t.add_argument("--chat-template", default=None, metavar="PATH",
+                   help="a Jinja chat template file used instead of the model's for every chat request "
+                        "(default: the model's, or pacer's tool-aware ChatML template when tools are given and "
+                        "the model's template has no tool support)")
     add_engine_args(p)
 
 
@@ -125,6 +135,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     from pacer.engine import Engine
     from pacer.metrics import ClassRules
     from pacer.server.service import Service, ServiceOptions
+    from pacer.tools.serving import ToolOptions
+    from pacer.tools.template import load_chat_template
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -134,9 +146,11 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
     names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
+    template = load_chat_template(args.chat_template) if args.chat_template else None
+    tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
-                             class_rules=rules)
+                             class_rules=rules, tools=tools)
     from pacer.kv_events import parse_kv_events_config
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads

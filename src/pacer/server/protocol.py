@@ -4,11 +4,11 @@ Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs
 `top_logprobs`), `presence_penalty`, `frequency_penalty` and `n` (1..MAX_N) included, and
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
 `priority`; `tenant` is a pacer extension, also read from `user`. Options we do not implement
-(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`, a `response_format`
-other than text) are refused with a 400 naming the field rather than ignored. Unknown keys
-are ignored, as OpenAI-compatible servers commonly do.
-`tools` only marks a chat request as class `agent`: tool definitions are not rendered into the
-prompt and tool calls are not parsed.
+(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are refused with a
+400 naming the field rather than ignored. Unknown keys are ignored, as OpenAI-compatible
+servers commonly do. Structured outputs (`response_format`, `structured_outputs`, `guided_*`)
+are read by pacer.server.structured_api, `tools` / `tool_choice` by pacer.tools.api; a chat
+request with tools is also of class `agent`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 from pacer.request import MAX_LOGPROBS
 from pacer.server.errors import bad_request
+from pacer.server.structured_api import parse_structured
+from pacer.tools.api import ToolRequest, parse_tool_calls, parse_tools
 
 __all__ = ["ParsedRequest", "parse_completion", "parse_chat", "MAX_N"]
 
@@ -31,7 +33,7 @@ class ParsedRequest:
     endpoint: str                                   # "completions" | "chat"
     model: str
     prompts: list[str | list[int]]                  # completions: one entry per prompt (n choices each)
-    messages: list[dict[str, str]] | None           # chat: role/content pairs
+    messages: list[dict[str, Any]] | None           # chat: role/content (+ tool_calls, tool_call_id)
     max_tokens: int | None                          # as requested; None: server default
     sampling: dict[str, Any] = field(default_factory=dict)   # SamplingParams kwargs but max_tokens
     n: int = 1                                      # choices per prompt
@@ -42,6 +44,8 @@ class ParsedRequest:
     has_tools: bool = False
     cache_salt: str | None = None                   # vLLM's: share cached blocks only with the same salt
     tenant_given: bool = False                      # `tenant` or `user` was in the body
+    tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
+    structured_param: str | None = None             # the field that constrained the output, if any
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -53,6 +57,7 @@ def parse_completion(body: Any) -> ParsedRequest:
     logprobs = _opt_int(body, "logprobs", low=0, high=MAX_LOGPROBS)
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
+    _add_structured(body, common)
     return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
                          max_tokens=_opt_int(body, "max_tokens", low=1), **common)
 
@@ -65,17 +70,25 @@ def parse_chat(body: Any) -> ParsedRequest:
         common["sampling"]["logprobs"] = top_logprobs or 0
     elif top_logprobs:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs to be true")
-    _refuse_if(body, "response_format", lambda v: v not in (None, {"type": "text"}),
-               "response_format other than text is not supported")
+    _add_structured(body, common)
     max_tokens = _opt_int(body, "max_completion_tokens", low=1)
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", low=1)
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad_request("tools", "tools must be a list")
-    common["has_tools"] = bool(tools)
+    tools = parse_tools(body)
+    if tools is not None and tools.forced and "structured_outputs" in common["sampling"]:
+        raise bad_request("tool_choice", f"tool_choice {tools.choice!r} forces a tool call and cannot be combined "
+                                         f"with {common['structured_param']}")
+    common["has_tools"] = tools is not None
+    common["tools"] = tools
     return ParsedRequest(endpoint="chat", prompts=[], messages=_messages(body.get("messages", ...)),
                          max_tokens=max_tokens, **common)
+
+
+def _add_structured(body: dict[str, Any], common: dict[str, Any]) -> None:
+    structured, param = parse_structured(body)
+    if structured is not None:
+        common["sampling"]["structured_outputs"] = structured
+        common["structured_param"] = param
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +188,7 @@ def _nonempty_text(p: str) -> str:
     return p
 
 
-def _messages(messages: Any) -> list[dict[str, str]]:
+def _messages(messages: Any) -> list[dict[str, Any]]:
     if messages is ...:
         raise bad_request("messages", "messages is required")
     if not isinstance(messages, list) or not messages:
@@ -187,14 +200,22 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         role = msg.get("role")
         if role not in _ROLES:
             raise bad_request(f"messages[{i}].role", f"role must be one of {', '.join(_ROLES)}; got {role!r}")
-        out.append({"role": role, "content": _content(msg.get("content"), i, role)})
+        entry: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), i, role)}
+        if role == "assistant" and msg.get("tool_calls") is not None:
+            entry["tool_calls"] = parse_tool_calls(msg["tool_calls"], i)
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise bad_request(f"messages[{i}].tool_call_id", "a tool message needs its tool_call_id")
+            entry["tool_call_id"] = call_id
+        out.append(entry)
     return out
 
 
 def _content(content: Any, i: int, role: str) -> str:
     if isinstance(content, str):
         return content
-    if content is None and role == "assistant":
+    if content is None and role in ("assistant", "tool"):
         return ""
     if isinstance(content, list):
         texts = []

@@ -24,6 +24,7 @@ from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.errors import APIError, bad_request
 from pacer.server.logprobs import TokenText
 from pacer.server.protocol import ParsedRequest
+from pacer.tools.serving import ToolOptions, plan_tools
 
 __all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
 
@@ -40,6 +41,7 @@ class ServiceOptions:
     metrics_prefix: str = "pacer"
     request_log: str | None = None
     class_rules: ClassRules = field(default_factory=ClassRules)
+    tools: ToolOptions = field(default_factory=ToolOptions)
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class Job:
     contexts: list[RequestContext]
     queue: asyncio.Queue[Any]
     finished: set[int] = field(default_factory=set)
+    tool_parser: Any = None     # pacer.tools.parsers.ToolParser reading the output's tool calls
 
     @property
     def done(self) -> bool:
@@ -92,6 +95,9 @@ class Service:
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
+        from pacer.structured.metrics import StructuredOutputsCollector
+
+        self.metrics.registry.register(StructuredOutputsCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         self.loop.failure_listeners.append(self._on_failure)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
@@ -138,10 +144,11 @@ class Service:
         if parsed.model not in self.options.served_model_names:
             raise APIError(404, f"The model `{parsed.model}` does not exist", "invalid_request_error",
                            "model", "model_not_found")
+        parsed, tool_parser = plan_tools(parsed, self.options.tools)
         prompts = self._prompt_ids(parsed)
         prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
         api_id = f"{prefix}-{uuid.uuid4().hex}"
-        job = Job(api_id, parsed, int(time.time()), [], [], asyncio.Queue())
+        job = Job(api_id, parsed, int(time.time()), [], [], asyncio.Queue(), tool_parser=tool_parser)
         specs = []
         for p, ids in enumerate(prompts):
             params = self._params(parsed, len(ids))
@@ -185,7 +192,10 @@ class Service:
                 tok = self.engine.tokenizer
                 if tok is None:
                     raise bad_request("messages", "this model has no tokenizer / chat template")
-                return [list(tok.apply_chat_template(parsed.messages, add_generation_prompt=True))]
+                from pacer.tools.template import render_chat
+
+                tools = parsed.tools.tools if parsed.tools is not None else None
+                return [render_chat(tok, parsed.messages, tools, self.options.tools.chat_template)]
             return [self.engine.tokenize_prompt(p) for p in parsed.prompts]
         except APIError:
             raise

@@ -101,7 +101,7 @@ class StepCounts:
     __slots__ = ("model", "bytes_per_el", "layer_flops_per_token", "lm_head_flops", "weight_read_bytes",
                  "attn_flops_per_pair", "kv_bytes_per_token")
 
-    def __init__(self, model: ModelProfile, dtype: str) -> None:
+    def __init__(self, model: ModelProfile, dtype: str, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.bytes_per_el = dtype_bytes(dtype)
         self.layer_flops_per_token = 2.0 * model.num_layers * model.layer_params
@@ -109,7 +109,7 @@ class StepCounts:
         self.weight_read_bytes = float((model.num_layers * model.layer_params + model.lm_head_params)
                                        * self.bytes_per_el)
         self.attn_flops_per_pair = 4.0 * model.num_layers * model.num_heads * model.head_dim
-        self.kv_bytes_per_token = float(model.kv_bytes_per_token(dtype))
+        self.kv_bytes_per_token = float(model.kv_bytes_per_token(dtype, 1, kv_cache_dtype))
 
     def linear(self, f: BatchFeatures) -> tuple[float, float]:
         flops = self.layer_flops_per_token * f.num_tokens + self.lm_head_flops * f.num_sampled
@@ -125,17 +125,17 @@ class RooflineCostModel:
     """Datasheet roofline per operator group, divided over `tp` devices, plus all-reduces."""
 
     def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, kv_cache_dtype: str = "auto") -> None:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
         self.name = f"roofline:{hw.name}x{tp}:{model.name}:{dtype}"
         self.hw, self.model, self.dtype, self.tp = hw, model, dtype, tp
-        self.counts = StepCounts(model, dtype)
+        self.counts = StepCounts(model, dtype, kv_cache_dtype)
         self.peak_flops = hw.flops(dtype) * tp
         self.peak_bw = hw.mem_bandwidth * tp
         self.eff_flops = self.peak_flops * hw.compute_efficiency
         self.eff_bw = self.peak_bw * hw.bandwidth_efficiency
-        self.swap_block_s = model.kv_bytes_per_token(dtype, tp) * block_size / hw.host_link_bandwidth
+        self.swap_block_s = model.kv_bytes_per_token(dtype, tp, kv_cache_dtype) * block_size / hw.host_link_bandwidth
 
     def comm_time(self, num_tokens: int) -> float:
         if self.tp == 1 or num_tokens == 0:
@@ -198,16 +198,16 @@ class LinearCostModel:
     """Step time = sum(coefficient x feature), fitted on this machine by `pacer sim calibrate`."""
 
     def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, coefficients: dict[str, float],
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, kv_cache_dtype: str = "auto") -> None:
         missing = [k for k in LINEAR_FEATURES if k not in coefficients and k not in _OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"calibration lacks coefficients for {missing}")
         self.name = f"calibrated:{hw.name}:{model.name}:{dtype}"
-        self.counts = StepCounts(model, dtype)
+        self.counts = StepCounts(model, dtype, kv_cache_dtype)
         self.peak_flops = hw.flops(dtype)
         self.peak_bw = hw.mem_bandwidth
         self.coef = [float(coefficients.get(k, 0.0)) for k in LINEAR_FEATURES]
-        self.swap_block_s = model.kv_bytes_per_token(dtype) * block_size / hw.host_link_bandwidth
+        self.swap_block_s = model.kv_bytes_per_token(dtype, 1, kv_cache_dtype) * block_size / hw.host_link_bandwidth
 
     def step_cost(self, f: BatchFeatures) -> StepCost:
         x = feature_vector(f, self.counts, self.peak_flops, self.peak_bw)
@@ -223,9 +223,10 @@ class LinearCostModel:
 
 
 def make_cost_model(hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
-                    block_size: int = 16) -> CostModel:
-    """The calibrated model when this hardware has a fit for this model and dtype, else the roofline."""
+                    block_size: int = 16, kv_cache_dtype: str = "auto") -> CostModel:
+    """The calibrated model when this hardware has a fit for this model and dtype, else the roofline;
+    either prices KV reads and swaps at `kv_cache_dtype`'s bytes."""
     calib = hw.calibration
     if calib and tp == 1 and calib.get("model") == model.name and calib.get("dtype") == dtype:
-        return LinearCostModel(hw, model, dtype, dict(calib["coefficients"]), block_size)
-    return RooflineCostModel(hw, model, dtype, tp, block_size)
+        return LinearCostModel(hw, model, dtype, dict(calib["coefficients"]), block_size, kv_cache_dtype)
+    return RooflineCostModel(hw, model, dtype, tp, block_size, kv_cache_dtype)

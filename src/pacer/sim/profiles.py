@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = [
     "HardwareProfile", "ModelProfile", "HARDWARE", "MODELS", "get_hardware", "get_model",
-    "dtype_bytes", "kv_capacity_blocks",
+    "dtype_bytes", "kv_capacity_blocks", "kv_head_bytes",
 ]
 
 _GB = 1000**3
@@ -31,6 +31,18 @@ def dtype_bytes(dtype: str) -> int:
         return _DTYPE_BYTES[dtype]
     except KeyError:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPE_BYTES)}; got {dtype!r}") from None
+
+
+def kv_head_bytes(head_dim: int, dtype: str, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one token's K (or V) for one kv head as pacer stores it (pacer.model.kv_quant):
+    the model's dtype, int8 plus a 2-byte scale, or one byte per value for fp8."""
+    if kv_cache_dtype == "auto":
+        return head_dim * dtype_bytes(dtype)
+    if kv_cache_dtype == "int8":
+        return head_dim + 2
+    if kv_cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        return head_dim
+    raise ValueError(f"kv_cache_dtype must be one of auto, int8, fp8, fp8_e4m3, fp8_e5m2; got {kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +108,11 @@ class ModelProfile:
     def weight_bytes(self, dtype: str) -> int:
         return self.num_params * dtype_bytes(dtype)
 
-    def kv_bytes_per_token(self, dtype: str, tp: int = 1) -> int:
-        """KV bytes per token on one device; KV heads are split by tp (replicated when tp > heads)."""
+    def kv_bytes_per_token(self, dtype: str, tp: int = 1, kv_cache_dtype: str = "auto") -> int:
+        """KV bytes per token on one device; KV heads are split by tp (replicated when tp > heads).
+        `kv_cache_dtype` int8 / fp8 prices the quantized cache (scales included)."""
         kv_heads = max(1, -(-self.num_kv_heads // tp))
-        return 2 * self.num_layers * kv_heads * self.head_dim * dtype_bytes(dtype)
+        return 2 * self.num_layers * kv_heads * kv_head_bytes(self.head_dim, dtype, kv_cache_dtype)
 
 
 def _gpu(name: str, mem: int, bf16: float, bw: float, link: float, pcie: float) -> HardwareProfile:
@@ -197,14 +210,14 @@ def model_from_hf_config(c: dict[str, Any], name: str) -> ModelProfile:
 
 
 def kv_capacity_blocks(hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int, block_size: int,
-                       gpu_memory_utilization: float) -> int:
+                       gpu_memory_utilization: float, kv_cache_dtype: str = "auto") -> int:
     """KV blocks as a real engine sizes them: (memory x utilisation - weights - reserve) / block bytes,
     per device (weights and KV heads are split by tp)."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     weights = model.weight_bytes(dtype) / tp
     free = hw.memory_bytes * gpu_memory_utilization - weights - hw.reserve_bytes
-    block_bytes = model.kv_bytes_per_token(dtype, tp) * block_size
+    block_bytes = model.kv_bytes_per_token(dtype, tp, kv_cache_dtype) * block_size
     n = int(free // block_bytes)
     if n < 1:
         raise ValueError(

@@ -97,14 +97,15 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
     """The real Engine on a VirtualClock with a SimExecutor; KV sized as the real engine would."""
     dtype = resolve_dtype(config.model.dtype, hw)
     cache = config.cache
+    kv_dtype = cache.kv_cache_dtype
     if hw.is_cpu or cache.num_kv_blocks is not None or cache.kv_cache_memory is not None:
-        num_blocks = cache.resolve_num_blocks(model.kv_bytes_per_token(dtype, tp))
+        num_blocks = cache.resolve_num_blocks(model.kv_bytes_per_token(dtype, tp, kv_dtype))
     else:
-        num_blocks = kv_capacity_blocks(hw, model, dtype, tp, cache.block_size, gpu_memory_utilization)
+        num_blocks = kv_capacity_blocks(hw, model, dtype, tp, cache.block_size, gpu_memory_utilization, kv_dtype)
     clock = VirtualClock()
-    cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size)
+    cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size, kv_dtype)
     executor = SimExecutor(cm, clock, keep_records=keep_records,
-                           kv_block_bytes=model.kv_bytes_per_token(dtype, tp) * cache.block_size)
+                           kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size)
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
                     vocab_size=model.vocab_size)

@@ -1,6 +1,7 @@
 // Fused elementwise steps of a decoder layer, each one pass over its rows in float32:
 //   rope_write_kv  rotate q and k in place inside the fused qkv output and store k, v in
-//                  the paged cache (replaces ~12 torch ops per layer)
+//                  the paged cache, quantised on write for an int8 / fp8 cache (kv_quant.h)
+//                  (replaces ~12 torch ops per layer)
 //   silu_and_mul   silu(gate) * up from the fused gate_up output
 //   add_rms_norm   x += delta, then rms_norm(x) * weight (the residual add and the next
 //                  norm in one read of x)
@@ -17,11 +18,12 @@ namespace {
 using pacer::from_f;
 using pacer::to_f;
 
-template <typename T>
+template <typename T, typename W>
 void rope_write_kv_kernel(T* qkv, const int64_t* pos, const float* cos, const float* sin, const int64_t* slots,
-                          T* kc, T* vc, int64_t n_tok, int64_t n_heads, int64_t n_kv, int64_t d) {
+                          const W kc, const W vc, int64_t n_tok, int64_t n_heads, int64_t n_kv, int64_t d) {
   const int64_t half = d / 2, width = (n_heads + 2 * n_kv) * d;
   at::parallel_for(0, n_tok, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(d);
     for (int64_t t = begin; t < end; ++t) {
       T* row = qkv + t * width;
       const float* c = cos + pos[t] * half;
@@ -38,9 +40,12 @@ void rope_write_kv_kernel(T* qkv, const int64_t* pos, const float* cos, const fl
       if (slot < 0) continue;
       const T* k = row + n_heads * d;
       const T* v = k + n_kv * d;
-      T* kd = kc + slot * n_kv * d;
-      T* vd = vc + slot * n_kv * d;
-      for (int64_t i = 0; i < n_kv * d; ++i) { kd[i] = k[i]; vd[i] = v[i]; }
+      for (int64_t g = 0; g < n_kv; ++g) {  // quantised on write when the cache is int8 / fp8
+        for (int64_t i = 0; i < d; ++i) buf[i] = to_f(k[g * d + i]);
+        kc.store(slot, g, buf.data());
+        for (int64_t i = 0; i < d; ++i) buf[i] = to_f(v[g * d + i]);
+        vc.store(slot, g, buf.data());
+      }
     }
   });
 }
@@ -91,17 +96,20 @@ void add_rms_norm_kernel(T* x, const T* delta, const T* w, T* out, int64_t rows,
 }  // namespace
 
 void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
-                   torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads) {
+                   torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads,
+                   double k_scale, double v_scale) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous(), "qkv must be contiguous [tokens, heads + 2 kv_heads, head_dim]");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.is_contiguous() &&
               sin.is_contiguous(), "cos/sin must be contiguous float32 [positions, head_dim / 2]");
   TORCH_CHECK(positions.scalar_type() == torch::kLong && slot_mapping.scalar_type() == torch::kLong,
               "positions and slot_mapping must be int64");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type(),
-              "caches must be contiguous and of qkv's dtype");
   const int64_t n_tok = qkv.size(0), d = qkv.size(2), n_kv = (qkv.size(1) - n_heads) / 2;
-  TORCH_CHECK(n_kv > 0 && n_heads + 2 * n_kv == qkv.size(1) && k_cache.size(2) == n_kv && k_cache.size(3) == d,
-              "qkv and cache shapes disagree");
+  const int64_t kv_width = pacer::kv_head_width(k_cache.scalar_type(), qkv.scalar_type(), d);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() && kv_width >= 0 &&
+              v_cache.scalar_type() == k_cache.scalar_type() && v_cache.sizes() == k_cache.sizes(),
+              "caches must be contiguous, of one dtype: qkv's, int8 or float8");
+  TORCH_CHECK(n_kv > 0 && n_heads + 2 * n_kv == qkv.size(1) && k_cache.size(2) == n_kv &&
+              k_cache.size(3) == kv_width, "qkv and cache shapes disagree");
   TORCH_CHECK(cos.size(1) * 2 == d, "cos/sin width must be head_dim / 2");
   auto p = positions.contiguous();
   auto s = slot_mapping.contiguous();
@@ -114,9 +122,10 @@ void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos
     TORCH_CHECK(sp[t] < n_slots, "slot ", sp[t], " outside the cache of ", n_slots, " slots");
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
-    rope_write_kv_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), p.data_ptr<int64_t>(), cos.data_ptr<float>(),
-                                   sin.data_ptr<float>(), s.data_ptr<int64_t>(), k_cache.data_ptr<scalar_t>(),
-                                   v_cache.data_ptr<scalar_t>(), n_tok, n_heads, n_kv, d);
+    pacer::with_kv_writers<scalar_t>(k_cache, v_cache, d, k_scale, v_scale, [&](auto kw, auto vw) {
+      rope_write_kv_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), p.data_ptr<int64_t>(), cos.data_ptr<float>(),
+                                     sin.data_ptr<float>(), s.data_ptr<int64_t>(), kw, vw, n_tok, n_heads, n_kv, d);
+    });
   });
 }
 

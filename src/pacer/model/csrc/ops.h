@@ -2,9 +2,12 @@
 #pragma once
 #include <torch/extension.h>
 
+#include "kv_quant.h"
+
 // Shapes and layouts both attention kernels take: q and out [rows, heads, head_dim] with each
 // row's heads contiguous (rows may be strided: q is a view of the packed qkv), and the caches
-// contiguous [blocks, block_size, kv_heads, head_dim], all of one dtype.
+// contiguous [blocks, block_size, kv_heads, width], both of one KV format (kv_quant.h): q's
+// dtype (width head_dim), int8 with scales (head_dim + 2) or float8 (head_dim).
 inline void check_attention_args(const torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache,
                                  const torch::Tensor& v_cache) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
@@ -12,8 +15,14 @@ inline void check_attention_args(const torch::Tensor& out, const torch::Tensor& 
   TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2) &&
               out.scalar_type() == q.scalar_type(), "out must match q");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of q's dtype");
+              v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "caches must be contiguous [blocks, block_size, kv_heads, width] of one dtype");
+  const int64_t width = pacer::kv_head_width(k_cache.scalar_type(), q.scalar_type(), q.size(2));
+  TORCH_CHECK(width >= 0, "cache dtype ", k_cache.scalar_type(), " is not a KV format for ", q.scalar_type(),
+              " activations (q's dtype, int8 or float8)");
+  TORCH_CHECK(k_cache.size(3) == width, "cache width ", k_cache.size(3), " should be ", width, " for head_dim ",
+              q.size(2), " in ", k_cache.scalar_type());
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of kv heads");
 }
 
 // Checks that the first `n_blocks[r]` entries of each block-table row name real cache
@@ -30,11 +39,13 @@ inline void check_block_tables(const torch::Tensor& tables, const int64_t* n_blo
 }
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                            torch::Tensor block_tables, torch::Tensor context_lens, double scale);
+                            torch::Tensor block_tables, torch::Tensor context_lens, double scale, double k_scale,
+                            double v_scale);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
-                   torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads);
+                   torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads,
+                   double k_scale, double v_scale);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
 torch::Tensor add_rms_norm_(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor weight, double eps);
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
-                             torch::Tensor block_tables, double scale);
+                             torch::Tensor block_tables, double scale, double k_scale, double v_scale);

@@ -6,6 +6,8 @@
 // twice the threads, (request, kv head) pairs) pulled from a shared counter; keys go 16 at a time: 16 vectors of per-lane partial dot products are
 // folded into one vector of 16 scores (reduce16), and values are accumulated in registers.
 // Otherwise a portable loop with one task per request.
+// A quantized cache (kv_cache_dtype int8 / fp8, kv_quant.h) is dequantised row by row into
+// the float tile (or the portable loop's row buffer) as it is read.
 #include "convert.h"
 #include "ops.h"
 #include "simd.h"
@@ -26,8 +28,8 @@ namespace {
 using pacer::from_f;
 using pacer::to_f;
 
-template <typename T>
-void decode_kernel(const T* q, int64_t q_stride, const T* kc, const T* vc, const int64_t* tables,
+template <typename T, typename KV>
+void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
                    const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
                    int64_t n_kv, int64_t d, int64_t bs, int64_t max_blocks, float scale) {
   // One task per row. Keys are read token by token in cache order (all kv heads of a slot
@@ -45,8 +47,7 @@ void decode_kernel(const T* q, int64_t q_stride, const T* kc, const T* vc, const
       for (int64_t i = 0; i < hd; ++i) qf[i] = to_f(qp[i]) * scale;
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
-        const T* kp = kc + slot * n_kv * d;
-        for (int64_t i = 0; i < n_kv * d; ++i) kv[i] = to_f(kp[i]);
+        for (int64_t g = 0; g < n_kv; ++g) kc.load(slot, g, kv.data() + g * d);
         for (int64_t h = 0; h < n_heads; ++h) {
           const float* qh = qf.data() + h * d;
           const float* kh = kv.data() + (h / group) * d;
@@ -69,8 +70,7 @@ void decode_kernel(const T* q, int64_t q_stride, const T* kc, const T* vc, const
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
-        const T* vp = vc + slot * n_kv * d;
-        for (int64_t i = 0; i < n_kv * d; ++i) kv[i] = to_f(vp[i]);
+        for (int64_t g = 0; g < n_kv; ++g) vc.load(slot, g, kv.data() + g * d);
         for (int64_t h = 0; h < n_heads; ++h) {
           const float p = scores[h * ctx + t];
           const float* vh = kv.data() + (h / group) * d;
@@ -86,8 +86,8 @@ void decode_kernel(const T* q, int64_t q_stride, const T* kc, const T* vc, const
 }
 
 #if defined(__AVX512F__)
-template <int D, typename T>
-void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const int64_t* tables,
+template <int D, typename T, typename KV>
+void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
                    const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
                    int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
   constexpr int C = D / 16;
@@ -114,21 +114,20 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
           _mm512_storeu_ps(qs.data() + h * D + c * 16,
                            _mm512_mul_ps(pacer::load16(q + row * q_stride + (g0 * group + h) * D + c * 16),
                                          _mm512_set1_ps(scale)));
-      auto load_tile = [&](const T* cache, int64_t t0, int64_t nk) {
+      auto load_tile = [&](const KV& cache, int64_t t0, int64_t nk) {
         // ask for the next tile's rows now: blocks are scattered, so the hardware
         // prefetcher cannot guess where the next one is
         const int64_t nt0 = t0 + 16, nn = std::min<int64_t>(16, ctx - nt0);
         for (int64_t j = 0; j < nn; ++j) {
           const int64_t t = nt0 + j;
-          const char* p = reinterpret_cast<const char*>(cache + ((table[t / bs] * bs + t % bs) * n_kv + g0) * D);
-          for (int64_t b = 0; b < static_cast<int64_t>(width * sizeof(T)); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+          const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
+          for (int64_t b = 0; b < heads_per_task * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
         }
         for (int64_t j = 0; j < 16; ++j) {
           float* dst = tile.data() + j * width;
           if (j < nk) {
             const int64_t t = t0 + j;
-            const T* src = cache + ((table[t / bs] * bs + t % bs) * n_kv + g0) * D;
-            for (int64_t c = 0; c < width; c += 16) _mm512_storeu_ps(dst + c, pacer::load16(src + c));
+            for (int64_t g = 0; g < heads_per_task; ++g) cache.load(table[t / bs] * bs + t % bs, g0 + g, dst + g * D);
           } else {
             std::memset(dst, 0, width * sizeof(float));
           }
@@ -196,7 +195,8 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
 }  // namespace
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                            torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+                            torch::Tensor block_tables, torch::Tensor context_lens, double scale, double k_scale,
+                            double v_scale) {
   check_attention_args(out, q, k_cache, v_cache);
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_tables and context_lens must be int64");
@@ -204,7 +204,6 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   auto cl = context_lens.contiguous();
   const int64_t rows = q.size(0), n_heads = q.size(1), d = q.size(2);
   const int64_t bs = k_cache.size(1), n_kv = k_cache.size(2);
-  TORCH_CHECK(n_heads % n_kv == 0 && k_cache.size(3) == d, "q and cache shapes disagree");
   TORCH_CHECK(bt.dim() == 2 && bt.size(0) == rows && cl.numel() == rows, "one block-table row and length per row");
   std::vector<int64_t> used(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -214,24 +213,19 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   }
   check_block_tables(bt, used.data(), k_cache.size(0));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+    pacer::with_kv_readers<scalar_t>(k_cache, v_cache, d, k_scale, v_scale, [&](auto kr, auto vr) {
 #if defined(__AVX512F__)
-    {
       auto run = [&](auto dim) {
         decode_avx512<decltype(dim)::value, scalar_t>(
-            q.data_ptr<scalar_t>(), q.stride(0), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-            bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads,
-            n_kv, bs, bt.size(1), static_cast<float>(scale));
+            q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
+            out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, bs, bt.size(1), static_cast<float>(scale));
       };
-      if (d == 64 || d == 128) {
-        if (d == 64) run(std::integral_constant<int, 64>{});
-        else run(std::integral_constant<int, 128>{});
-        return;
-      }
-    }
+      if (d == 64) return run(std::integral_constant<int, 64>{});
+      if (d == 128) return run(std::integral_constant<int, 128>{});
 #endif
-    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), q.stride(0), k_cache.data_ptr<scalar_t>(),
-                            v_cache.data_ptr<scalar_t>(), bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
-                            out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, d, bs, bt.size(1),
-                            static_cast<float>(scale));
+      decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(),
+                              cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, d,
+                              bs, bt.size(1), static_cast<float>(scale));
+    });
   });
 }

@@ -1,6 +1,7 @@
 // Causal paged attention for multi-token query rows (prefill chunks), read from the block
 // tables like the decode kernel: a chunk attends to the context already cached before it
-// and to its own keys (stored by rope_write_kv before this runs).
+// and to its own keys (stored by rope_write_kv before this runs). The cache may be quantized
+// (kv_quant.h): each key/value row is dequantised into the float tile as it is loaded.
 //
 // Work is split into tasks of (sequence, tile of query rows, kv head); the query heads of a
 // GQA group share each key/value tile. Keys are processed 16 at a time: the tile of keys is
@@ -96,8 +97,8 @@ inline void tile_avx512(const float* qf, const float* kt, const float* vt, const
 }
 #endif
 
-template <typename T>
-void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* kc, const T* vc,
+template <typename T, typename KV>
+void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const KV kc, const KV vc,
                     const int64_t* q_starts, const int64_t* q_lens, const int64_t* start_pos,
                     const int64_t* tables, int64_t max_blocks, int64_t num_seqs, int64_t n_heads, int64_t n_kv,
                     int64_t d, int64_t bs, float scale) {
@@ -115,7 +116,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
 
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     const int64_t M = QT * group;
-    std::vector<float> qf(M * d), acc(M * d), mx(M), sum(M), sum16(M * 16), kt(d * KT), vt(KT * d), p(KT);
+    std::vector<float> qf(M * d), acc(M * d), mx(M), sum(M), sum16(M * 16), kt(d * KT), vt(KT * d), p(KT), krow(d);
     for (int64_t ti = next++; ti < n_tasks; ti = next++) {
       const Task& tk = tasks[ti];
       const int64_t* table = tables + tk.seq * max_blocks;
@@ -136,12 +137,10 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
         const int64_t nk = std::min(KT, tk.keys - t0);
         for (int64_t j = 0; j < KT; ++j) {
           if (j < nk) {
-            const int64_t t = t0 + j;
-            const int64_t off = ((table[t / bs] * bs + t % bs) * n_kv + tk.kv_head) * d;
-            for (int64_t i = 0; i < d; ++i) {
-              kt[i * KT + j] = pacer::to_f(kc[off + i]);
-              vt[j * d + i] = pacer::to_f(vc[off + i]);
-            }
+            const int64_t t = t0 + j, slot = table[t / bs] * bs + t % bs;
+            kc.load(slot, tk.kv_head, krow.data());
+            for (int64_t i = 0; i < d; ++i) kt[i * KT + j] = krow[i];
+            vc.load(slot, tk.kv_head, vt.data() + j * d);
           } else {
             for (int64_t i = 0; i < d; ++i) { kt[i * KT + j] = 0.f; vt[j * d + i] = 0.f; }
           }
@@ -217,7 +216,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
 
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
-                             torch::Tensor block_tables, double scale) {
+                             torch::Tensor block_tables, double scale, double k_scale, double v_scale) {
   check_attention_args(out, q, k_cache, v_cache);
   for (const auto* t : {&q_starts, &q_lens, &start_pos, &block_tables})
     TORCH_CHECK(t->scalar_type() == torch::kLong, "sequence descriptors and block tables must be int64");
@@ -227,7 +226,6 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k
   const int64_t bs = k_cache.size(1), n_kv = k_cache.size(2);
   TORCH_CHECK(ql.size(0) == num_seqs && sp.size(0) == num_seqs && bt.size(0) == num_seqs,
               "one q_start, q_len, start_pos and block-table row per sequence");
-  TORCH_CHECK(n_heads % n_kv == 0 && k_cache.size(3) == d, "q and cache shapes disagree");
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t* qsp = qs.data_ptr<int64_t>();
     const int64_t* qlp = ql.data_ptr<int64_t>();
@@ -239,9 +237,11 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k
   for (int64_t s = 0; s < num_seqs; ++s) used[s] = (sp.data_ptr<int64_t>()[s] + ql.data_ptr<int64_t>()[s] + bs - 1) / bs;
   check_block_tables(bt, used.data(), k_cache.size(0));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
-    prefill_kernel<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0), q.data_ptr<scalar_t>(), q.stride(0),
-                             k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), qs.data_ptr<int64_t>(),
-                             ql.data_ptr<int64_t>(), sp.data_ptr<int64_t>(), bt.data_ptr<int64_t>(), bt.size(1),
-                             num_seqs, n_heads, n_kv, d, bs, static_cast<float>(scale));
+    pacer::with_kv_readers<scalar_t>(k_cache, v_cache, d, k_scale, v_scale, [&](auto kr, auto vr) {
+      prefill_kernel<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0), q.data_ptr<scalar_t>(), q.stride(0), kr, vr,
+                               qs.data_ptr<int64_t>(), ql.data_ptr<int64_t>(), sp.data_ptr<int64_t>(),
+                               bt.data_ptr<int64_t>(), bt.size(1), num_seqs, n_heads, n_kv, d, bs,
+                               static_cast<float>(scale));
+    });
   });
 }

@@ -1,0 +1,72 @@
+"""`pacer tune --verify`: the chosen configuration and the runner-up (and the out-of-the-box
+defaults) on the real engine, in-process, or against `--base-url`, on the same trace as the
+simulation, with measured against predicted attainment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pacer.bench.report import SloSet
+from pacer.bench.workloads import RequestSpec
+from pacer.diagnose.method import MethodResult, Point
+from pacer.diagnose.replay import Replay, fmt_ms, run_real, run_server
+
+__all__ = ["verify_inprocess", "verify_server", "print_verification"]
+
+_REAL_ONLY = ("model", "device", "num_threads", "attention_backend", "linear_backend", "dtype")
+
+
+def _engine(kwargs: dict[str, Any]) -> Any:
+    from pacer.engine import Engine
+    from pacer.sim.cli import _warm_up
+
+    engine = Engine.from_kwargs(**kwargs)
+    _warm_up(engine)
+    return engine
+
+
+def verify_inprocess(result: MethodResult, real_kwargs: dict[str, Any], specs: Sequence[RequestSpec],
+                     slo: SloSet, say: Callable[[str], None] = print,
+                     first_engine: Any = None) -> list[tuple[str, Point, Replay]]:
+    """Defaults, chosen and runner-up on a fresh real engine each (`first_engine`, already built with
+    the defaults' settings for the tokenizer, is used for the defaults run)."""
+    fixed = {k: v for k, v in real_kwargs.items() if k in _REAL_ONLY}
+    rows = []
+    runs = [("defaults", result.defaults), ("chosen", result.chosen)]
+    if result.runner_up is not None:
+        runs.append(("runner-up", result.runner_up))
+    for i, (name, point) in enumerate(runs):
+        say(f"verify: {name} ({point.label or 'pacer defaults'}) on the real engine, {len(specs)} requests ...")
+        engine = first_engine if i == 0 and first_engine is not None else _engine({**fixed, **point.kwargs})
+        rows.append((name, point, run_real(name, engine, specs, slo)))
+        del engine
+    return rows
+
+
+def verify_server(result: MethodResult, base_url: str, specs: Sequence[RequestSpec], slo: SloSet,
+                  say: Callable[[str], None] = print) -> list[tuple[str, Point, Replay]]:
+    """The server as it runs now, compared with the chosen configuration's prediction: restart it
+    with the printed flags first."""
+    say(f"verify: {base_url} (restart it with: pacer serve {result.chosen.label} and the fixed flags), "
+        f"{len(specs)} requests ...")
+    return [("chosen (server)", result.chosen, run_server("server", base_url, specs, slo))]
+
+
+def print_verification(rows: Sequence[tuple[str, Point, Replay]], target: float,
+                       say: Callable[[str], None] = print) -> bool:
+    """Measured against predicted; returns whether the chosen configuration met the SLA for real."""
+    say("measured on the real engine vs predicted by the simulator (same trace):")
+    say(f"    {'config':<12} {'SLO met real/sim':>17} {'TTFT p50 real/sim':>21} {'TTFT p99 real/sim':>21} "
+        f"{'TPOT p99 real/sim':>19} {'preempt real/sim':>17}")
+    chosen_ok = False
+    for name, point, rep in rows:
+        s, p = rep.summary, point.summary
+        say(f"    {name:<12} {rep.attainment:>8.0%} / {point.attainment:<6.0%} "
+            f"{fmt_ms(s.get('ttft_p50')):>9} / {fmt_ms(p.get('ttft_p50')):<9} "
+            f"{fmt_ms(s.get('ttft_p99')):>9} / {fmt_ms(p.get('ttft_p99')):<9} "
+            f"{fmt_ms(s.get('tpot_p99')):>8} / {fmt_ms(p.get('tpot_p99')):<8} "
+            f"{s.get('preemptions', 0):>7} / {p.get('preemptions', 0):<7}   {point.label}")
+        if name.startswith("chosen"):
+            chosen_ok = rep.attainment >= target
+    return chosen_ok

@@ -1,0 +1,69 @@
+"""What the engine does for structured outputs, in one object: the manager (compiles,
+cache, matchers, masks) and the grammar gate (requests waiting for their grammar, outside
+the scheduler). The engine calls it at five points: add (any thread), drain, before
+execute (start the step's masks), after update (advance the matchers), finish (release).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from pacer.core.outputs import SchedulerOutput
+from pacer.request import FinishReason, Request, StructuredOutputsParams
+from pacer.structured.gate import GrammarGate
+from pacer.structured.manager import StructuredOutputManager
+
+__all__ = ["StructuredRuntime"]
+
+log = logging.getLogger("pacer.structured")
+
+
+class StructuredRuntime:
+    def __init__(self, manager: StructuredOutputManager) -> None:
+        self.manager = manager
+        self.gate = GrammarGate(manager.ready)
+
+    def request(self, params: StructuredOutputsParams) -> Future[Any]:
+        """Start (or find) the compile of `params`; any thread."""
+        future = self.manager.request(params)
+        self.manager.ready.set()   # wake an engine idling on the gate: the request is in its inbox
+        return future
+
+    def wake(self) -> None:
+        self.manager.ready.set()
+
+    def with_masks(self, out: SchedulerOutput) -> SchedulerOutput:
+        """`out` carrying the masks of its constrained sampling requests, now being computed
+        (they run while the executor prepares and runs the forward)."""
+        if not self.manager.num_constrained:
+            return out
+        masks = self.manager.start_masks(sr.request_id for sr in out.scheduled if sr.sample)
+        return out if masks is None else dataclasses.replace(out, token_masks=masks)
+
+    def advance(self, updated: list[tuple[Request, int]]) -> list[tuple[Request, FinishReason]]:
+        """Feed each constrained request its new tokens; returns those to finish: STOP when
+        the grammar is complete, ERROR when a token left it (an executor without masks)."""
+        if not self.manager.num_constrained:
+            return []
+        finish = []
+        for req, num_new in updated:
+            if req.is_finished or not num_new:
+                continue
+            try:
+                done = any(self.manager.accept(req.request_id, t) for t in req.output_token_ids[-num_new:])
+            except ValueError:
+                log.exception("request %s left its grammar; finishing it with an error", req.request_id)
+                finish.append((req, FinishReason.ERROR))
+                continue
+            if done:
+                finish.append((req, FinishReason.STOP))
+        return finish
+
+    def release(self, request_id: str) -> None:
+        self.manager.release(request_id)
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,142 @@
+"""The host KV tier on its own: one pool for swap and offload, chain-key lookups, eviction
+order, locks across a step; hypothesis drives random operations and checks the accounting
+and that a lookup only ever returns what was demoted under that exact prefix."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacer.clock import VirtualClock
+from pacer.core.host_tier import ROOT_KEY, HostKVTier, chain_keys
+
+BS = 2
+
+
+def tier(n: int = 6, **kw: object) -> tuple[HostKVTier, VirtualClock]:
+    clock = VirtualClock()
+    return HostKVTier(n, BS, clock.now, **kw), clock   # type: ignore[arg-type]
+
+
+def test_demote_then_lookup_finds_the_prefix_and_promotion_is_a_copy() -> None:
+    t, _ = tier()
+    toks = [1, 2, 3, 4, 5, 6]
+    copies = t.demote("pub", "a", ROOT_KEY, toks, [10, 11, 12])
+    assert [d for d, _ in copies] == [10, 11, 12] and t.num_offloaded_blocks == 3
+    t.end_step()
+    found = t.lookup(["pub"], ROOT_KEY, toks + [7, 8], 4)
+    assert [k for k, _ in found] == chain_keys("pub", toks, BS, 3)
+    assert t.lookup(["other"], ROOT_KEY, toks, 3) == []            # another namespace misses
+    assert t.lookup(["pub"], ROOT_KEY, [1, 2, 9, 9], 2) == found[:1]  # diverges after block 0
+    t.promote([k for k, _ in found[:2]])
+    assert t.num_offloaded_blocks == 3 and t.stats.promotions == 2 and t.stats.hit_tokens == 4
+    t.end_step()
+    assert t.demote("pub", "a", ROOT_KEY, toks, [20, 21, 22]) == []   # already there: nothing to copy
+    t.check_invariants()
+
+
+def test_swap_evicts_offloaded_blocks_tail_first_but_never_locked_ones() -> None:
+    t, clock = tier(4)
+    t.demote("pub", "a", ROOT_KEY, [1, 2, 3, 4], [0, 1])
+    t.end_step()
+    clock.advance(1.0)
+    t.demote("pub", "a", ROOT_KEY, [9, 9], [2])                  # newer, and locked this step
+    assert t.available_for_swap() == 3 and t.allocate_swap(4) is None
+    slots = t.allocate_swap(2)                                   # 1 free + evicts the older chain's tail
+    assert slots is not None and t.stats.evictions["swap"] == 1
+    assert len(t.lookup(["pub"], ROOT_KEY, [1, 2, 3, 4], 2)) == 1   # its head survived
+    t.check_invariants()
+    t.free_swap(slots)
+    t.check_invariants()
+
+
+def test_ttl_drops_idle_entries_and_a_full_pool_of_swap_skips_demotion() -> None:
+    t, clock = tier(2, eviction_policy="ttl", ttl=10.0)
+    t.demote("pub", "a", ROOT_KEY, [1, 2], [0])
+    t.end_step()
+    clock.advance(11.0)
+    assert t.lookup(["pub"], ROOT_KEY, [1, 2], 1) == [] and t.stats.evictions["ttl"] == 1
+    assert t.allocate_swap(2) is not None
+    assert t.demote("pub", "a", ROOT_KEY, [3, 4], [5]) == [] and t.stats.demotions_skipped == 1
+    with pytest.raises(ValueError, match="eviction_policy"):
+        HostKVTier(2, BS, clock.now, eviction_policy="fifo")
+
+
+def test_weighted_lru_keeps_the_heavier_tenants_blocks() -> None:
+    t, clock = tier(2, eviction_policy="weighted-lru", tenant_weights={"gold": 4.0})
+    t.demote("pub", "gold", ROOT_KEY, [1, 2], [0])
+    t.demote("pub", "free", ROOT_KEY, [3, 4], [1])
+    t.end_step()
+    t.demote("pub", "free", ROOT_KEY, [5, 6], [2])      # needs a slot: the free tenant's goes
+    t.end_step()
+    assert len(t.lookup(["pub"], ROOT_KEY, [1, 2], 1)) == 1 and t.lookup(["pub"], ROOT_KEY, [3, 4], 1) == []
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("demote"), st.integers(0, 3), st.integers(1, 4)),
+    st.tuples(st.just("lookup"), st.integers(0, 3), st.integers(1, 4)),
+    st.tuples(st.just("swap"), st.integers(1, 4), st.just(0)),
+    st.tuples(st.just("unswap"), st.integers(0, 5), st.just(0)),
+    st.tuples(st.just("step"), st.integers(0, 30), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, policy=st.sampled_from(["lru", "ttl", "weighted-lru"]))
+def test_random_operations_keep_the_accounting_and_never_return_wrong_blocks(ops, policy) -> None:
+    t, clock = tier(8, eviction_policy=policy, ttl=20.0, tenant_weights={"t1": 3.0})
+    seqs = [[s, s + 1, s + 2, s + 3, s + 4, s + 5, s + 6, s + 7] for s in (0, 0, 100, 200)]
+    seqs[1] = [0, 1, 2, 3, 50, 51, 52, 53]              # shares two blocks with seqs[0]
+    demoted: set[int] = set()                            # chain keys ever demoted
+    swapped: list[list[int]] = []
+    for op, a, b in ops:
+        if op == "demote":
+            t.demote("pub", f"t{a % 2}", ROOT_KEY, seqs[a][:b * BS], list(range(b)))
+            demoted.update(chain_keys("pub", seqs[a], BS, b))
+        elif op == "lookup":
+            found = t.lookup(["pub"], ROOT_KEY, seqs[a], b)
+            keys = [k for k, _ in found]
+            assert keys == chain_keys("pub", seqs[a], BS, len(keys)) and set(keys) <= demoted
+            t.promote(keys)
+        elif op == "swap":
+            slots = t.allocate_swap(a)
+            if slots is not None:
+                swapped.append(slots)
+        elif op == "unswap" and swapped:
+            t.free_swap(swapped.pop(a % len(swapped)))
+        else:
+            t.end_step()
+            clock.advance(float(a))
+        t.check_invariants()
+
+
+def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
+    from pacer.core.kv_manager import KVCacheManager
+    from pacer.core.prefix_cache import PrefixCache
+    from pacer.request import Request, SamplingParams
+
+    clock = VirtualClock()
+    host = HostKVTier(16, BS, clock.now)
+    kv = KVCacheManager(8, BS, PrefixCache(BS, clock.now), host_tier=host)
+    tokens = [1, 2, 3, 1, 2, 2, 3]
+
+    def admit(rid: str) -> int:
+        req = Request(rid, tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
+        req.num_computed_tokens = hit = kv.match_prefix(req)
+        assert kv.allocate_slots(req, req.num_remaining_tokens) is not None
+        req.num_computed_tokens = req.num_tokens
+        kv.free(req)
+        kv.check_invariants()
+        return hit
+
+    assert admit("r0") == 0
+    first_blocks = sorted(b for n in kv.cache.iter_nodes() for b in n.block_ids)   # type: ignore[union-attr]
+    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    out, ins = kv.take_swap_ops()
+    assert sorted(d for d, _ in out) == first_blocks and ins == [] and host.num_offloaded_blocks == 3
+    assert admit("r1") == 6                                          # 3 blocks back from the host
+    out, ins = kv.take_swap_ops()
+    assert out == [] and sorted(s for s, _ in ins) == [0, 1, 2] and host.stats.promotions == 3
+    assert kv.stats.hit_tokens == 6 and host.stats.hit_tokens == 6
+    assert admit("r2") == 6 and kv.take_swap_ops() == ([], [])     # now a device hit: no copy

@@ -1,0 +1,92 @@
+"""The grammar manager on the real tokenizer, without the model: compiles on worker
+processes, cached by content; a compile past the timeout fails alone and its worker process
+is killed; masks allow exactly what the grammar allows."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pacer.model.loader import default_model_path
+from pacer.model.tokenizer import Tokenizer
+from pacer.request import StructuredOutputsParams
+from pacer.structured.manager import StructuredOutputError, StructuredOutputManager
+
+SLOW = "tests.structured.slow_compiler:compile_spec"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.load(default_model_path())
+
+
+def _manager(tokenizer, **kw):
+    return StructuredOutputManager(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id], num_workers=1, **kw)
+
+
+def test_compiles_once_per_content(tokenizer):
+    m = _manager(tokenizer)
+    try:
+        a = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}}})
+        b = StructuredOutputsParams(json='{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+        first = m.request(a).result(60)
+        assert m.request(b).result(60) is first          # same content (key order aside): a cache hit
+        m.request(StructuredOutputsParams(regex=r"\d+")).result(60)
+        st = m.stats.as_dict()
+        assert st["compilations"] == 2 and st["cache_hits"] == 1 and st["errors"] == 0
+        with pytest.raises(StructuredOutputError, match="regex"):
+            m.request(StructuredOutputsParams(regex="[a-")).result(60)
+        assert m.stats.errors == 1
+    finally:
+        m.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_timeout_kills_the_worker_and_fails_only_that_grammar(tokenizer):
+    m = _manager(tokenizer, timeout=1.0, compiler=SLOW)
+    try:
+        m.request(StructuredOutputsParams(choice=["warm"])).result(60)   # the worker is up
+        pid = m.all_workers[0].pid
+        slow = m.request(StructuredOutputsParams(json={"title": "slow", "type": "object"}))
+        with pytest.raises(StructuredOutputError, match="did not compile within 1 s") as e:
+            slow.result(60)
+        assert e.value.timed_out and m.stats.timeouts == 1
+        assert not _alive(pid), "the timed-out compile's process must be gone"
+        ok = m.request(StructuredOutputsParams(choice=["after"])).result(60)   # a fresh worker
+        assert ok.grammar and m.all_workers[0].num_starts == 2
+    finally:
+        m.close()
+
+
+def test_masks_allow_only_grammar_tokens(tokenizer):
+    m = _manager(tokenizer)
+    try:
+        compiled = m.request(StructuredOutputsParams(choice=["alpha", "beta"])).result(60)
+        m.bind("r", compiled)
+        masks = m.start_masks(["other", "r"])
+        logits = torch.randn(2, tokenizer.vocab_size + 64)   # logits wider than the tokenizer
+        masked = masks.apply(logits, ["other", "r"])
+        assert torch.equal(masked[0], logits[0])             # unconstrained rows are untouched
+        allowed = torch.isfinite(masked[1]).nonzero().flatten().tolist()
+        assert allowed and all(any(w.startswith(tokenizer.decode([t])) for w in ("alpha", "beta")) for t in allowed)
+        assert max(allowed) < tokenizer.vocab_size
+        text = ""
+        while True:
+            masks = m.start_masks(["r"])
+            tok = int(masks.apply(torch.randn(1, tokenizer.vocab_size), ["r"]).argmax())
+            text += tokenizer.decode([tok])
+            if m.accept("r", tok):
+                break
+        assert text in ("alpha", "beta")
+        assert m.stats.mask_rows >= 2 and m.stats.mask_compute_seconds > 0
+    finally:
+        m.close()

@@ -1,0 +1,92 @@
+"""Structured outputs through the real engine (SmolLM2-135M): constrained outputs match their
+constraint, an unconstrained greedy request's tokens do not change when constrained ones
+share its batch, a request waits for its grammar holding no slot and no KV, and a bad or
+timed-out grammar fails its own request only."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+
+from pacer.engine import Engine
+from pacer.request import SamplingParams, StructuredOutputsParams
+from pacer.structured.manager import StructuredOutputManager
+from tests.conftest import make
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 10},
+                         "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["x", "y"]}}}}
+
+
+def run(engine: Engine, prompts, params):
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    finals = {o.request_id: o for o in engine.run_until_done()}
+    engine.kv.check_invariants()
+    return [finals[i] for i in ids]
+
+
+def test_constrained_neighbours_leave_greedy_tokens_unchanged(base):
+    engine = make(base, num_kv_blocks=256)
+    plain = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = run(engine, ["The history of Rome"], [plain])[0]
+    constrained = [SamplingParams(max_tokens=60, temperature=1.0, seed=i, structured_outputs=StructuredOutputsParams(
+        json=SCHEMA)) for i in range(3)] + [SamplingParams(max_tokens=12, structured_outputs=StructuredOutputsParams(
+            regex=r"[0-9]{2}:[0-9]{2}"))]
+    outs = run(engine, ["The history of Rome", "A user:", "A user:", "A user:", "The time is"], [plain, *constrained])
+    assert outs[0].token_ids == alone.token_ids
+    for o in outs[1:4]:
+        assert o.finish_reason == "stop"
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+    assert re.fullmatch(r"[0-9]{2}:[0-9]{2}", outs[4].text)
+    stats = engine.structured_stats()
+    assert stats["compilations"] == 2 and stats["cache_hits"] == 2 and stats["mask_rows"] > 0
+    engine.install_structured_outputs(None)
+
+
+def test_waiting_for_grammar_holds_no_slot_and_no_kv_and_fails_alone(base):
+    engine = make(base, num_kv_blocks=64)
+    manager = StructuredOutputManager(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, timeout=1.5,
+                                      num_workers=1, compiler="tests.structured.slow_compiler:compile_spec")
+    engine.install_structured_outputs(manager)
+    manager.request(StructuredOutputsParams(choice=["warm"])).result(60)   # worker started
+    free = engine.kv.pool.num_free_blocks
+    slow = engine.add_request("Hi", SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
+        json={"title": "slow", "type": "object"})))
+    other = engine.add_request("Count: 1, 2,", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    tokens_while_compiling = 0
+    slow_out = None
+    while slow_out is None:
+        for o in engine.step():
+            if o.request_id == slow:
+                slow_out = o
+            elif o.request_id == other:
+                tokens_while_compiling += len(o.new_token_ids)
+        if slow_out is None:
+            assert engine.num_waiting_for_grammar == 1
+            assert slow not in engine.scheduler.requests        # no slot, no queue place, so no KV blocks
+            assert engine.scheduler.num_running + engine.scheduler.num_waiting <= 1
+    assert slow_out.finish_reason == "error" and "did not compile" in slow_out.error
+    assert tokens_while_compiling >= 2, "the other request kept generating while the grammar compiled"
+    rest = engine.run_until_done()
+    assert [o.finish_reason for o in rest] == ["length"]
+    engine.kv.check_invariants()
+    assert engine.kv.num_available_blocks() == 64 and free == 64
+    engine.install_structured_outputs(None)
+
+
+def test_abort_while_waiting_for_grammar(base):
+    engine = make(base, num_kv_blocks=64)
+    manager = StructuredOutputManager(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, timeout=30,
+                                      num_workers=1, compiler="tests.structured.slow_compiler:compile_spec")
+    engine.install_structured_outputs(manager)
+    rid = engine.add_request("Hi", SamplingParams(structured_outputs=StructuredOutputsParams(
+        json={"title": "slow", "type": "object"})))
+    engine.step()
+    assert engine.num_waiting_for_grammar == 1
+    engine.abort_request(rid)
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, "abort")]
+    assert not engine.has_unfinished_requests()
+    engine.install_structured_outputs(None)   # kills the worker still spinning on the slow schema
