@@ -73,6 +73,9 @@ class PrefixCache:
         self._pinned: dict[int, tuple[RadixNode, int]] = {}  # node id -> (node, pin count)
         self._next_expiry_scan = float("-inf")
         self.events: BlockEventLog | None = None   # store/remove events, when someone publishes them
+        # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
+        # (core/offload.py) keeps a copy of them
+        self.on_drop: Callable[[RadixNode, int], None] | None = None
 
     def enable_events(self, log: BlockEventLog) -> None:
         """Record a BlockStoredEvent per adopted run of blocks and a BlockRemovedEvent per
@@ -83,9 +86,6 @@ class PrefixCache:
             node = stack.pop()
             self._record_stored(node)
             stack.extend(node.children.values())
-        # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
-        # (core/offload.py) keeps a copy of them
-        self.on_drop: Callable[[RadixNode, int], None] | None = None
 
     # ------------------------------------------------------------------ queries
 
