@@ -1,6 +1,7 @@
 """Offline throughput, side by side on the same weights and threads, in one run.
 
   python benchmarks/offline_throughput.py [--quick] [--skip-hf] [--skip-vllm] [--dtypes float32,bfloat16]
+                                         [--repeats 3]
 
 Prints, for workload W (../shared/peers/workload_w.json: 32 x 256-token prompts, 64 outputs)
 output tokens/s of pacer, HF transformers `generate` (one static batch) and vLLM-for-CPU (in
@@ -10,6 +11,11 @@ outputs uniform 16..256, greedy, ignore_eos) against HF static batching; batch-1
 ms/token beside vLLM's (measured in this run by vllm_batch1.py, and the peers README's
 figure) and the memory-bandwidth floor; and pacer's per-step time split with
 64 running requests. Every request generates exactly its output length.
+
+Symmetric by construction: every engine runs each timed workload `--repeats` times after an
+untimed warm-up and reports the median (the same statistic for all; the runs are printed),
+and batch-1 decode is timed the same way for pacer and vLLM: (t(1 + N tokens) - t(1 token)) / N
+on one 32-token prompt, each time the median of `--repeats` runs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import pathlib
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -65,21 +72,32 @@ def forced(outs: list[int]) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0) for n in outs]
 
 
-def run_pacer(llm: LLM, prompts: list[list[int]], outs: list[int]) -> float:
+def stat(runs_s: list[float]) -> float:
+    """The one statistic every engine's repeated timings are reduced with."""
+    return statistics.median(runs_s)
+
+
+def runs_text(runs_s: list[float]) -> str:
+    return "/".join(f"{t:.2f}" for t in runs_s) + " s"
+
+
+def run_pacer(llm: LLM, prompts: list[list[int]], outs: list[int], repeats: int) -> tuple[float, list[float]]:
     llm.generate([list(range(100, 164))], SamplingParams(max_tokens=4, temperature=0))   # warm-up
-    llm.engine.step_stats.clear()
-    t = time.perf_counter()
-    res = llm.generate(prompts, forced(outs))
-    elapsed = time.perf_counter() - t
-    assert [len(o.token_ids) for o in res] == outs
-    return sum(outs) / elapsed
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        res = llm.generate(prompts, forced(outs))
+        runs.append(time.perf_counter() - t)
+        assert [len(o.token_ids) for o in res] == outs
+    return sum(outs) / stat(runs), runs
 
 
 def hf_model(dtype: torch.dtype) -> torch.nn.Module:
     return hf_llama_from_checkpoint(load_checkpoint(None), dtype)
 
 
-def run_hf_static(model: torch.nn.Module, prompts: list[list[int]], outs: list[int]) -> float:
+def run_hf_static(model: torch.nn.Module, prompts: list[list[int]], outs: list[int],
+                  repeats: int) -> tuple[float, list[float]]:
     """One static batch, left-padded; runs until the longest output; counts only wanted tokens."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -87,10 +105,13 @@ def run_hf_static(model: torch.nn.Module, prompts: list[list[int]], outs: list[i
     n = max(outs)
     with torch.inference_mode():
         model.generate(ids[:1, -16:], attention_mask=mask[:1, -16:], max_new_tokens=2, do_sample=False, pad_token_id=0)
-        t = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        elapsed = time.perf_counter() - t
-    return sum(outs) / elapsed
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           pad_token_id=0)
+            runs.append(time.perf_counter() - t)
+    return sum(outs) / stat(runs), runs
 
 
 def _vllm(script: pathlib.Path, dtype: str, *extra: str) -> dict | None:
@@ -112,25 +133,46 @@ def _vllm(script: pathlib.Path, dtype: str, *extra: str) -> dict | None:
     return None
 
 
-def run_vllm(dtype: str, quick: bool) -> float | None:
+def run_vllm(dtype: str, quick: bool, repeats: int) -> tuple[float, list[float]] | None:
     workload = PEERS / "workload_w.json"
     if quick:
         w = json.loads(workload.read_text())
         w["prompts"] = w["prompts"][:8]
         workload = pathlib.Path("/tmp/pacer_w_quick.json")
         workload.write_text(json.dumps(w))
-    res = _vllm(PEERS / "vllm_offline.py", dtype, "--workload", str(workload))
-    return None if res is None else float(res["output_tok_s"])
+    res = _vllm(PEERS / "vllm_offline.py", dtype, "--workload", str(workload), "--repeats", str(repeats))
+    if res is None:
+        return None
+    runs = [float(t) for t in res["runs_s"]]   # its own output_tok_s is the best run: use the median
+    return float(res["output_tokens"]) / stat(runs), runs
 
 
-def run_vllm_batch1(dtype: str) -> float | None:
-    res = _vllm(pathlib.Path(__file__).with_name("vllm_batch1.py"), dtype)
-    return None if res is None else float(res["decode_ms_per_token"])
+def batch1_ms(runs_one: list[float], runs_many: list[float], n: int) -> float:
+    """Decode ms/token from timings of 1 and of 1 + n generated tokens (the prefill cancels)."""
+    return 1000 * (stat(runs_many) - stat(runs_one)) / n
 
 
-def batch1_decode_ms(llm: LLM, n: int = 128) -> float:
-    out = llm.generate([list(range(200, 232))], forced([n]))[0]
-    return out.metrics.tpot * 1000
+def run_vllm_batch1(dtype: str, repeats: int, n: int) -> float | None:
+    res = _vllm(pathlib.Path(__file__).with_name("vllm_batch1.py"), dtype, "--repeats", str(repeats),
+                "--tokens", str(n))
+    return None if res is None else batch1_ms(res["runs_one_s"], res["runs_many_s"], n)
+
+
+def batch1_decode_ms(llm: LLM, repeats: int, n: int) -> float:
+    """The same method as vllm_batch1.py: one 32-token prompt, 1 token vs 1 + n tokens."""
+    prompt = [list(range(200, 232))]
+    llm.generate(prompt, forced([4]))   # warm-up
+
+    def times(k: int) -> list[float]:
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = llm.generate(prompt, forced([k]))
+            runs.append(time.perf_counter() - t)
+            assert len(out[0].token_ids) == k
+        return runs
+
+    return batch1_ms(times(1), times(1 + n), n)
 
 
 def step_split(llm: LLM, n_req: int = 64) -> str:
@@ -149,64 +191,72 @@ def step_split(llm: LLM, n_req: int = 64) -> str:
             f"(with input preparation {100 * book_prep:.1f}%)")
 
 
+def w_line(dtype: str, r: dict[str, tuple[float, list[float]] | None], repeats: int) -> str:
+    pacer, pacer_runs = r["pacer"] or (0.0, [])
+    parts = [f"pacer {pacer:.1f} ({runs_text(pacer_runs)})"]
+    if r.get("hf"):
+        hf, hf_runs = r["hf"] or (0.0, [])
+        parts.append(f"HF static {hf:.1f} ({runs_text(hf_runs)}; pacer/HF {pacer / hf:.2f}x)")
+    if r.get("vllm"):
+        vllm, vllm_runs = r["vllm"] or (0.0, [])
+        parts.append(f"vLLM {vllm:.1f} ({runs_text(vllm_runs)}; pacer/vLLM {pacer / vllm:.2f}x)")
+    elif dtype in VLLM_REFERENCE:
+        parts.append(f"vLLM (peers/README, not this run) {VLLM_REFERENCE[dtype][0]:.1f}")
+    return f"[W {dtype}] output tok/s, median of {repeats}: " + " | ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine and workload (median reported)")
+    ap.add_argument("--batch1-tokens", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtypes = args.dtypes.split(",")
-    line(f"# pacer offline throughput, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    dtypes, reps = args.dtypes.split(","), args.repeats
+    line(f"# pacer offline throughput, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+         f"{reps} timed runs per engine (median), load average {os.getloadavg()[0]:.1f}")
     w_prompts, w_outs = load_w(args.quick)
-    results: dict[str, dict[str, float | None]] = {}
     b1: dict[str, float] = {}
     vllm_b1: dict[str, float | None] = {}
     for dtype in dtypes:
         llm = LLM(dtype=dtype, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
                   enable_prefix_caching=False, kv_cache_memory="2GiB")
-        r: dict[str, float | None] = {"pacer": run_pacer(llm, w_prompts, w_outs)}
-        b1[dtype] = batch1_decode_ms(llm)
+        r: dict[str, tuple[float, list[float]] | None] = {"pacer": run_pacer(llm, w_prompts, w_outs, reps)}
+        b1[dtype] = batch1_decode_ms(llm, reps, args.batch1_tokens)
         if dtype == "float32":
             line("[step split] " + step_split(llm, 16 if args.quick else 64))
         del llm
         if not args.skip_hf and dtype == "float32":
-            r["hf"] = run_hf_static(hf_model(torch.float32), w_prompts, w_outs)
+            r["hf"] = run_hf_static(hf_model(torch.float32), w_prompts, w_outs, reps)
         if not args.skip_vllm:
-            r["vllm"] = run_vllm(dtype, args.quick)
-            vllm_b1[dtype] = run_vllm_batch1(dtype)
-        results[dtype] = r
-        parts = [f"pacer {r['pacer']:.1f}"]
-        if r.get("hf"):
-            parts.append(f"HF static {r['hf']:.1f} (pacer/HF {r['pacer'] / r['hf']:.2f}x)")
-        if r.get("vllm"):
-            parts.append(f"vLLM {r['vllm']:.1f} (pacer/vLLM {r['pacer'] / r['vllm']:.2f}x)")
-        else:
-            ref = VLLM_REFERENCE[dtype][0] if dtype in VLLM_REFERENCE else None
-            if ref:
-                parts.append(f"vLLM (peers/README, not this run) {ref:.1f}")
-        line(f"[W {dtype}] output tok/s: " + " | ".join(parts))
+            r["vllm"] = run_vllm(dtype, args.quick, reps)
+            vllm_b1[dtype] = run_vllm_batch1(dtype, reps, args.batch1_tokens)
+        line(w_line(dtype, r, reps))
     for dtype in dtypes:
         ref = VLLM_REFERENCE.get(dtype, (None, None))[1]
         measured = vllm_b1.get(dtype)
         vllm = (f"vLLM {measured:.1f} ms (vLLM/pacer {measured / b1[dtype]:.2f}x) | vLLM (peers/README) {ref} ms"
                 if measured else f"vLLM (peers/README, not this run) {ref} ms")
-        line(f"[batch-1 decode {dtype}] pacer {b1[dtype]:.1f} ms/token | {vllm} | "
-             f"memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms")
+        line(f"[batch-1 decode {dtype}] (t(1+{args.batch1_tokens}) - t(1)) / {args.batch1_tokens}, medians of "
+             f"{reps}: pacer {b1[dtype]:.1f} ms/token | {vllm} | memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms")
     n_var = 16 if args.quick else 64
     v_prompts, v_outs = varied_workload(n_var)
     llm = LLM(dtype="float32", max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=False, kv_cache_memory="4GiB")
-    pv = run_pacer(llm, v_prompts, v_outs)
+    pv, pv_runs = run_pacer(llm, v_prompts, v_outs, reps)
     del llm
-    msg = f"[varied {n_var} req, prompts 32..1024, outputs 16..256, float32] output tok/s: pacer {pv:.1f}"
+    msg = (f"[varied {n_var} req, prompts 32..1024, outputs 16..256, float32] output tok/s, median of {reps}: "
+           f"pacer {pv:.1f} ({runs_text(pv_runs)})")
     if not args.skip_hf:
-        hv = run_hf_static(hf_model(torch.float32), v_prompts, v_outs)
-        msg += f" | HF static batch {hv:.1f} | pacer/HF {pv / hv:.2f}x"
+        hv, hv_runs = run_hf_static(hf_model(torch.float32), v_prompts, v_outs, reps)
+        msg += f" | HF static batch {hv:.1f} ({runs_text(hv_runs)}) | pacer/HF {pv / hv:.2f}x"
     line(msg)
+    line(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -80,20 +80,38 @@ def test_abort_storm_frees_everything(served):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
+DISCONNECT_MAX_TOKENS = 4000
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_non_streaming_client_disconnect_aborts(served, n):
+    # the evidence is the abort itself: n aborted requests (not finished by length), far fewer
+    # tokens generated than asked for, and every block free again
+    aborts_before = _metric(served, "pacer_request_success_total", finished_reason="abort")
+    lengths_before = _metric(served, "pacer_request_success_total", finished_reason="length")
+    tokens_before = _metric(served, "pacer_generation_tokens_total")
+
     async def go():
         async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as client:
             task = asyncio.create_task(client.post("/v1/completions", json={
-                "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 4000, "ignore_eos": True, "n": n}))
+                "model": MODEL, "prompt": "Tell me a long story", "max_tokens": DISCONNECT_MAX_TOKENS,
+                "ignore_eos": True, "n": n}))
             await asyncio.to_thread(wait_for, lambda: _state(served)["engine"]["num_running"] == n, 30,
                                     "the request's choices to run")
+            await asyncio.to_thread(wait_for, lambda: _metric(served, "pacer_generation_tokens_total")
+                                    >= tokens_before + n, 30, "the choices to generate")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
     asyncio.run(go())
     wait_for(lambda: _idle(served), 30, "the abandoned request (all its choices) to be aborted")
+    assert _metric(served, "pacer_request_success_total", finished_reason="abort") - aborts_before == n
+    assert _metric(served, "pacer_request_success_total", finished_reason="length") == lengths_before
+    generated = _metric(served, "pacer_generation_tokens_total") - tokens_before
+    assert n <= generated < n * DISCONNECT_MAX_TOKENS // 10, generated
+    state = _state(served)["engine"]
+    assert state["num_available_blocks"] == state["num_blocks"]
 
 
 @pytest.fixture

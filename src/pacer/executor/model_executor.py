@@ -39,7 +39,7 @@ class ModelExecutor:
         self.device = model.device
         self.kv_format = kv_format or model.kv_format("auto")
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, self.kv_format)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, model.arch.eos_token_ids)
         self._states: dict[str, _ReqState] = {}
         self._cpu_blocks: dict[int, torch.Tensor] = {}   # swap tier: cpu slot -> [layers, 2, block...]
 

@@ -8,6 +8,8 @@ or ninja is missing the engine falls back to the torch reference path and says s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -15,6 +17,7 @@ import pathlib
 import platform
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("pacer.kernels")
@@ -33,6 +36,23 @@ def _cpu_tag() -> str:
     except OSError:
         key = platform.machine() + platform.processor()
     return platform.machine() + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _build_lock(build: pathlib.Path) -> Iterator[None]:
+    """Hold an exclusive flock on the build directory while torch builds or loads there.
+
+    torch's own lock is a plain file that a build killed half-way leaves behind, after which
+    every later load waits on it forever. The flock dies with its process, so while we hold it
+    no other pacer process is inside torch's build here and a leftover torch lock is stale.
+    """
+    with open(build / ".pacer-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def load() -> Any | None:
@@ -62,11 +82,12 @@ def load() -> Any | None:
             checkout = hashlib.sha256(str(csrc.resolve()).encode()).hexdigest()[:8]
             build = build / "kernels" / f"{_cpu_tag()}-{checkout}"
             build.mkdir(parents=True, exist_ok=True)
-            _module = cpp_extension.load(
-                name="pacer_kernels", sources=sources, build_directory=str(build),
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", f"-DPACER_HEADERS={headers}"],
-                extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
-            )
+            with _build_lock(build):
+                _module = cpp_extension.load(
+                    name="pacer_kernels", sources=sources, build_directory=str(build),
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", f"-DPACER_HEADERS={headers}"],
+                    extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
+                )
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
             log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)
             _failed = True

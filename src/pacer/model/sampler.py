@@ -1,7 +1,8 @@
 """Batched sampling: penalties, greedy, temperature, top-k, top-p, per-request seeds, logprobs.
 
 The order is vLLM V1's: logprobs come from the raw logits (a log_softmax before anything
-else touches them); then penalties (repetition over prompt and output tokens, frequency and
+else touches them); then `min_tokens` (a row short of it cannot sample its stop tokens: EOS
+unless `ignore_eos`, and `stop_token_ids`); then penalties (repetition over prompt and output tokens, frequency and
 presence over output tokens); then greedy rows take the argmax and the others go through
 temperature, top-k and top-p. Rows that ask for no penalties and no logprobs pay for neither.
 
@@ -82,9 +83,10 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, eos_token_ids: Sequence[int] = ()) -> None:
         self._gen = torch.Generator(device="cpu")
         self._gen.manual_seed(seed)
+        self.eos_token_ids = tuple(eos_token_ids)
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
@@ -94,6 +96,11 @@ class Sampler:
         if logprob_rows:
             idx = torch.tensor(logprob_rows, device=logits.device)
             raw_logprobs = torch.log_softmax(logits.index_select(0, idx), dim=-1)
+        banned = {i: self._stop_token_ids(r.params) for i, r in enumerate(rows) if r.output_index < r.params.min_tokens}
+        if any(banned.values()):
+            logits = logits.clone()
+            for i, ids in banned.items():
+                logits[i, list(ids)] = float("-inf")
         penalty_rows = [i for i, r in enumerate(rows) if r.history is not None]
         if penalty_rows:
             logits = self._apply_penalties(logits, rows, penalty_rows)
@@ -102,6 +109,10 @@ class Sampler:
         if raw_logprobs is not None:
             out.logprobs = self._gather_logprobs(raw_logprobs, tokens, rows, logprob_rows)
         return out
+
+    def _stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens a row short of `min_tokens` may not sample (vLLM's all_stop_token_ids)."""
+        return params.stop_token_ids + (() if params.ignore_eos else self.eos_token_ids)
 
     def _sample_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
