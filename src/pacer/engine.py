@@ -18,6 +18,7 @@ from typing import Any
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
+from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
@@ -88,6 +89,7 @@ class Engine:
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
         self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
+        self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
@@ -186,12 +188,13 @@ class Engine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
-                    slo: Slo | Mapping[str, Any] | None = None) -> str:
+                    slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None) -> str:
         """Validate and queue a request; raises ValueError/TypeError naming the bad field.
 
         `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
         the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
-        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top."""
+        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top.
+        `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
@@ -202,6 +205,8 @@ class Engine:
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if not isinstance(tenant, str) or not tenant:
             raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         ids = self.tokenize_prompt(prompt)
         self.validate(len(ids), params)
         rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
@@ -216,7 +221,7 @@ class Engine:
         req = Request(request_id, ids, params,
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=priority, tenant=tenant, arrival_seq=next(self._seq),
-                      eos_token_ids=self.eos_token_ids, request_class=rclass, slo=targets)
+                      eos_token_ids=self.eos_token_ids, request_class=rclass, slo=targets, cache_salt=cache_salt)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer
@@ -320,6 +325,7 @@ class Engine:
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
                 self.executor.execute(sched_out)
+            self._publish_kv_events()
             if not outputs and self.num_waiting_for_grammar:
                 self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
@@ -342,7 +348,26 @@ class Engine:
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         if self._refit and self.cost_model is not None:
             self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
+        self._publish_kv_events()
         return outputs
+
+    def add_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        """After every step that changed the prefix cache, `sink(now, events)` gets its
+        store/remove events in order (blocks cached already arrive first as stores)."""
+        if self.kv.enable_events() is None:
+            raise ValueError("KV cache events need enable_prefix_caching=True")
+        self._kv_event_sinks.append(sink)
+
+    def remove_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        if sink in self._kv_event_sinks:
+            self._kv_event_sinks.remove(sink)
+
+    def _publish_kv_events(self) -> None:
+        if self._kv_event_sinks:
+            events = self.kv.take_events()
+            if events:
+                for sink in self._kv_event_sinks:
+                    sink(self.clock.now(), events)
 
     def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
         """After a failed execute: run each request of the step alone (whole block table, as if

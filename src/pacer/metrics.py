@@ -246,6 +246,16 @@ class ServingMetrics:
         self._last_totals: dict[str, int] = {}
         self._engine_counts_cache = False
 
+    def set_cache_config(self, **info: object) -> None:
+        """vLLM's `cache_config_info` gauge (value 1; the config as labels: `block_size`,
+        `num_gpu_blocks`, ...), which the llm-d gateway and other routers scrape."""
+        from prometheus_client import Gauge
+
+        labels = {k: str(v) for k, v in info.items()}
+        gauge = Gauge(self.name("cache_config_info"), "Information of the LLMEngine CacheConfig.",
+                      sorted(labels), registry=self.registry)
+        gauge.labels(**labels).set(1)
+
     def name(self, base: str) -> str:
         return f"vllm:{base}" if self.prefix == "vllm" else f"{self.prefix}_{base}"
 

@@ -328,7 +328,7 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "priority", "tenant", "arrival_seq",
         "output_token_ids", "num_computed_tokens", "status", "finish_reason", "metrics",
-        "eos_token_ids", "stop_reason", "num_cached_tokens", "request_class", "slo", "policy_state",
+        "eos_token_ids", "stop_reason", "num_cached_tokens", "request_class", "slo", "policy_state", "cache_salt",
     )
 
     def __init__(
@@ -343,6 +343,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         request_class: str = "default",
         slo: Slo | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -351,6 +352,7 @@ class Request:
         self.tenant = tenant
         self.arrival_seq = arrival_seq  # tie-breaker among equal arrival times
         self.eos_token_ids = eos_token_ids
+        self.cache_salt = cache_salt  # vLLM's: cached blocks are shared only with the same salt
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pacer.core.block_events import SALT_SEPARATOR, BlockEvent, BlockEventLog, namespace
 from pacer.core.block_pool import BlockPool
 from pacer.core.host_tier import HostKVTier, SwapSlots
 from pacer.core.offload import PrefixOffload
@@ -160,13 +161,17 @@ class KVCacheManager:
     # ------------------------------------------------------------------ tenants
 
     def _owner(self, req: Request) -> str:
-        if self.isolation == "shared" or req.request_id in self._public_ids:
+        """The namespace the request's blocks are cached under: public in shared mode, its
+        tenant otherwise; a `cache_salt` makes it private to requests with the same salt."""
+        if req.request_id in self._public_ids:
             return PUBLIC
-        return req.tenant
+        return namespace(PUBLIC if self.isolation == "shared" else req.tenant, req.cache_salt)
 
     def _owners(self, req: Request) -> tuple[str, ...]:
         owner = self._owner(req)
-        return (PUBLIC,) if owner == PUBLIC else (owner, PUBLIC)
+        if owner == PUBLIC or req.cache_salt:   # a salted request shares nothing unsalted (vLLM)
+            return (owner,)
+        return (owner, PUBLIC)
 
     def _quota_group(self, tenant: str) -> str:
         return tenant if tenant in self.quotas else OTHER_TENANTS
@@ -258,6 +263,27 @@ class KVCacheManager:
             self.cache.unpin(self.pins.pop(key))
         return len(keys)
 
+    def enable_events(self) -> BlockEventLog | None:
+        """Start recording the prefix cache's store/remove events (None without a cache)."""
+        if self.cache is None:
+            return None
+        if self.cache.events is None:
+            self.cache.enable_events(BlockEventLog())
+        return self.cache.events
+
+    def take_events(self) -> list[BlockEvent]:
+        """The store/remove events since the last call, in order (empty when not enabled)."""
+        return self.cache.events.take() if self.cache is not None and self.cache.events is not None else []
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
+        stay). Each dropped block is reported as removed. Returns how many were dropped."""
+        if self.cache is None:
+            return 0
+        freed = self.cache.evict(self.cache.num_evictable_blocks)
+        self._release(freed, "capacity")
+        return len(freed)
+
     def drop_expired(self) -> None:
         """Proactively drop cache nodes idle longer than the TTL (cheap when nothing is due)."""
         if self.cache is not None:
@@ -281,7 +307,8 @@ class KVCacheManager:
         if n_full <= (old.num_blocks if old else 0):
             return
         tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], self._owner(req), req.tenant, start=old)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], self._owner(req), req.tenant, start=old,
+                                            owners=self._owners(req))
         self.pool.incref(adopted)
         self.cache.lock(handle)
         if old is not None:
@@ -298,7 +325,8 @@ class KVCacheManager:
             self._pin_ids.discard(rid)
             return
         tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start,
+                                            owners=self._owners(req))
         self.pool.incref(adopted)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
@@ -465,4 +493,7 @@ class KVCacheManager:
 def _group_fn(isolation: str, quotas: Mapping[str, int]) -> Callable[[str], str]:
     if isolation != "partitioned":
         return lambda owner: PUBLIC
-    return lambda owner: owner if owner == PUBLIC or owner in quotas else OTHER_TENANTS
+    def group(owner: str) -> str:
+        tenant = owner.partition(SALT_SEPARATOR)[0]   # a salted namespace counts against its tenant
+        return tenant if tenant == PUBLIC or tenant in quotas else OTHER_TENANTS
+    return group

@@ -22,6 +22,13 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from pacer.core.block_events import (
+    BlockEventLog,
+    BlockRemovedEvent,
+    BlockStoredEvent,
+    chain_hashes,
+    namespace_keys,
+)
 from pacer.core.radix_node import EVICTION_KEYS, Key, PrefixMatch, RadixNode
 
 __all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
@@ -65,9 +72,20 @@ class PrefixCache:
         self._evictable_by_group: dict[str, int] = {}
         self._pinned: dict[int, tuple[RadixNode, int]] = {}  # node id -> (node, pin count)
         self._next_expiry_scan = float("-inf")
+        self.events: BlockEventLog | None = None   # store/remove events, when someone publishes them
         # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
         # (core/offload.py) keeps a copy of them
         self.on_drop: Callable[[RadixNode, int], None] | None = None
+
+    def enable_events(self, log: BlockEventLog) -> None:
+        """Record a BlockStoredEvent per adopted run of blocks and a BlockRemovedEvent per
+        dropped one from now on; blocks cached already are reported as stored first."""
+        self.events = log
+        stack = list(self.root.children.values())
+        while stack:   # parents before children, so each event's parent hash is known
+            node = stack.pop()
+            self._record_stored(node)
+            stack.extend(node.children.values())
 
     # ------------------------------------------------------------------ queries
 
@@ -134,15 +152,18 @@ class PrefixCache:
         return num
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
-               tenant: str = PUBLIC, start: PrefixMatch | None = None) -> tuple[list[int], PrefixMatch]:
+               tenant: str = PUBLIC, start: PrefixMatch | None = None,
+               owners: Sequence[str] | None = None) -> tuple[list[int], PrefixMatch]:
         """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens
         [i*bs, (i+1)*bs)). Returns the block ids newly adopted (the caller adds one ref to
         each) and a handle to the deepest node of the path. Blocks already cached for the
         same tokens are kept; the caller's duplicates are not adopted. `start`, a locked
-        handle on a prefix of `token_ids`, skips the walk down to it."""
+        handle on a prefix of `token_ids`, skips the walk down to it. `owners` are the
+        namespaces the walk may reuse (default: `owner`, then public)."""
         bs = self.block_size
         n = min(len(token_ids) // bs, len(block_ids))
-        owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
+        if owners is None:
+            owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
         node, done, adopted = self.root, 0, []
         if start is not None and start.num_blocks <= n:
             node, done = start.node, start.num_blocks
@@ -197,7 +218,16 @@ class PrefixCache:
         self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
         self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
         self._set_leaf_candidate(child, True)
+        if self.events is not None:
+            self._record_stored(child)
         return child
+
+    def _record_stored(self, node: RadixNode) -> None:
+        assert self.events is not None and node.parent is not None
+        parent = node.parent.hashes[-1] if node.parent.hashes else None
+        node.hashes = chain_hashes(parent, node.tokens, self.block_size, node.owner)
+        self.events.append(BlockStoredEvent(tuple(node.hashes), parent, tuple(node.tokens), self.block_size,
+                                            namespace_keys(node.owner)))
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Cut `node` after k blocks; returns the new upper part (the matched prefix).
@@ -213,6 +243,7 @@ class PrefixCache:
         parent.children[upper.key] = upper
         node.tokens = node.tokens[k * bs:]
         node.block_ids = node.block_ids[k:]
+        upper.hashes, node.hashes = node.hashes[:k], node.hashes[k:]
         node.parent = upper
         node.key = (node.owner, tuple(node.tokens[:bs]))
         upper.children[node.key] = node
@@ -335,6 +366,9 @@ class PrefixCache:
         dropped = node.block_ids[-take:]
         node.block_ids = node.block_ids[:-take]
         node.tokens = node.tokens[:len(node.block_ids) * self.block_size]
+        if self.events is not None:
+            self.events.append(BlockRemovedEvent(tuple(node.hashes[-take:])))
+            node.hashes = node.hashes[:-take]
         self.num_cached_blocks -= take
         self._cached_by_group[node.group] -= take
         self._move_evictable(node, -take)

@@ -14,7 +14,7 @@ class RadixNode:
     """A run of whole cached blocks (token ids + block ids) under one owner, and its place in the tree."""
 
     __slots__ = ("id", "parent", "owner", "group", "key", "tokens", "block_ids", "children", "lock_ref",
-                 "last_access", "tick", "priority", "version", "is_leaf_candidate")
+                 "last_access", "tick", "priority", "version", "is_leaf_candidate", "hashes")
 
     def __init__(self, node_id: int, parent: RadixNode | None, owner: str, group: str,
                  tokens: list[int], block_ids: list[int]) -> None:
@@ -32,6 +32,7 @@ class RadixNode:
         self.priority = 0.0
         self.version = 0
         self.is_leaf_candidate = False  # in its group's evictable-leaf set
+        self.hashes: list[int] = []     # block identities (core.block_events), kept only when events are on
 
 
 @dataclass(frozen=True, slots=True)

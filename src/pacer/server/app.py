@@ -29,6 +29,7 @@ from pacer.server.errors import APIError
 from pacer.server.limits import read_body
 from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
+from pacer.server.router_api import add_router_endpoints, tenant_from_headers
 from pacer.server.service import Job, Service
 from pacer.tools.stream import ToolDeltaStream, tool_message
 
@@ -91,6 +92,7 @@ def create_app(service: Service) -> FastAPI:
     async def debug_state() -> dict[str, Any]:
         return service.debug_state()
 
+    add_router_endpoints(app, service.engine.tokenizer, service.engine.max_model_len, service.engine.vocab_size)
     return app
 
 
@@ -125,7 +127,10 @@ async def _generate(service: Service, request: Request,
         raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
     options.limits.check(body)
     key = getattr(request.state, STATE_KEY, None)
-    parsed = apply_key(key, parse(body), body, request.headers, options.access.tenant_header)
+    parsed = parse(body)
+    if key is None:   # an open server: llm-d's fairness id names the tenant when the body does not
+        parsed = tenant_from_headers(parsed, request.headers)
+    parsed = apply_key(key, parsed, body, request.headers, options.access.tenant_header)
     agent_header = options.class_rules.agent_header
     job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers,
                          declared_class=request.headers.get(CLASS_HEADER),

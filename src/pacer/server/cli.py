@@ -46,6 +46,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="compute these prefixes at start-up and pin them in the prefix cache (public to all "
                         "tenants): a JSON list or JSONL file whose items are text, token ids, "
                         '{"prompt": text} or {"messages": [...]} (rendered without a generation prompt)')
+    s.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="publish KV cache events as vLLM does (its KVEventsConfig fields), e.g. "
+                        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+                        '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
+    s.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); "
+                        "default: start Ray on this machine")
+    from pacer.deploy.options import add_router_args
+
+    add_router_args(p)
     t = p.add_argument_group("tools and chat template (vLLM's flags)")
     t.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
@@ -96,6 +106,33 @@ def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
         weights = loaded.tenant_weights
     metrics = KeyRing.from_plain([args.metrics_api_key], "metrics-api-key") if args.metrics_api_key else KeyRing()
     return Access(KeyRing(keys), metrics, bool(getattr(args, "api_keys", None)), args.tenant_header.lower()), weights
+def attach_kv_events(service: Any, config_json: str | None, replica_index: int = 0) -> Any:
+    """Start the KV event publisher for `--kv-events-config` (None when not enabled); replica i
+    binds the configured ports + i. Closed, and detached from the engine, at shutdown."""
+    import time
+
+    from pacer.kv_events import KVEventPublisher, parse_kv_events_config
+
+    config = parse_kv_events_config(config_json)
+    if not config.enabled:
+        return None
+    if service.engine.kv.cache is None:
+        raise ValueError("--kv-events-config needs prefix caching (drop --no-enable-prefix-caching)")
+    publisher = KVEventPublisher(config, replica_index)
+
+    def sink(now: float, events: list[Any]) -> None:
+        publisher.publish(time.time(), events)
+
+    service.engine.add_kv_event_sink(sink)
+    service.kv_publisher = publisher
+    def close() -> None:
+        service.engine.remove_kv_event_sink(sink)
+        publisher.close()
+
+    service.closers.append(close)
+    print(f"[pacer] KV events (replica {replica_index}) on {publisher.endpoint}, replay "
+          f"{publisher.replay_endpoint or 'off'}, topic {config.topic!r}", file=sys.stderr)
+    return publisher
 
 
 def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
@@ -153,6 +190,9 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     limits = RequestLimits.from_args(args)
     template = load_chat_template(args.chat_template) if args.chat_template else None
     tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
+    from pacer.kv_events import parse_kv_events_config
+
+    parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
     if engine is None:
         engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
@@ -162,10 +202,19 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
-    return Service(engine, options)
+    service = Service(engine, options)
+    attach_kv_events(service, getattr(args, "kv_events_config", None))
+    return service
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from pacer.deploy.options import check_replicas
+
+    check_replicas(args.replicas)
+    if args.replicas > 1 or args.ray_address or args.router != "least-loaded":
+        from pacer.deploy.launch import run_replicas
+
+        return run_replicas(args)
     import prometheus_client
     import uvicorn
 

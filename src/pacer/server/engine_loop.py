@@ -95,7 +95,7 @@ class EngineLoop:
 
     def add(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams, *,
             priority: int, tenant: str, route: Route, request_class: str | None = None,
-            slo: Any = None) -> None:
+            slo: Any = None, cache_salt: str | None = None) -> None:
         """Queue one engine request; raises ValueError/TypeError from the engine's validation."""
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped after a failure: {self.error}")
@@ -104,7 +104,7 @@ class EngineLoop:
             self._live.add(request_id)
         try:
             self.engine.add_request(prompt, params, request_id=request_id, priority=priority, tenant=tenant,
-                                    request_class=request_class, slo=slo)
+                                    request_class=request_class, slo=slo, cache_salt=cache_salt)
         except BaseException:
             self._routes.pop(request_id, None)
             with self._live_lock:

@@ -5,7 +5,7 @@ Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
 `priority`; `tenant` is a pacer extension, also read from `user` (with an API key `user` is an
 end-user id and the tenant comes from the key: pacer.server.auth). Options we do not implement
-(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`, `cache_salt`) are
+(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are
 refused with a 400 naming the field rather than ignored. Unknown keys are ignored, as
 OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
 `structured_outputs`, `guided_*`) are read by pacer.server.structured_api, `tools` /
@@ -44,6 +44,8 @@ class ParsedRequest:
     priority: int = 0
     tenant: str = "default"
     has_tools: bool = False
+    cache_salt: str | None = None                   # vLLM's: share cached blocks only with the same salt
+    tenant_given: bool = False                      # `tenant` or `user` was in the body
     tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
     structured_param: str | None = None             # the field that constrained the output, if any
     slo: Slo = Slo()                                # the request's own targets (body `slo`)
@@ -99,8 +101,6 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     n = _opt_int(body, "n", low=1, high=MAX_N)
     _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
     _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
-    _refuse_if(body, "cache_salt", lambda v: v is not None, "cache_salt is not supported: prefix sharing is "
-               "partitioned by tenant (--tenant-isolation isolated; with --api-keys the key's tenant)")
     stream = _opt_bool(body, "stream") or False
     include_usage = False
     opts = body.get("stream_options")
@@ -115,7 +115,11 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         slo = slo_from_request(body.get("slo"))
     except (ValueError, TypeError) as e:
         raise bad_request("slo", str(e)) from None
-    return {"model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request("cache_salt", "cache_salt must be a non-empty string")
+    return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
+            "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
             "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
 
 

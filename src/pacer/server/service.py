@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,10 @@ class Service:
         self.metrics.registry.register(StructuredOutputsCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         self.loop.failure_listeners.append(self._on_failure)
+        self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
+        self.kv_publisher: Any = None                  # pacer.kv_events.KVEventPublisher when enabled
+        self.metrics.set_cache_config(block_size=engine.kv.block_size, num_gpu_blocks=engine.kv.num_blocks,
+                                      enable_prefix_caching=engine.kv.cache is not None)
 
     def start(self) -> None:
         self.loop.start(asyncio.get_running_loop())
@@ -128,6 +133,8 @@ class Service:
             except TimeoutError:
                 log.warning("%d requests still unfinished at shutdown", len(self._contexts))
         self.loop.stop()
+        for close in self.closers:
+            close()
         if self.request_log is not None:
             self.request_log.close()
 
@@ -186,7 +193,7 @@ class Service:
             for rid, ids, params, ctx in specs:
                 route = Route(job.queue, ctx.index, ctx)
                 self.loop.add(rid, ids, params, priority=parsed.priority, tenant=parsed.tenant, route=route,
-                              request_class=ctx.request_class, slo=ctx.slo)
+                              request_class=ctx.request_class, slo=ctx.slo, cache_salt=parsed.cache_salt)
                 self._contexts[rid] = ctx
                 job.request_ids.append(rid)
                 job.contexts.append(ctx)

@@ -93,6 +93,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true", help="validate: exit 1 when a metric misses its target")
     add_workload_args(p)
     add_engine_args(p, skip=("seed",))
+    from pacer.deploy.options import add_router_args
+
+    add_router_args(p)
 
 
 def _print_report(report: Any, title: str) -> None:
@@ -117,6 +120,11 @@ def _run_sim(args: argparse.Namespace) -> int:
     config = EngineConfig.from_kwargs(**kwargs)
     slo = parse_slo(args.slo)
     rates = parse_rates(args.request_rate, args.concurrency)
+    if args.replicas != 1 or args.router != "least-loaded":
+        from pacer.sim.cluster import run_cluster_cli
+
+        return run_cluster_cli(args, config, hw, model, rates, slo, lambda rate, n: build_specs(args, rate, n),
+                               lambda r, t: _print_report(r, t), lambda *a: _meta(args, kwargs, *a))
     for rate in rates:
         engine, executor, clock = build_sim_engine(config, hw, model, tp=args.tp,
                                                    gpu_memory_utilization=args.gpu_memory_utilization)

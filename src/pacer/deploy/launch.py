@@ -1,0 +1,80 @@
+"""Start `pacer serve --replicas N` on Ray Serve: locally (Ray started here) or joining an
+existing cluster (`--ray-address`). The replicas run this checkout's pacer (its source
+directory goes into the Ray runtime environment) with one torch thread each by default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_app", "run_replicas", "check_replica_args"]
+
+
+def check_replica_args(args: argparse.Namespace) -> None:
+    from pacer.deploy.options import router_from_args
+
+    router_from_args(args)   # validates --replicas, --router, --router-pools, thresholds
+    if args.port < 0 or args.port > 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    """The Ray Serve application: ingress -> N replicas with pacer's request router."""
+    from ray.serve.config import RequestRouterConfig
+
+    from pacer.deploy.ingress import PacerIngress
+    from pacer.deploy.ray_app import PacerReplica, PacerRequestRouter
+
+    check_replica_args(args)
+    serve_args = {k: v for k, v in vars(args).items() if not callable(v)}
+    if serve_args.get("num_threads") is None:
+        serve_args["num_threads"] = 1
+    router_config = RequestRouterConfig(
+        request_router_class=PacerRequestRouter,
+        request_router_kwargs={"router": args.router, "num_replicas": args.replicas, "pools": args.router_pools,
+                               "inner": args.router_inner, "balance_abs_threshold": args.balance_abs_threshold,
+                               "balance_rel_threshold": args.balance_rel_threshold,
+                               "block_size": args.block_size or 16},
+        request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=10.0)
+    replicas = PacerReplica.options(num_replicas=args.replicas, request_router_config=router_config,
+                                    max_ongoing_requests=10_000,
+                                    ray_actor_options={"num_cpus": 0}).bind(serve_args)
+    return PacerIngress.options(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000).bind(replicas,
+                                                                                                     serve_args)
+
+
+def start_ray(address: str | None) -> None:
+    import ray
+
+    import pacer
+
+    src = str(Path(pacer.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "OMP_NUM_THREADS": "1"}
+    for key in ("PACER_CACHE_DIR", "PACER_TUNE_MALLOC"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
+             logging_level="warning", configure_logging=True)
+
+
+def run_replicas(args: argparse.Namespace) -> int:
+    from ray import serve
+
+    check_replica_args(args)
+    start_ray(args.ray_address)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_app(args), name="pacer", route_prefix="/")
+    print(f"[pacer] {args.replicas} replicas behind router {args.router!r} on http://{args.host}:{args.port}/v1 "
+          f"(Ray Serve{' at ' + args.ray_address if args.ray_address else ', local'})", file=sys.stderr)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+    return 0

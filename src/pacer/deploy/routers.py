@@ -1,0 +1,214 @@
+"""Request routers, written once in pure Python: the Ray Serve deployment (`pacer serve
+--replicas N --router NAME`) and the simulator (`pacer sim --replicas N --router NAME`)
+both call `Router.choose`.
+
+A router sees a `RouteRequest` (token ids, tenant, cache namespace, class) and a `Cluster`
+view (replica ids, each one's load = waiting + running requests, and a `BlockIndex` fed by
+the replicas' KV events), and returns one replica id. No I/O, no clocks, no randomness
+beyond a seeded rotation for ties, so the same trace routes the same way served and simulated.
+
+- `round-robin`: replicas in turn.
+- `least-loaded`: fewest waiting + running (ties in turn).
+- `prefix`: the replica holding the longest cached prefix of the request (from KV events,
+  plus the recent routing decisions whose blocks are not reported yet), unless it is
+  overloaded: when its load exceeds the least-loaded replica's by more than
+  `balance_abs_threshold` and by more than `balance_rel_threshold` times, the request goes
+  to the least-loaded replica instead (bounded imbalance: a hot prefix cannot pile all
+  traffic on one replica). In isolated mode the match is within the request's tenant.
+- `class`: separate pools per request class (e.g. long RAG prompts on their own replicas),
+  each pool routed by an inner router.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes, namespace
+from pacer.deploy.kv_index import BlockIndex
+
+__all__ = ["RouteRequest", "Cluster", "Router", "RoundRobinRouter", "LeastLoadedRouter", "PrefixRouter",
+           "ClassRouter", "ROUTERS", "make_router", "request_namespace", "parse_pools"]
+
+ROUTERS = ("round-robin", "least-loaded", "prefix", "class")
+
+
+def request_namespace(tenant: str, cache_salt: str | None, isolation: str) -> str:
+    """The cache namespace a request's blocks live in (the engine's rule, see KVCacheManager)."""
+    return namespace("" if isolation == "shared" else tenant, cache_salt)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    request_id: str
+    token_ids: Sequence[int]
+    tenant: str = "default"
+    owner: str = ""                 # cache namespace: request_namespace(tenant, cache_salt, isolation)
+    request_class: str = "chat"
+
+
+@dataclass(slots=True)
+class Cluster:
+    """What routers read: replica ids in a stable order, their load, their cached blocks."""
+
+    replica_ids: list[str]
+    load: dict[str, int] = field(default_factory=dict)       # waiting + running, as the caller knows it
+    index: BlockIndex = field(default_factory=BlockIndex)
+    block_size: int = 16
+
+
+class Router(Protocol):
+    name: str
+
+    def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str: ...
+
+
+class RoundRobinRouter:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str:
+        ids = _candidates(cluster, candidates)
+        return ids[next(self._turn) % len(ids)]
+
+
+class LeastLoadedRouter:
+    name = "least-loaded"
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str:
+        ids = _candidates(cluster, candidates)
+        return least_loaded(ids, cluster.load, next(self._turn))
+
+
+def least_loaded(ids: Sequence[str], load: Mapping[str, int], turn: int = 0) -> str:
+    low = min(load.get(r, 0) for r in ids)
+    ties = [r for r in ids if load.get(r, 0) == low]
+    return ties[turn % len(ties)]
+
+
+class PrefixRouter:
+    """Longest cached prefix with bounded imbalance (SGLang's cache-aware router's rule)."""
+
+    name = "prefix"
+
+    def __init__(self, balance_abs_threshold: int = 4, balance_rel_threshold: float = 1.5,
+                 max_pending: int = 256) -> None:
+        if balance_abs_threshold < 0 or balance_rel_threshold < 1.0:
+            raise ValueError(f"balance thresholds must be abs >= 0 and rel >= 1, got {balance_abs_threshold}, "
+                             f"{balance_rel_threshold}")
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self._turn = itertools.count()
+        # blocks of recent decisions whose KV events have not arrived yet (oldest dropped first)
+        self.pending = BlockIndex()
+        self._pending_order: deque[tuple[str, list[int]]] = deque()
+        self._max_pending = max_pending
+        self.num_prefix_routed = 0
+        self.num_balanced = 0
+
+    def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str:
+        ids = _candidates(cluster, candidates)
+        bs = cluster.block_size
+        memo = cluster.index.memo(req.token_ids, bs, req.owner)
+        matched = {r: max(cluster.index.match_blocks(r, req.token_ids, bs, req.owner, memo),
+                          self.pending.match_blocks(r, req.token_ids, bs, req.owner, memo)) for r in ids}
+        turn = next(self._turn)
+        best_len = max(matched.values())
+        low = least_loaded(ids, cluster.load, turn)
+        if best_len == 0:
+            choice = low
+        else:
+            best = [r for r in ids if matched[r] == best_len]
+            choice = least_loaded(best, cluster.load, turn)
+            if self._overloaded(cluster.load.get(choice, 0), cluster.load.get(low, 0)):
+                choice = low
+                self.num_balanced += 1
+            else:
+                self.num_prefix_routed += 1
+        self._remember(choice, req, bs)
+        return choice
+
+    def _overloaded(self, load: int, lowest: int) -> bool:
+        return load - lowest > self.balance_abs_threshold and load > self.balance_rel_threshold * lowest
+
+    def _remember(self, replica: str, req: RouteRequest, bs: int) -> None:
+        hashes = chain_hashes(None, req.token_ids, bs, req.owner)
+        fresh = [h for h in hashes if h not in self.pending.blocks(replica)]
+        self.pending.apply(replica, [BlockStoredEvent(tuple(fresh), None, (), bs, None)])
+        self._pending_order.append((replica, fresh))
+        while len(self._pending_order) > self._max_pending:
+            old_replica, old = self._pending_order.popleft()
+            self.pending.apply(old_replica, [BlockRemovedEvent(tuple(old))])
+
+
+class ClassRouter:
+    """Pools by request class: `pools` maps a class to replica positions (indices into
+    `Cluster.replica_ids`); classes not named share the remaining replicas."""
+
+    name = "class"
+
+    def __init__(self, pools: Mapping[str, Sequence[int]], inner: Router | None = None) -> None:
+        self.pools = {c: list(p) for c, p in pools.items()}
+        self.inner = inner or LeastLoadedRouter()
+
+    def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str:
+        ids = _candidates(cluster, candidates)
+        n = len(cluster.replica_ids)
+        named = {i for pool in self.pools.values() for i in pool if i < n}
+        wanted = self.pools.get(req.request_class)
+        positions = [i for i in wanted if i < n] if wanted is not None else [i for i in range(n) if i not in named]
+        pool = [cluster.replica_ids[i] for i in positions if cluster.replica_ids[i] in ids] or list(ids)
+        return self.inner.choose(req, cluster, pool)
+
+
+def parse_pools(spec: str | None, num_replicas: int) -> dict[str, list[int]]:
+    """`long_context=1,agent=1`: each class gets that many replicas, counted from the last;
+    everything else shares the rest. Default: `long_context` gets a quarter (at least 1)."""
+    if num_replicas < 2:
+        raise ValueError(f"--router class needs --replicas >= 2, got {num_replicas}")
+    counts: dict[str, int] = {}
+    for part in (spec or f"long_context={max(1, num_replicas // 4)}").split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or not name or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--router-pools: expected CLASS=COUNT (COUNT >= 1), got {part!r}")
+        counts[name] = int(value)
+    if sum(counts.values()) >= num_replicas:
+        raise ValueError(f"--router-pools: the pools take {sum(counts.values())} of {num_replicas} replicas; "
+                         "leave at least one for the other classes")
+    pools, end = {}, num_replicas
+    for name, k in counts.items():
+        pools[name] = list(range(end - k, end))
+        end -= k
+    return pools
+
+
+def make_router(name: str, num_replicas: int, pools: str | None = None, inner: str = "least-loaded",
+                balance_abs_threshold: int = 4, balance_rel_threshold: float = 1.5) -> Router:
+    if name == "round-robin":
+        return RoundRobinRouter()
+    if name == "least-loaded":
+        return LeastLoadedRouter()
+    if name == "prefix":
+        return PrefixRouter(balance_abs_threshold, balance_rel_threshold)
+    if name == "class":
+        if inner == "class":
+            raise ValueError("--router class cannot nest itself")
+        return ClassRouter(parse_pools(pools, num_replicas),
+                           make_router(inner, num_replicas, None, "least-loaded", balance_abs_threshold,
+                                       balance_rel_threshold))
+    raise ValueError(f"--router must be one of {', '.join(ROUTERS)}; got {name!r}")
+
+
+def _candidates(cluster: Cluster, candidates: Sequence[str] | None) -> Sequence[str]:
+    ids = cluster.replica_ids if candidates is None else candidates
+    if not ids:
+        raise ValueError("no replica to route to")
+    return ids

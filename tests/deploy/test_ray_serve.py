@@ -1,0 +1,127 @@
+"""`pacer serve --replicas N` on Ray Serve: a real 2-replica deployment on 127.0.0.1 answers
+the official openai client (JSON and streaming), routes a repeated prefix to the same replica
+with the prefix router, aggregates /metrics with per-replica labels; bad flags fail clearly.
+
+The deployment test is slow (Ray start-up plus two model loads, ~1-2 min here): `make test-slow`."""
+
+import argparse
+import json
+import socket
+
+import httpx
+import openai
+import pytest
+
+from pacer.cli import main
+from pacer.deploy.ray_app import aggregate_metrics
+from pacer.server.cli import add_serve_args
+from tests.server.conftest import MODEL
+
+SYSTEM = ("You are the support assistant of a bicycle shop. Be brief and friendly, mention the warranty "
+          "when a part breaks, and suggest a workshop visit for anything involving brakes. ") * 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_bad_replica_flags_fail_with_a_clear_message(capsys):
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert "--replicas must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["serve", "--replicas", "1", "--router", "class"]) == 2
+    assert "--router class needs --replicas >= 2" in capsys.readouterr().err
+    assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": true, "port": 1}']) == 2
+    assert "unknown key 'port'" in capsys.readouterr().err
+
+
+def test_aggregate_metrics_labels_each_replica():
+    text = ("# HELP pacer_num_requests_waiting W\n# TYPE pacer_num_requests_waiting gauge\n"
+            'pacer_num_requests_waiting{model_name="m"} 2.0\n')
+    out = aggregate_metrics({"a": {"rank": 0, "metrics": text}, "b": {"rank": 1, "metrics": text}})
+    assert out.count("# HELP pacer_num_requests_waiting") == 1
+    assert 'pacer_num_requests_waiting{replica="0",model_name="m"} 2.0' in out
+    assert 'pacer_num_requests_waiting{replica="1",model_name="m"} 2.0' in out
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    from ray import serve
+
+    from pacer.deploy.launch import build_app, start_ray
+
+    port = _port()
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    events = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
+                         "replay_endpoint": "tcp://*:0", "topic": "kv"})
+    args = parser.parse_args(["--replicas", "2", "--router", "prefix", "--port", str(port), "--num-threads", "1",
+                              "--num-kv-blocks", "512", "--kv-events-config", events, "--max-waiting", "64"])
+    start_ray(None)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(args), name="pacer", route_prefix="/")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        import ray
+
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deployment):
+    client = openai.OpenAI(base_url=deployment + "/v1", api_key="x", timeout=300)
+    r = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert r.choices[0].message.content and r.usage.completion_tokens > 0
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert text
+    seen = []
+    for q in ["My chain squeaks.", "My brakes feel soft.", "A spoke broke.", "The saddle is loose."]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=2, temperature=0,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+        seen.append(raw.headers["x-pacer-replica"])
+        assert raw.parse().choices[0].message.content is not None
+    assert len(set(seen)) == 1, seen   # the shared system prompt keeps them on one replica
+    assert raw.parse().usage.prompt_tokens_details.cached_tokens > 0
+    bad = httpx.post(deployment + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+    metrics = httpx.get(deployment + "/metrics")
+    assert metrics.status_code == 200 and "pacer_ingress_requests_waiting 0" in metrics.text
+
+
+def test_asgi_bridge_streams_and_reports_disconnects():
+    import asyncio
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import StreamingResponse
+
+    from pacer.deploy.ray_app import asgi_call
+
+    app = FastAPI()
+    seen: list[str] = []
+
+    @app.post("/s")
+    async def stream(request: Request):
+        body = await request.json()
+
+        async def gen():
+            for i in range(body["n"]):
+                yield f"data: {i}\n\n"
+            seen.append("done")
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def run() -> list[dict]:
+        req = {"method": "POST", "path": "/s", "headers": [("content-type", "application/json")],
+               "body": b'{"n": 3}'}
+        return [item async for item in asgi_call(app, req, extra_headers=[("x-pacer-replica", "7")])]
+
+    items = asyncio.run(run())
+    assert items[0]["status"] == 200 and ("x-pacer-replica", "7") in items[0]["headers"]
+    assert b"".join(i["body"] for i in items[1:]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert seen == ["done"]

@@ -1,0 +1,110 @@
+"""Routers in pure Python: round-robin, least-loaded, prefix (from KV events, bounded
+imbalance, tenant-scoped), class pools; and the same routers over N simulated engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from pacer.config import EngineConfig
+from pacer.core.block_events import BlockStoredEvent, chain_hashes
+from pacer.deploy.kv_index import BlockIndex
+from pacer.deploy.routers import (
+    Cluster,
+    PrefixRouter,
+    RouteRequest,
+    make_router,
+    parse_pools,
+    request_namespace,
+)
+from pacer.sim.cluster import build_cluster, simulate_cluster
+from pacer.sim.profiles import get_hardware, get_model
+from pacer.sim.simulator import SimRequest
+
+BS = 4
+
+
+def _store(index: BlockIndex, replica: str, tokens: list[int], owner: str = "") -> None:
+    hashes = chain_hashes(None, tokens, BS, owner)
+    index.apply(replica, [BlockStoredEvent(tuple(hashes), None, tuple(tokens), BS, None)])
+
+
+def _cluster(n: int = 3) -> Cluster:
+    return Cluster([f"r{i}" for i in range(n)], {f"r{i}": 0 for i in range(n)}, BlockIndex(), BS)
+
+
+def test_round_robin_and_least_loaded():
+    c = _cluster()
+    rr = make_router("round-robin", 3)
+    assert [rr.choose(RouteRequest(str(i), [1]), c) for i in range(4)] == ["r0", "r1", "r2", "r0"]
+    c.load.update({"r0": 3, "r1": 1, "r2": 2})
+    assert make_router("least-loaded", 3).choose(RouteRequest("x", [1]), c) == "r1"
+
+
+def test_prefix_router_follows_the_cache_and_bounds_imbalance():
+    c = _cluster()
+    system = list(range(100, 132))   # 8 blocks
+    _store(c.index, "r2", system)
+    router = PrefixRouter(balance_abs_threshold=2, balance_rel_threshold=1.5)
+    req = RouteRequest("a", system + [1, 2, 3, 4, 5])
+    assert router.choose(req, c) == "r2"
+    c.load.update({"r2": 3, "r0": 1, "r1": 1})    # 2 above the least loaded: still within the bound
+    assert router.choose(req, c) == "r2"
+    c.load["r2"] = 4                               # 3 above and 4x: overloaded, go least-loaded
+    assert router.choose(req, c) in ("r0", "r1") and router.num_balanced == 1
+    fresh = PrefixRouter()
+    other = RouteRequest("b", list(range(500, 540)))
+    first = fresh.choose(other, _cluster())
+    assert fresh.choose(other, _cluster()) == first   # pending decision remembered before events arrive
+
+
+def test_prefix_router_matches_only_within_the_tenant_in_isolated_mode():
+    c = _cluster(2)
+    tokens = list(range(10, 42))
+    _store(c.index, "r1", tokens, owner=request_namespace("alice", None, "isolated"))
+    router = PrefixRouter()
+    bob = RouteRequest("b", tokens + [1], "bob", request_namespace("bob", None, "isolated"))
+    alice = RouteRequest("a", tokens + [1], "alice", request_namespace("alice", None, "isolated"))
+    assert router.choose(alice, c) == "r1"
+    assert router.num_prefix_routed == 1
+    router.choose(bob, c)
+    assert router.num_prefix_routed == 1   # bob's match found nothing of alice's: routed by load
+
+
+def test_class_pools():
+    c = _cluster(4)
+    router = make_router("class", 4, pools="long_context=1")
+    assert router.choose(RouteRequest("l", [1], request_class="long_context"), c) == "r3"
+    chats = {router.choose(RouteRequest(str(i), [1], request_class="chat"), c) for i in range(6)}
+    assert chats <= {"r0", "r1", "r2"}
+    assert parse_pools(None, 8) == {"long_context": [6, 7]}
+    with pytest.raises(ValueError, match="leave at least one"):
+        parse_pools("long_context=2", 2)
+    with pytest.raises(ValueError, match="--router must be one of"):
+        make_router("random", 2)
+
+
+def _trace(n: int, seed: int = 0) -> list[SimRequest]:
+    prompts = [[(p * 131 + j) % 900 + 10 for j in range(256)] for p in range(4)]
+    out = []
+    for i in range(n):
+        p = [0, 0, 0, 1, 1, 2, 3][(i * 5 + seed) % 7]   # some system prompts more popular
+        out.append(SimRequest(f"q{i}", i * 0.05, prompts[p] + [(i * 17 + j) % 500 + 1000 for j in range(20)], 16))
+    return out
+
+
+def _run(router_name: str, n_replicas: int = 4):
+    config = EngineConfig.from_kwargs(num_kv_blocks=44, block_size=16, max_model_len=512)   # ~2 of 4 prompts
+    index = BlockIndex(strict=True)
+    replicas = build_cluster(n_replicas, config, get_hardware("h200-sxm"), get_model("llama-3.1-8b"), index)
+    result = simulate_cluster(replicas, make_router(router_name, n_replicas), index, _trace(120), block_size=16)
+    for r in replicas:   # the router's mirror equals every engine's cache at the end
+        assert index.blocks(r.replica_id) == {h for node in r.engine.kv.cache.iter_nodes() for h in node.hashes}
+    return result
+
+
+def test_simulated_cluster_prefix_beats_round_robin_on_hits():
+    rr, prefix = _run("round-robin"), _run("prefix")
+    assert len(rr.records) == len(prefix.records) == 120
+    assert all(r.ok for r in prefix.records)
+    assert prefix.hit_rate() >= 1.3 * rr.hit_rate() > 0
+    assert max(prefix.load_split()) <= 0.6
