@@ -33,7 +33,7 @@ def test_jsonl_table_without_class_is_classified_by_the_server_rules(tmp_path):
              "timestamp": "2026-07-30T12:00:00Z"}]
     p = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
     src = load_source(p)
-    assert [r.request_class for r in src.records] == ["long_context", "batch", "chat"]
+    assert [r.request_class for r in src.records] == ["rag", "batch", "chat"]
     assert src.records[0].ttft == 2.0 and src.records[1].e2e == 0.9
     assert not src.has_classes and any("classified" in n for n in src.notes)
 

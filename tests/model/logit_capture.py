@@ -25,9 +25,9 @@ class _AllRowsModel:
         self.log = log
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any, kv_caches: Any,
-                logits_rows: torch.Tensor) -> torch.Tensor:
+                logits_rows: torch.Tensor, *args: Any) -> torch.Tensor:
         every = torch.arange(input_ids.shape[0], device=input_ids.device)
-        logits = self.inner.forward(input_ids, positions, meta, kv_caches, every)
+        logits = self.inner.forward(input_ids, positions, meta, kv_caches, every, *args)
         self.log.record(input_ids, positions, logits)
         return logits.index_select(0, logits_rows)
 

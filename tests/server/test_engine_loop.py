@@ -26,7 +26,7 @@ class FakeEngine:
         pool = SimpleNamespace(num_free_blocks=8)
         self.kv = SimpleNamespace(num_blocks=8, pool=pool, usage=0.0, num_available_blocks=lambda: 8)
 
-    def add_request(self, prompt, params, *, request_id, priority, tenant):
+    def add_request(self, prompt, params, *, request_id, priority, tenant, **engine_fields):
         self.inbox.append(("add", request_id))
 
     def abort_request(self, request_id):

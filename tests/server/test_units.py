@@ -56,11 +56,11 @@ def test_admission_unlimited_and_retry_after_from_start_rate():
 
 
 @pytest.mark.parametrize("prompt,max_tokens,agent,want", [
-    (10, 16, False, "chat"), (10, None, False, "chat"), (5000, 16, False, "long_context"),
+    (10, 16, False, "chat"), (10, None, False, "chat"), (5000, 16, False, "rag"),
     (10, 4096, False, "batch"), (5000, 4096, True, "agent"), (2048, 1023, False, "chat"),
 ])
 def test_class_rules(prompt, max_tokens, agent, want):
-    assert ClassRules(long_context_tokens=2048, batch_max_tokens=1024).classify(prompt, max_tokens, agent) == want
+    assert ClassRules(rag_min_tokens=2048, batch_max_tokens=1024).classify(prompt, max_tokens, agent) == want
 
 
 def test_class_rules_validate():
