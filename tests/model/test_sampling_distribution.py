@@ -19,6 +19,7 @@ import torch
 
 from pacer.model.sampler import Sampler, SamplingRow, TokenHistory
 from pacer.request import SamplingParams
+from tests.model.test_sampler import reference_penalties
 
 V = 12
 N = 20_000
@@ -45,15 +46,6 @@ def reference(logits: list[float], temperature: float = 1.0, top_k: int = 0, top
             mass += probs[i]
         probs = {i: probs[i] / mass for i in prefix}
     return [probs.get(i, 0.0) for i in range(len(z))]
-
-
-def penalised(logits: list[float], prompt: list[int], output: list[int], p: SamplingParams) -> list[float]:
-    out = list(logits)
-    for t in set(prompt) | set(output):
-        out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
-    for t in set(output):
-        out[t] -= p.frequency_penalty * output.count(t) + p.presence_penalty
-    return out
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, n: int = N, output_index: int = 0,
@@ -136,7 +128,7 @@ def test_penalties_shape_the_distribution(kw):
     prompt, output = [0, 1, 1], [1, 2, 2, 5]
     params = SamplingParams(temperature=1.0, **kw)
     history = TokenHistory(prompt, output)
-    want = reference(penalised(LOGITS.tolist(), prompt, output, params))
+    want = reference(reference_penalties(LOGITS.tolist(), prompt, output, params))
     assert_distribution(draw(LOGITS, params, output_index=len(output), history=history), want)
 
 
