@@ -5,11 +5,14 @@
 1. capacity: blocks in the same kv_cache_memory for each kv_cache_dtype (the start-up line).
 2. knee (the seed experiment): sweep max_num_seqs at a fixed kv_cache_memory, KV in the model's
    dtype (float32 on CPU) vs int8. One wave of max_num_seqs requests (prompt 128, output 128,
-   ignore_eos; --full: 256 / 256 with twice the memory). Per point: recompute preemptions, TPOT
-   p50 / p99, output tok/s. The knee is the largest max_num_seqs with no preemption and TPOT p99
-   within 1.5x its p50 (past it, preempted requests' recompute shows in the tail).
+   ignore_eos; --full: 256 / 256 with twice the memory), both dtypes at each point. Per point:
+   preemptions, TPOT p50 / p99, output tok/s. The knee is found by `pacer tune`'s rule
+   (pacer.diagnose.method.find_knee): the point before preemptions start (> 0.05 per request)
+   or TPOT p99 bends up.
 3. decode: one decode step of 32 sequences x 1,024 context (--full: 64 x 2,048) through
-   ModelExecutor.execute, full precision vs int8 vs fp8, repeats interleaved, median.
+   ModelExecutor.execute, full precision vs int8 vs fp8: each executor's KV holds real values
+   (one prefill, copied to every sequence's blocks), the same step at a 16-token context shows
+   the part that reads the context; warm-up excluded, repeats interleaved, median.
 4. sessions: multi-turn conversations, round robin, whose contexts total ~4x the device tier:
    prefix hit rate and TTFT p50 with the device tier alone, with a host tier 4x its size
    (kv_offloading_size), and, as a control, one device tier of the combined size.
@@ -23,12 +26,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
 from pacer.config import EngineConfig
 from pacer.core.outputs import ScheduledRequest, SchedulerOutput
+from pacer.diagnose.method import PREEMPTION_TOLERANCE, TURN, find_knee
 from pacer.engine import Engine
+from pacer.executor.model_executor import ModelExecutor
 from pacer.model.runner import executor_for, kv_capacity_line
 from pacer.request import SamplingParams
 
@@ -71,49 +77,104 @@ def one_wave(engine: Engine, seqs: int, prompt_len: int, out_len: int) -> dict[s
 
 
 def knee(base: Engine, full: bool) -> None:
+    """The seed experiment: the max_num_seqs sweep, both KV dtypes at each point side by side;
+    the knee by `pacer tune`'s rule (pacer.diagnose.method.find_knee)."""
     prompt_len, out_len = (256, 256) if full else (128, 128)
     memory = "288MiB" if full else "144MiB"
     sweep = [8, 12, 16, 24, 32, 48, 64] + ([96, 128] if full else [])
     print(f"== knee: max_num_seqs sweep at kv_cache_memory={memory}, one wave, prompt {prompt_len} / "
-          f"output {out_len}")
-    knees: dict[str, int] = {}
-    for name in ("auto", "int8"):
-        knees[name], streak = 0, True
-        for seqs in sweep:
+          f"output {out_len}; knee rule (pacer tune's): > {PREEMPTION_TOLERANCE:g} preemptions per request, "
+          f"or TPOT p99 growth > {TURN:g}x the previous growth")
+    names = ("auto", "int8")
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for i, seqs in enumerate(sweep):
+        for name in names if i % 2 == 0 else names[::-1]:   # both dtypes at each point, order alternated
             eng = engine_for(base, kv_cache_memory=memory, kv_cache_dtype=name, max_num_seqs=seqs,
                              enable_prefix_caching=False)
             r = one_wave(eng, seqs, prompt_len, out_len)
-            ok = r["preemptions"] == 0 and r["tpot_p99"] <= 1.5 * r["tpot_p50"]
-            streak = streak and ok     # the knee: the last point of the unbroken run from the start
-            if streak:
-                knees[name] = seqs
+            rows[name].append(r)
             print(f"  kv={name:<5} blocks={eng.cache_stats()['num_blocks']:>5} max_num_seqs={seqs:>4}  "
-                  f"preemptions={r['preemptions']:>4}  tpot_p50={r['tpot_p50']:7.1f} ms  "
-                  f"tpot_p99={r['tpot_p99']:7.1f} ms  out={r['tok_s']:6.1f} tok/s  {load()}")
-    ratio = knees["int8"] / knees["auto"] if knees["auto"] else float("inf")
-    print(f"  knee: auto at max_num_seqs={knees['auto']}, int8 at {knees['int8']} -> {ratio:.2f}x further")
+                  f"preemptions={int(r['preemptions']):>4} ({r['preemptions'] / seqs:.2f}/req)  "
+                  f"tpot_p50={r['tpot_p50']:7.1f} ms  tpot_p99={r['tpot_p99']:7.1f} ms  "
+                  f"out={r['tok_s']:6.1f} tok/s  {load()}")
+    knees = {}
+    for name in names:
+        k = find_knee(sweep, [r["preemptions"] / s for r, s in zip(rows[name], sweep)],
+                      [r["tpot_p99"] for r in rows[name]])
+        knees[name] = sweep[k]
+        nxt = rows[name][k + 1] if k + 1 < len(sweep) else None
+        why = ("no KV pressure in the sweep" if nxt is None else "preemptions start above it"
+               if nxt["preemptions"] / sweep[k + 1] > PREEMPTION_TOLERANCE else "TPOT p99 turns up above it")
+        print(f"  knee kv={name}: max_num_seqs={sweep[k]} ({why})")
+    print(f"  knee: auto at max_num_seqs={knees['auto']}, int8 at {knees['int8']} -> "
+          f"{knees['int8'] / knees['auto']:.2f}x further  {load()}")
 
 
-def decode_step(base: Engine, full: bool, repeats: int = 5) -> None:
-    n, ctx = (64, 2048) if full else (32, 1024)
-    bs = 16
-    per = -(-(ctx + 1) // bs)
-    print(f"== decode step: {n} sequences x {ctx} context, median of {repeats} interleaved repeats")
-    executors = {name: executor_for(base.executor.model, EngineConfig.from_kwargs(
-        num_kv_blocks=n * per, kv_cache_dtype=name).cache) for name in ("auto", "int8", "fp8_e4m3")}
+def _fill_text(base: Engine, n: int) -> list[int]:
+    """n token ids of plain text (real KV values, not a zeroed cache)."""
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += base.tokenizer.encode("The harbour master wrote down every boat that came in, its name, its cargo, "
+                                     "the weather and the hour, in a ledger that is still kept today. ")
+    return ids[:n]
+
+
+def _decode_executor(base: Engine, name: str, n: int, ctx: int, per: int) -> ModelExecutor:
+    """An executor whose n sequences each hold `ctx` tokens of real KV in their own blocks: one
+    prefill of `ctx` text tokens, copied to every sequence's blocks by the executor's swap path."""
+    ex = executor_for(base.executor.model, EngineConfig.from_kwargs(
+        num_kv_blocks=(n + 1) * per, kv_cache_dtype=name).cache)
+    src = list(range(n * per, (n + 1) * per))
     params = SamplingParams(max_tokens=1, temperature=0.0)
-    out = SchedulerOutput(0, [ScheduledRequest(f"r{i}", [11], ctx, list(range(i * per, (i + 1) * per)), True, True,
-                                               False, 0, params) for i in range(n)], 0, n)
-    times: dict[str, list[float]] = {name: [] for name in executors}
-    for _ in range(repeats + 1):   # the first round warms up
-        for name, ex in executors.items():
-            t0 = time.perf_counter()
-            ex.execute(out)
-            times[name].append(time.perf_counter() - t0)
-    ref = statistics.median(times["auto"][1:])
-    for name, ts in times.items():
-        med = statistics.median(ts[1:])
-        print(f"  kv={name:<9} step {med * 1000:7.1f} ms  ({med / ref:.2f}x full precision)  {load()}")
+    ex.execute(SchedulerOutput(0, [ScheduledRequest("fill", _fill_text(base, ctx), 0, src, True, True, True, 0,
+                                                    params)], ctx, 0, finished_ids=[]))
+    n_ctx = -(-ctx // 16)
+    ex.execute(SchedulerOutput(1, [], 0, 0, finished_ids=["fill"], swap_out=[(src[j], j) for j in range(n_ctx)],
+                               swap_in=[(j, i * per + j) for i in range(n) for j in range(n_ctx)]))
+    return ex
+
+
+def _decode_out(n: int, ctx: int, per: int) -> SchedulerOutput:
+    """One decode token per sequence at position `ctx`: attention reads ctx + 1 tokens of KV each.
+    A short one (ctx < 16) runs in each sequence's last block, which the long one reads only at
+    offset 0, so it does not overwrite the context."""
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    tables = [list(range(i * per, (i + 1) * per)) if ctx >= 16 else [(i + 1) * per - 1] for i in range(n)]
+    return SchedulerOutput(2, [ScheduledRequest(f"r{i}", [11], ctx, tables[i], True, True, False, 0, params)
+                               for i in range(n)], 0, n)
+
+
+def decode_step(base: Engine, full: bool, repeats: int = 7) -> None:
+    """One decode step of n sequences x ctx context, each executor's KV holding real values; the
+    same step at a 16-token context isolates the part that reads the context's KV."""
+    n, ctx = (64, 2048) if full else (32, 1024)
+    per = -(-(ctx + 1) // 16)
+    print(f"== decode step: {n} sequences x {ctx} context (real KV from a prefill, copied to each sequence's own "
+          f"blocks), warm-up excluded, median of {repeats} interleaved repeats (order rotated)")
+    names = ["auto", "int8", "fp8_e4m3"]
+    executors = {name: _decode_executor(base, name, n, ctx, per) for name in names}
+    steps = {"long": _decode_out(n, ctx, per), "short": _decode_out(n, 15, per)}
+    times: dict[tuple[str, str], list[float]] = {(nm, k): [] for nm in names for k in steps}
+    tokens: dict[str, int] = {}
+    for rep in range(repeats + 1):   # round 0 warms up
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            for kind, out in steps.items():
+                t0 = time.perf_counter()
+                res = executors[name].execute(out)
+                dt = time.perf_counter() - t0
+                if rep:
+                    times[(name, kind)].append(dt)
+                if kind == "long":
+                    tokens[name] = res.results["r0"].token_ids[0]
+    med = {key: statistics.median(ts) for key, ts in times.items()}
+    ref, ref_kv = med[("auto", "long")], med[("auto", "long")] - med[("auto", "short")]
+    for name in names:
+        kv = med[(name, "long")] - med[(name, "short")]
+        print(f"  kv={name:<9} step {med[(name, 'long')] * 1000:7.1f} ms ({med[(name, 'long')] / ref:.2f}x full "
+              f"precision)  at 16 context {med[(name, 'short')] * 1000:6.1f} ms  -> context KV read "
+              f"{kv * 1000:6.1f} ms ({kv / ref_kv if ref_kv > 0 else float('nan'):.2f}x)  next token "
+              f"{tokens[name]}{' (= auto)' if tokens[name] == tokens['auto'] else ''}  {load()}")
 
 
 def sessions(base: Engine, full: bool) -> None:
@@ -161,6 +222,7 @@ def main() -> None:
     ap.add_argument("--only", default="capacity,decode,sessions,knee", help="comma list of parts to run")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)   # type: ignore[union-attr]
     parts = set(args.only.split(","))
     base = Engine.from_kwargs(num_kv_blocks=16, num_threads=args.threads)
     print(f"default model, {base.executor.model.dtype}, attention {base.executor.model.attention_backend}, "

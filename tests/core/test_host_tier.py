@@ -82,22 +82,41 @@ ops = st.lists(st.one_of(
 ), max_size=60)
 
 
+def test_a_tenant_at_its_quota_evicts_only_its_own_blocks() -> None:
+    t, _ = tier(6, group_of=lambda owner: owner, quotas={"a": 2, "b": 3})
+    t.demote("a", "a", ROOT_KEY, [1, 2, 3, 4], [0, 1])
+    t.demote("b", "b", ROOT_KEY, [5, 6, 7, 8], [2, 3])
+    t.end_step()
+    assert len(t.demote("a", "a", ROOT_KEY, [9, 9], [4])) == 1      # a at its quota: its own oldest goes
+    assert t.group_size("a") == 2 and t.group_size("b") == 2 and t.stats.evictions["quota"] == 1
+    assert len(t.lookup(["b"], ROOT_KEY, [5, 6, 7, 8], 2)) == 2        # b untouched
+    assert t.demote("c", "c", ROOT_KEY, [1, 1], [5]) == []            # unlisted ("*": 0) keeps nothing
+    assert t.demote("", "", ROOT_KEY, [2, 2], [5]) != []               # public prefixes have no quota
+    t.end_step()
+    t.demote("a", "a", ROOT_KEY, [3, 3, 4, 4, 5, 5], [6, 7, 8])        # more than its quota in one chain
+    assert t.group_size("a") == 2
+    t.check_invariants()
+
+
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, policy=st.sampled_from(["lru", "ttl", "weighted-lru"]))
-def test_random_operations_keep_the_accounting_and_never_return_wrong_blocks(ops, policy) -> None:
-    t, clock = tier(8, eviction_policy=policy, ttl=20.0, tenant_weights={"t1": 3.0})
+@given(ops=ops, policy=st.sampled_from(["lru", "ttl", "weighted-lru"]),
+       quotas=st.sampled_from([None, {"t0": 2, "t1": 3}, {"t0": 5, "*": 1}]))
+def test_random_operations_keep_the_accounting_and_never_return_wrong_blocks(ops, policy, quotas) -> None:
+    t, clock = tier(8, eviction_policy=policy, ttl=20.0, tenant_weights={"t1": 3.0},
+                    group_of=lambda owner: owner if owner in ("", "t0", "t1") else "*", quotas=quotas)
     seqs = [[s, s + 1, s + 2, s + 3, s + 4, s + 5, s + 6, s + 7] for s in (0, 0, 100, 200)]
     seqs[1] = [0, 1, 2, 3, 50, 51, 52, 53]              # shares two blocks with seqs[0]
     demoted: set[int] = set()                            # chain keys ever demoted
     swapped: list[list[int]] = []
     for op, a, b in ops:
+        owner = ("t0", "t1", "", "t2")[a % 4]
         if op == "demote":
-            t.demote("pub", f"t{a % 2}", ROOT_KEY, seqs[a][:b * BS], list(range(b)))
-            demoted.update(chain_keys("pub", seqs[a], BS, b))
+            t.demote(owner, owner, ROOT_KEY, seqs[a][:b * BS], list(range(b)))
+            demoted.update(chain_keys(owner, seqs[a], BS, b))
         elif op == "lookup":
-            found = t.lookup(["pub"], ROOT_KEY, seqs[a], b)
+            found = t.lookup([owner], ROOT_KEY, seqs[a], b)
             keys = [k for k, _ in found]
-            assert keys == chain_keys("pub", seqs[a], BS, len(keys)) and set(keys) <= demoted
+            assert keys == chain_keys(owner, seqs[a], BS, len(keys)) and set(keys) <= demoted
             t.promote(keys)
         elif op == "swap":
             slots = t.allocate_swap(a)
@@ -140,3 +159,18 @@ def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
     assert out == [] and sorted(s for s, _ in ins) == [0, 1, 2] and host.stats.promotions == 3
     assert kv.stats.hit_tokens == 6 and host.stats.hit_tokens == 6
     assert admit("r2") == 6 and kv.take_swap_ops() == ([], [])     # now a device hit: no copy
+
+
+def test_from_config_gives_each_tenant_the_same_share_of_the_host_tier() -> None:
+    from pacer.config import CacheConfig
+    from pacer.core.kv_manager import KVCacheManager
+
+    cfg = CacheConfig(block_size=BS, num_kv_blocks=40, num_cpu_blocks=80, kv_offloading_size=1.0,
+                      tenant_isolation="partitioned", tenant_quotas={"a": 10, "b": 20})
+    kv = KVCacheManager.from_config(cfg, 40, VirtualClock().now)
+    host = kv.host_tier
+    assert host is not None
+    assert (host.quota("a"), host.quota("b"), host.quota("other"), host.quota("")) == (20, 40, 0, None)
+    shared = KVCacheManager.from_config(CacheConfig(block_size=BS, num_cpu_blocks=8, kv_offloading_size=1.0), 40,
+                                        VirtualClock().now)
+    assert shared.host_tier is not None and shared.host_tier.quota("a") is None

@@ -48,7 +48,9 @@ def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, iso
     group_of = (lambda o: o if o in ("", "a", "b") else "*") if isolation == "partitioned" else None
     cache = PrefixCache(BS, clock.now, policy, tenant_weights=weights, ttl=30.0 if policy == "ttl" else None,
                         group_of=group_of)
-    host = HostKVTier(host_blocks, BS, clock.now, eviction_policy=policy, tenant_weights=weights) if host_blocks else None
+    host_quotas = {"a": host_blocks // 4, "b": host_blocks // 2, "*": 0} if quotas else None
+    host = HostKVTier(host_blocks, BS, clock.now, eviction_policy=policy, tenant_weights=weights,
+                      group_of=group_of, quotas=host_quotas) if host_blocks else None
     kv = KVCacheManager(24, BS, cache, tenant_isolation=isolation, tenant_quotas=quotas, host_tier=host)
     live: list[Request] = []
     pinned: list[tuple[int, ...]] = []

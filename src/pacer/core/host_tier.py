@@ -16,7 +16,10 @@ until the step's copies are taken, so a slot is never reused while a copy still 
 
 Eviction order: lru (oldest touch first), ttl (lru, and entries idle longer than the TTL are
 dropped when the tier is next used), weighted-lru (GreedyDual over tenant weights, as the
-device tier). This room never sees tensors: callers turn the copies it reports into
+device tier). Tenants and quotas as on the device (`tenant_isolation="partitioned"`): each
+entry counts against its owner's quota group, a group at its quota makes room by evicting its
+own entries only (reason "quota"), and a group with no room keeps nothing here. Pinned
+prefixes never leave the device, so they are never demoted. This room never sees tensors: callers turn the copies it reports into
 `SchedulerOutput.swap_out` / `swap_in` pairs.
 """
 
@@ -50,6 +53,7 @@ class _Entry:
     owner: str
     tokens: tuple[int, ...]
     tenant: str
+    group: str
     last_access: float
     priority: float
     tick: int
@@ -62,14 +66,17 @@ class HostTierStats:
     demotions: int = 0            # blocks copied device -> host on radix eviction
     promotions: int = 0           # blocks copied host -> device on a prefix match
     hit_tokens: int = 0           # prompt tokens served by promotion (not recomputed)
-    evictions: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "swap": 0})
+    evictions: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "swap": 0, "quota": 0})
     demotions_skipped: int = 0    # evicted device blocks dropped because the tier was full of swap
 
 
 class HostKVTier:
     def __init__(self, num_blocks: int, block_size: int, now: Callable[[], float], *,
                  eviction_policy: str = "lru", ttl: float | None = None,
-                 tenant_weights: Mapping[str, float] | None = None, offload: bool = True) -> None:
+                 tenant_weights: Mapping[str, float] | None = None, offload: bool = True,
+                 group_of: Callable[[str], str] | None = None, quotas: Mapping[str, int] | None = None) -> None:
+        """`group_of` maps an owner namespace to its quota group; `quotas` (group -> most
+        offloaded blocks, "*" for groups not listed) applies to every group but the public one."""
         if eviction_policy not in ("lru", "weighted-lru", "ttl"):
             raise ValueError(f"eviction_policy must be one of lru, weighted-lru, ttl; got {eviction_policy!r}")
         self.pool = BlockPool(num_blocks)
@@ -82,7 +89,11 @@ class HostKVTier:
         self._inflation = 0.0
         self._tick = 0
         self._entries: dict[int, _Entry] = {}
-        self._heap: list[tuple[float, int, int]] = []   # (eviction key, tick, chain key); lazily pruned
+        self._group_of = group_of or (lambda owner: "")
+        self._quotas = dict(quotas or {})
+        self._group_sizes: dict[str, int] = {}
+        # per quota group: (eviction key, tick, chain key), lazily pruned
+        self._heaps: dict[str, list[tuple[float, int, int]]] = {}
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
         self.stats = HostTierStats()
@@ -128,17 +139,19 @@ class HostKVTier:
             return copies
         self.expire()
         bs = self.block_size
+        group = self._group_of(owner)
         chain: list[tuple[int, _Entry]] = []
         for i, dev in enumerate(device_blocks):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
             key = hash((parent, owner, tokens))
             entry = self._entries.get(key)
             if entry is None:
-                if not self.pool.num_free_blocks and not self._evict(1, "capacity"):
+                if not self._make_room(group):
                     self.stats.demotions_skipped += len(device_blocks) - i
                     break
-                entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, 0.0, 0.0, 0)
+                entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
                 self._entries[key] = entry
+                self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
                 copies.append((dev, entry.slot))
                 self.stats.demotions += 1
             elif entry.parent != parent or entry.tokens != tokens:
@@ -195,6 +208,25 @@ class HostKVTier:
 
     # ------------------------------------------------------------------ internals
 
+    def quota(self, group: str) -> int | None:
+        """Most offloaded blocks `group` may hold; None: no limit."""
+        if not self._quotas or group == "":
+            return None
+        return self._quotas.get(group, self._quotas.get("*", 0))
+
+    def group_size(self, group: str) -> int:
+        return self._group_sizes.get(group, 0)
+
+    def _make_room(self, group: str) -> bool:
+        """A free slot for one more block of `group`: within its quota (evicting its own entries)
+        and within the pool (evicting anyone's, in eviction order)."""
+        limit = self.quota(group)
+        if limit is not None and self.group_size(group) >= limit:
+            over = self.group_size(group) - limit + 1
+            if self._evict(over, "quota", group) < over:
+                return False
+        return bool(self.pool.num_free_blocks) or bool(self._evict(1, "capacity"))
+
     def _touch(self, key: int, entry: _Entry) -> None:
         self._tick += 1
         entry.tick = self._tick
@@ -204,31 +236,50 @@ class HostKVTier:
             sort_key = entry.priority
         else:
             sort_key = entry.last_access
-        heapq.heappush(self._heap, (sort_key, entry.tick, key))
+        heapq.heappush(self._heaps.setdefault(entry.group, []), (sort_key, entry.tick, key))
 
-    def _evict(self, n: int, reason: str) -> int:
-        """Drop up to n unlocked offloaded blocks, best eviction key first; returns how many."""
+    def _next_victim(self, group: str | None, skipped: list[tuple[str, tuple[float, int, int]]]
+                     ) -> tuple[str, tuple[float, int, int]] | None:
+        """The best eviction candidate (of `group`, or of any group): stale items are pruned,
+        locked ones set aside in `skipped` (pushed back by the caller)."""
+        best: str | None = None
+        for g in [group] if group is not None else list(self._heaps):
+            heap = self._heaps.get(g)
+            while heap:
+                _, tick, key = heap[0]
+                entry = self._entries.get(key)
+                if entry is None or entry.tick != tick:
+                    heapq.heappop(heap)          # a stale heap item
+                elif key in self._locked:
+                    skipped.append((g, heapq.heappop(heap)))
+                else:
+                    break
+            if heap and (best is None or heap[0][:2] < self._heaps[best][0][:2]):
+                best = g
+        return None if best is None else (best, heapq.heappop(self._heaps[best]))
+
+    def _evict(self, n: int, reason: str, group: str | None = None) -> int:
+        """Drop up to n unlocked offloaded blocks (of `group` only, when given), best eviction
+        key first; returns how many."""
         dropped = 0
-        skipped: list[tuple[float, int, int]] = []
-        while dropped < n and self._heap:
-            item = heapq.heappop(self._heap)
-            _, tick, key = item
-            entry = self._entries.get(key)
-            if entry is None or entry.tick != tick:
-                continue                         # a stale heap item
-            if key in self._locked:
-                skipped.append(item)
-                continue
+        skipped: list[tuple[str, tuple[float, int, int]]] = []
+        while dropped < n:
+            victim = self._next_victim(group, skipped)
+            if victim is None:
+                break
+            key = victim[1][2]
+            entry = self._entries[key]
             if self._policy == "weighted-lru":
                 self._inflation = max(self._inflation, entry.priority)
             self._drop(key, reason)
             dropped += 1
-        for item in skipped:
-            heapq.heappush(self._heap, item)
+        for g, item in skipped:
+            heapq.heappush(self._heaps[g], item)
         return dropped
 
     def _drop(self, key: int, reason: str) -> None:
         entry = self._entries.pop(key)
+        self._group_sizes[entry.group] -= 1
         self.pool.free([entry.slot])
         self.stats.evictions[reason] = self.stats.evictions.get(reason, 0) + 1
 
@@ -246,6 +297,16 @@ class HostKVTier:
         for s in slots:
             if self.pool.ref_count(s) != 1:
                 raise AssertionError(f"offloaded slot {s} has ref count {self.pool.ref_count(s)}")
+        sizes: dict[str, int] = {}
+        for e in self._entries.values():
+            sizes[e.group] = sizes.get(e.group, 0) + 1
+        if sum(self._group_sizes.values()) != len(self._entries):
+            raise AssertionError("host tier group sizes do not add up to its entries")
+        for group, size in sizes.items():
+            limit = self.quota(group)
+            if size != self.group_size(group) or (limit is not None and size > limit):
+                raise AssertionError(f"host tier group {group!r}: {size} blocks, counted {self.group_size(group)}, "
+                                     f"quota {limit}")
 
 
 class SwapSlots:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from pacer.core.block_events import SALT_SEPARATOR, BlockEvent, BlockEventLog, namespace
 from pacer.core.block_pool import BlockPool
 from pacer.core.host_tier import HostKVTier, SwapSlots
-from pacer.core.offload import PrefixOffload
+from pacer.core.offload import PrefixOffload, host_quotas
 from pacer.core.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
 from pacer.request import Request
 
@@ -121,7 +121,8 @@ class KVCacheManager:
                 num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
             host = HostKVTier(max(1, num_host), config.block_size, now,
                               eviction_policy=config.eviction_policy, ttl=config.cache_ttl,
-                              tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching)
+                              tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching,
+                              **host_quotas(config, num_blocks, max(1, num_host)))
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
                    num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host)

@@ -16,12 +16,17 @@ host tier isolates tenants exactly as the tree does.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from pacer.core.block_events import SALT_SEPARATOR
 from pacer.core.host_tier import ROOT_KEY, HostKVTier
-from pacer.core.prefix_cache import PrefixCache
+from pacer.core.prefix_cache import PUBLIC, PrefixCache
 from pacer.core.radix_node import RadixNode
 
-__all__ = ["PrefixOffload", "path_keys", "tier_stats"]
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
+
+__all__ = ["PrefixOffload", "path_keys", "tier_stats", "host_quotas"]
 
 SwapPairs = list[tuple[int, int]]
 
@@ -57,7 +62,8 @@ class PrefixOffload:
         keys = path_keys(node, self.block_size, keep)
         parent = keys[-1] if keys else ROOT_KEY
         tokens = node.tokens[keep * self.block_size:]
-        self._out.extend(self.host.demote(node.owner, node.owner, parent, tokens, node.block_ids[keep:]))
+        tenant = node.owner.partition(SALT_SEPARATOR)[0]   # a salted namespace weighs as its tenant
+        self._out.extend(self.host.demote(node.owner, tenant, parent, tokens, node.block_ids[keep:]))
 
     def lookup(self, matched: RadixNode | None, matched_blocks: int, token_ids: Sequence[int],
                owners: Sequence[str], max_blocks: int) -> list[tuple[int, int]]:
@@ -101,6 +107,20 @@ class PrefixOffload:
         self._in.clear()
         self.host.end_step()
         return out, ins
+
+
+def host_quotas(config: CacheConfig, num_device_blocks: int, num_host_blocks: int) -> dict[str, Any]:
+    """The host tier's share of the tenants' quotas: each tenant keeps the same fraction of
+    the host tier as of the device (partitioned mode); {} when there are no quotas."""
+    if config.tenant_isolation != "partitioned" or not config.enable_prefix_caching or not config.tenant_quotas:
+        return {}
+    quotas = {g: q * num_host_blocks // max(1, num_device_blocks) for g, q in config.tenant_quotas.items()}
+    quotas.setdefault("*", 0)
+
+    def group_of(owner: str) -> str:
+        tenant = owner.partition(SALT_SEPARATOR)[0]
+        return tenant if tenant == PUBLIC or tenant in quotas else "*"
+    return {"group_of": group_of, "quotas": quotas}
 
 
 def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,
