@@ -146,6 +146,11 @@ class CacheConfig:
                           "(then swap_space is unused; num_cpu_blocks, when set, sizes it in blocks)."})
     num_cpu_blocks: int | None = field(
         default=None, metadata={"help": "CPU swap tier as a block count (overrides swap_space)."})
+    kv_offloading_dir: str | None = field(
+        default=None,
+        metadata={"help": "Disk KV tier directory (needs kv_offloading_size): blocks demoted to the host tier are "
+                          "written here, and at a graceful shutdown the cached blocks of the faster tiers too; a "
+                          "restarted engine reads them back (files of another model or KV dtype are refused)."})
     eviction_policy: str = field(
         default="lru",
         metadata={"help": "Prefix-cache eviction: lru | weighted-lru (per-tenant tenant_weights) | ttl "
@@ -190,6 +195,8 @@ class CacheConfig:
                 isinstance(self.kv_offloading_size, bool) or not isinstance(self.kv_offloading_size, int | float)
                 or self.kv_offloading_size < 0):
             raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size!r}")
+        if self.kv_offloading_dir is not None and (not self.kv_offloading_size or not self.enable_prefix_caching):
+            raise ValueError("kv_offloading_dir needs kv_offloading_size > 0 (the host tier) and prefix caching")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 

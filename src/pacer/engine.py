@@ -94,6 +94,7 @@ class Engine:
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self.total_generation_tokens = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
+        self.disk_tier: Any = None     # pacer.model.disk_io.DiskKVTier with kv_offloading_dir
 
     # ------------------------------------------------------------------ construction
 
@@ -107,8 +108,19 @@ class Engine:
             from pacer.sim.step_model import engine_step_cost_model
 
             cost_model = engine_step_cost_model(config, ckpt.arch)
-        return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
-                   ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
+        engine = cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
+                     ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
+        if config.cache.kv_offloading_dir:
+            from pacer.model.disk_io import DiskKVTier
+
+            DiskKVTier.attach(engine, config.cache.kv_offloading_dir)
+        return engine
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: with a disk tier, the device's and host's cached blocks are written
+        to it (a restarted engine hits them). Idempotent; the engine stays usable."""
+        if self.disk_tier is not None:
+            self.disk_tier.flush()
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Engine:

@@ -39,6 +39,16 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
         self.engine = Engine.from_config(self.config)
 
+    def close(self) -> None:
+        """Graceful shutdown (with kv_offloading_dir: the cached KV is written to disk)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

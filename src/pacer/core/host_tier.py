@@ -8,8 +8,9 @@ evicted (in the tier's eviction order) to make room for a swap-out; a demotion n
 swapped request's slots.
 
 Offloaded blocks are found by a chain key: block i of a token sequence under one owner
-namespace has key ``hash((key of block i-1, owner, its tokens))``; an entry keeps its parent key and
-tokens, and a lookup checks both, so a hash collision reads as a miss, never as wrong KV. A
+namespace has key ``block_key(key of block i-1, owner, its tokens)``: the KV events' stable block
+hash (sha256; the same in every process, so the disk tier can keep keys across a restart). An
+entry keeps its parent key and tokens, and a lookup checks both, so a hash collision reads as a miss, never as wrong KV. A
 promotion is a copy: the entry stays (and is touched), so a later device eviction of the same
 prefix need not copy it again. Entries promoted or demoted in the current step are locked
 until the step's copies are taken, so a slot is never reused while a copy still reads it.
@@ -29,11 +30,17 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pacer.core.block_events import SALT_SEPARATOR, block_hash
 from pacer.core.block_pool import BlockPool, OutOfBlocksError
 
-__all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys"]
+__all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys", "block_key"]
 
 ROOT_KEY = 0
+
+
+def block_key(parent: int, owner: str, tokens: Sequence[int]) -> int:
+    """The chain key of a block after the block of key `parent` (ROOT_KEY: the first block)."""
+    return block_hash(None if parent == ROOT_KEY else parent, tokens, owner)
 
 
 def chain_keys(owner: str, token_ids: Sequence[int], block_size: int, n_blocks: int) -> list[int]:
@@ -41,7 +48,7 @@ def chain_keys(owner: str, token_ids: Sequence[int], block_size: int, n_blocks: 
     keys: list[int] = []
     parent = ROOT_KEY
     for i in range(n_blocks):
-        parent = hash((parent, owner, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        parent = block_key(parent, owner, token_ids[i * block_size:(i + 1) * block_size])
         keys.append(parent)
     return keys
 
@@ -96,6 +103,7 @@ class HostKVTier:
         self._heaps: dict[str, list[tuple[float, int, int]]] = {}
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
+        self.new_keys: list[int] | None = None           # a disk tier's: keys demoted since it last took them
         self.stats = HostTierStats()
 
     # ------------------------------------------------------------------ sizes
@@ -143,7 +151,7 @@ class HostKVTier:
         chain: list[tuple[int, _Entry]] = []
         for i, dev in enumerate(device_blocks):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            key = hash((parent, owner, tokens))
+            key = block_key(parent, owner, tokens)
             entry = self._entries.get(key)
             if entry is None:
                 if not self._make_room(group):
@@ -152,6 +160,8 @@ class HostKVTier:
                 entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
                 self._entries[key] = entry
                 self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
+                if self.new_keys is not None:
+                    self.new_keys.append(key)
                 copies.append((dev, entry.slot))
                 self.stats.demotions += 1
             elif entry.parent != parent or entry.tokens != tokens:
@@ -175,7 +185,7 @@ class HostKVTier:
             if len(tokens) < bs:
                 break
             for owner in owners:
-                key = hash((parent, owner, tokens))
+                key = block_key(parent, owner, tokens)
                 entry = self._entries.get(key)
                 if entry is not None and entry.parent == parent and entry.tokens == tokens:
                     found.append((key, entry.slot))
@@ -193,6 +203,29 @@ class HostKVTier:
             self._locked.add(key)
         self.stats.promotions += len(keys)
         self.stats.hit_tokens += len(keys) * self.block_size
+
+    def adopt(self, key: int, parent: int, owner: str, tokens: Sequence[int]) -> int | None:
+        """Keep a block read back from the disk tier, in a free slot the caller fills (no copy is
+        planned, nothing is evicted); None when it is here already or there is no room for it."""
+        group = self._group_of(owner)
+        limit = self.quota(group)
+        if key in self._entries or not self.pool.num_free_blocks or (limit is not None and self.group_size(group) >= limit):
+            return None
+        tenant = owner.partition(SALT_SEPARATOR)[0]
+        entry = _Entry(self.pool.allocate(1)[0], parent, owner, tuple(tokens), tenant, group, 0.0, 0.0, 0)
+        self._entries[key] = entry
+        self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
+        self._touch(key, entry)
+        return entry.slot
+
+    def entries(self) -> list[tuple[int, int, int, str, tuple[int, ...]]]:
+        """(key, slot, parent key, owner, tokens) of every offloaded block."""
+        return [(k, e.slot, e.parent, e.owner, e.tokens) for k, e in self._entries.items()]
+
+    def entry(self, key: int) -> tuple[int, int, str, tuple[int, ...]] | None:
+        """(slot, parent key, owner, tokens) of one offloaded block; None: not here."""
+        e = self._entries.get(key)
+        return None if e is None else (e.slot, e.parent, e.owner, e.tokens)
 
     def end_step(self) -> None:
         """The step's copies were handed to the executor: slots may be reused from now on."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pacer.core.block_events import SALT_SEPARATOR
-from pacer.core.host_tier import ROOT_KEY, HostKVTier
+from pacer.core.host_tier import ROOT_KEY, HostKVTier, block_key
 from pacer.core.prefix_cache import PUBLIC, PrefixCache
 from pacer.core.radix_node import RadixNode
 
@@ -44,7 +44,7 @@ def path_keys(node: RadixNode | None, block_size: int, last_blocks: int | None =
     for nd in reversed(nodes):
         count = len(nd.block_ids) if nd is not node or last_blocks is None else last_blocks
         for i in range(count):
-            parent = hash((parent, nd.owner, tuple(nd.tokens[i * block_size:(i + 1) * block_size])))
+            parent = block_key(parent, nd.owner, nd.tokens[i * block_size:(i + 1) * block_size])
             keys.append(parent)
     return keys
 

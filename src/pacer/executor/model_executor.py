@@ -49,6 +49,18 @@ class ModelExecutor:
         a = self.model.arch
         return self.kv_format.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim) * self.block_size
 
+    def device_block(self, block_id: int) -> torch.Tensor:
+        """One device KV block over all layers, [layers, 2 (K, V), *block], as stored (a copy on CPU)."""
+        return torch.stack([torch.stack((k[block_id], v[block_id])) for k, v in self.kv_caches]).to("cpu")
+
+    def host_block(self, slot: int) -> torch.Tensor | None:
+        """The host tier's copy in `slot` (device_block's layout); None: never filled."""
+        return self._cpu_blocks.get(slot)
+
+    def put_host_block(self, slot: int, block: torch.Tensor) -> None:
+        """Fill a host slot (the disk tier reading a block back)."""
+        self._cpu_blocks[slot] = block
+
     def _apply_swaps(self, out: SchedulerOutput) -> None:
         """Copy preempted requests' and demoted prefix blocks to the host tier, then restore
         resumed requests' and promoted blocks; all before the forward, which may reuse the

@@ -133,6 +133,7 @@ class Service:
             except TimeoutError:
                 log.warning("%d requests still unfinished at shutdown", len(self._contexts))
         self.loop.stop()
+        self.engine.shutdown()   # after the loop: the disk tier writes the cached blocks
         for close in self.closers:
             close()
         if self.request_log is not None:

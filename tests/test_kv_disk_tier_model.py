@@ -1,0 +1,58 @@
+"""The disk KV tier on the real model (SmolLM2-135M): blocks demoted to the host tier are
+written through, a graceful shutdown writes the rest, a restarted engine's first request
+hits them (promoted from the host tier it read them into) with the outputs of recompute;
+files of another KV dtype, or a corrupt one, are refused without crashing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pacer.engine import Engine
+from pacer.model.disk_io import DiskKVTier
+from pacer.request import SamplingParams
+from tests.conftest import make
+from tests.test_prefix_cache_model import QUESTIONS, chat_ids, generate
+
+PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+KW = dict(num_kv_blocks=8, block_size=8, kv_offloading_size=1.0, num_cpu_blocks=64)
+
+
+def _engine(base: Engine, directory: Path, **kw: object) -> tuple[Engine, DiskKVTier]:
+    engine = make(base, **{**KW, **kw})
+    return engine, DiskKVTier.attach(engine, str(directory))
+
+
+def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(base: Engine, tmp_path: Path) -> None:
+    prompts = [chat_ids(base, q, system=f"Shop {i} of {name}: you answer questions about it. Be brief.")
+               for i, (q, name) in enumerate(zip(QUESTIONS, ["Anna", "Ben", "Cleo"]))]
+    first, disk = _engine(base, tmp_path)
+    want = [generate(first, [p], PARAMS)[0] for p in prompts]   # each evicts (demotes) the one before
+    assert first.kv.host_tier is not None and first.kv.host_tier.stats.demotions > 0
+    assert disk.index.stats.written > 0                         # written through, before any shutdown
+    through = disk.index.stats.written
+    first.shutdown()                                            # and the device tree's blocks
+    assert disk.index.stats.written > through
+    files = sorted(tmp_path.glob("*.kvblock"))
+
+    second, disk2 = _engine(base, tmp_path)
+    assert disk2.index.stats.loaded == len(files) and disk2.index.stats.refused == 0
+    got = generate(second, [prompts[-1]], PARAMS)[0]            # the first request after the restart
+    assert got.num_cached_tokens >= 8 * ((len(prompts[-1]) - 1) // 8) - 8
+    assert got.token_ids == want[-1].token_ids
+    tiers = second.cache_stats()["tiers"]
+    assert tiers["host"]["promotions"] > 0 and tiers["device"]["hit_tokens"] == 0
+    second.kv.check_invariants()
+
+    other, disk3 = _engine(base, tmp_path, kv_cache_dtype="int8")   # another KV dtype: nothing loads
+    assert disk3.index.stats.loaded == 0 and disk3.index.stats.refused == len(files)
+    assert "kv_cache_dtype='auto' (this engine: 'int8')" in disk3.index.stats.refusals[0]
+    assert generate(other, [prompts[-1]], PARAMS)[0].num_cached_tokens == 0
+    other.shutdown()                                            # its own files; the others' untouched
+    assert all(f.read_bytes() for f in files)
+
+    files[0].write_bytes(files[0].read_bytes()[:-5] + b"xxxxx")     # corrupt one file
+    fourth, disk4 = _engine(base, tmp_path)
+    assert disk4.index.stats.refused == 1 + disk3.index.stats.written
+    assert any("checksum" in r for r in disk4.index.stats.refusals)
+    assert generate(fourth, [prompts[0]], PARAMS)[0].token_ids == want[0].token_ids
+    fourth.kv.check_invariants()
