@@ -14,8 +14,10 @@
    (one prefill, copied to every sequence's blocks), the same step at a 16-token context shows
    the part that reads the context; warm-up excluded, repeats interleaved, median.
 4. sessions: multi-turn conversations, round robin, whose contexts total ~4x the device tier:
-   prefix hit rate and TTFT p50 with the device tier alone, with a host tier 4x its size
+   prefix hit rate and TTFT p50 with the device tier alone, with a host tier 8x its size
    (kv_offloading_size), and, as a control, one device tier of the combined size.
+5. restart: the disk tier (kv_offloading_dir): a prompt served, a graceful shutdown, and the first
+   request of a restarted engine (it hits, promoted from the host tier) beside a cold engine's.
 
 Times are noisy on a shared machine: compare the ratios printed side by side; the load average
 is printed beside each figure. Nothing here asserts.
@@ -27,6 +29,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -35,6 +38,7 @@ from pacer.core.outputs import ScheduledRequest, SchedulerOutput
 from pacer.diagnose.method import PREEMPTION_TOLERANCE, TURN, find_knee
 from pacer.engine import Engine
 from pacer.executor.model_executor import ModelExecutor
+from pacer.model.disk_io import DiskKVTier
 from pacer.model.runner import executor_for, kv_capacity_line
 from pacer.request import SamplingParams
 
@@ -179,8 +183,8 @@ def decode_step(base: Engine, full: bool, repeats: int = 7) -> None:
 
 def sessions(base: Engine, full: bool) -> None:
     """Multi-turn sessions, round robin, whose contexts total ~4x the device tier."""
-    n_sessions, turns, device_blocks = (16, 4, 128) if full else (8, 4, 64)
-    host_blocks = 4 * device_blocks
+    n_sessions, turns, device_blocks = (16, 4, 64) if full else (8, 4, 32)
+    host_blocks = 8 * device_blocks   # the GPU case: host memory far larger than device memory
     tok = base.tokenizer
     print(f"== sessions: {n_sessions} sessions x {turns} turns, round robin, device tier {device_blocks} blocks "
           f"(x16 tokens); host tier {host_blocks} blocks")
@@ -216,11 +220,45 @@ def sessions(base: Engine, full: bool) -> None:
               f"wall {time.perf_counter() - t0:5.1f}s  {load()}")
 
 
+def restart(base: Engine, full: bool) -> None:
+    """The disk tier: an engine serves a long prompt and shuts down gracefully; a restarted one
+    (same directory) serves the same prompt first, beside a cold engine without the directory."""
+    n_words = 240 if full else 90
+    prompt = list(base.tokenizer.encode(" ".join(f"entry {j}: the boat came in at dawn with fish and salt."
+                                                  for j in range(n_words))))
+    kw = dict(num_kv_blocks=-(-len(prompt) // 16) + 8, kv_offloading_size=1.0, num_cpu_blocks=4 * len(prompt) // 16)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    print(f"== restart: disk tier (kv_offloading_dir), a {len(prompt)}-token prompt, graceful shutdown, restart")
+
+    def first_request(eng: Engine) -> Any:
+        rid = eng.add_request(list(prompt), params)
+        return [o for o in eng.run_until_done() if o.request_id == rid][0]
+
+    with tempfile.TemporaryDirectory() as directory:
+        eng = engine_for(base, **kw)
+        disk = DiskKVTier.attach(eng, directory)
+        before = first_request(eng)
+        eng.shutdown()
+        s = disk.index.stats
+        print(f"  before: cached_tokens={before.num_cached_tokens}; shutdown wrote {s.written} block files "
+              f"({s.bytes_written / 2**20:.1f} MiB)")
+        runs: dict[str, Any] = {}
+        for label in ("cold engine", "restarted", "cold engine ", "restarted "):   # interleaved twice
+            eng = engine_for(base, **kw)
+            if label.startswith("restarted"):
+                disk = DiskKVTier.attach(eng, directory)
+            runs[label] = (first_request(eng), eng.cache_stats()["tiers"].get("host", {}).get("promotions", 0))
+        for label, (out, promotions) in runs.items():
+            print(f"  {label.strip():<12} first request: cached_tokens={out.num_cached_tokens:>4} of {len(prompt)}  "
+                  f"host promotions={promotions:>3}  ttft={out.metrics.ttft * 1000:7.1f} ms  "
+                  f"same tokens as before: {out.token_ids == before.token_ids}  {load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="full sizes (minutes longer)")
-    ap.add_argument("--only", default="capacity,decode,sessions,knee", help="comma list of parts to run")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="capacity,decode,sessions,restart,knee", help="comma list of parts to run")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)   # type: ignore[union-attr]
     parts = set(args.only.split(","))
@@ -233,6 +271,8 @@ def main() -> None:
         decode_step(base, args.full)
     if "sessions" in parts:
         sessions(base, args.full)
+    if "restart" in parts:
+        restart(base, args.full)
     if "knee" in parts:
         knee(base, args.full)
 
