@@ -4,8 +4,8 @@
 
 1. capacity: blocks in the same kv_cache_memory for each kv_cache_dtype (the start-up line).
 2. knee (the seed experiment): sweep max_num_seqs at a fixed kv_cache_memory, KV in the model's
-   dtype (float32 on CPU) vs int8. One wave of max_num_seqs requests (prompt 128, output 128,
-   ignore_eos; --full: 256 / 256 with twice the memory), both dtypes at each point. Per point:
+   dtype (float32 on CPU) vs int8. One wave of max_num_seqs requests (prompt 64, output 32,
+   ignore_eos, 52MiB; --full: 256 / 256 in 288MiB), both dtypes at each point, two sweeps. Per point:
    preemptions, TPOT p50 / p99, output tok/s. The knee is found by `pacer tune`'s rule
    (pacer.diagnose.method.find_knee): the point before preemptions start (> 0.05 per request)
    or TPOT p99 bends up.
@@ -80,33 +80,37 @@ def one_wave(engine: Engine, seqs: int, prompt_len: int, out_len: int) -> dict[s
             "tok_s": sum(len(o.token_ids) for o in outs) / wall}
 
 
-def knee(base: Engine, full: bool) -> None:
-    """The seed experiment: the max_num_seqs sweep, both KV dtypes at each point side by side;
-    the knee by `pacer tune`'s rule (pacer.diagnose.method.find_knee)."""
-    prompt_len, out_len = (256, 256) if full else (128, 128)
-    memory = "288MiB" if full else "144MiB"
+def knee(base: Engine, full: bool, repeats: int = 2) -> None:
+    """The seed experiment: the max_num_seqs sweep, both KV dtypes at each point side by side,
+    the sweep repeated (order alternated) and each point's median taken; the knee by `pacer
+    tune`'s rule (pacer.diagnose.method.find_knee)."""
+    prompt_len, out_len = (256, 256) if full else (64, 32)
+    memory = "288MiB" if full else "52MiB"
     sweep = [8, 12, 16, 24, 32, 48, 64] + ([96, 128] if full else [])
     print(f"== knee: max_num_seqs sweep at kv_cache_memory={memory}, one wave, prompt {prompt_len} / "
-          f"output {out_len}; knee rule (pacer tune's): > {PREEMPTION_TOLERANCE:g} preemptions per request, "
-          f"or TPOT p99 growth > {TURN:g}x the previous growth")
+          f"output {out_len}, {repeats} interleaved sweeps; knee rule (pacer tune's): > {PREEMPTION_TOLERANCE:g} "
+          f"preemptions per request, or TPOT p99 growth > {TURN:g}x the previous growth")
     names = ("auto", "int8")
-    rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    for i, seqs in enumerate(sweep):
-        for name in names if i % 2 == 0 else names[::-1]:   # both dtypes at each point, order alternated
-            eng = engine_for(base, kv_cache_memory=memory, kv_cache_dtype=name, max_num_seqs=seqs,
-                             enable_prefix_caching=False)
-            r = one_wave(eng, seqs, prompt_len, out_len)
-            rows[name].append(r)
-            print(f"  kv={name:<5} blocks={eng.cache_stats()['num_blocks']:>5} max_num_seqs={seqs:>4}  "
-                  f"preemptions={int(r['preemptions']):>4} ({r['preemptions'] / seqs:.2f}/req)  "
-                  f"tpot_p50={r['tpot_p50']:7.1f} ms  tpot_p99={r['tpot_p99']:7.1f} ms  "
-                  f"out={r['tok_s']:6.1f} tok/s  {load()}")
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {(n, s): [] for n in names for s in sweep}
+    blocks: dict[str, int] = {}
+    for rep in range(repeats):
+        for i, seqs in enumerate(sweep):
+            for name in names if (i + rep) % 2 == 0 else names[::-1]:   # order alternated
+                eng = engine_for(base, kv_cache_memory=memory, kv_cache_dtype=name, max_num_seqs=seqs,
+                                 enable_prefix_caching=False)
+                blocks[name] = eng.cache_stats()["num_blocks"]
+                runs[(name, seqs)].append(one_wave(eng, seqs, prompt_len, out_len))
+        print(f"  sweep {rep + 1}/{repeats} done  {load()}")
     knees = {}
     for name in names:
-        k = find_knee(sweep, [r["preemptions"] / s for r, s in zip(rows[name], sweep)],
-                      [r["tpot_p99"] for r in rows[name]])
+        med = [{k: statistics.median(r[k] for r in runs[(name, s)]) for k in runs[(name, s)][0]} for s in sweep]
+        for s, r in zip(sweep, med):
+            print(f"  kv={name:<5} blocks={blocks[name]:>5} max_num_seqs={s:>4}  preemptions={r['preemptions']:>5.0f} "
+                  f"({r['preemptions'] / s:.2f}/req)  tpot_p50={r['tpot_p50']:7.1f} ms  "
+                  f"tpot_p99={r['tpot_p99']:7.1f} ms  out={r['tok_s']:6.1f} tok/s  (medians of {repeats})")
+        k = find_knee(sweep, [r["preemptions"] / s for r, s in zip(med, sweep)], [r["tpot_p99"] for r in med])
         knees[name] = sweep[k]
-        nxt = rows[name][k + 1] if k + 1 < len(sweep) else None
+        nxt = med[k + 1] if k + 1 < len(sweep) else None
         why = ("no KV pressure in the sweep" if nxt is None else "preemptions start above it"
                if nxt["preemptions"] / sweep[k + 1] > PREEMPTION_TOLERANCE else "TPOT p99 turns up above it")
         print(f"  knee kv={name}: max_num_seqs={sweep[k]} ({why})")

@@ -160,9 +160,9 @@ def to_wire(events: Iterable[BlockEvent], ts: float, rank: int | None = None) ->
             keys: list[tuple[Any, ...] | None] | None = (
                 None if e.extra_keys is None else [e.extra_keys] * len(e.block_hashes))
             out.append(BlockStored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size,
-                                   None, MEDIUM_GPU, None, keys))
+                                   None, e.medium, None, keys))
         elif isinstance(e, BlockRemovedEvent):
-            out.append(BlockRemoved(list(e.block_hashes), MEDIUM_GPU))
+            out.append(BlockRemoved(list(e.block_hashes), e.medium))
         elif isinstance(e, AllBlocksClearedEvent):
             out.append(AllBlocksCleared())
     return KVEventBatch(ts, out, rank)

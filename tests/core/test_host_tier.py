@@ -174,3 +174,20 @@ def test_from_config_gives_each_tenant_the_same_share_of_the_host_tier() -> None
     shared = KVCacheManager.from_config(CacheConfig(block_size=BS, num_cpu_blocks=8, kv_offloading_size=1.0), 40,
                                         VirtualClock().now)
     assert shared.host_tier is not None and shared.host_tier.quota("a") is None
+
+
+def test_the_host_tier_publishes_its_blocks_as_medium_cpu_under_the_device_tiers_hashes() -> None:
+    from pacer.core.block_events import BlockEventLog, BlockRemovedEvent, BlockStoredEvent, chain_hashes
+
+    t, _ = tier(2)
+    t.events = BlockEventLog()
+    t.demote("a", "a", ROOT_KEY, [1, 2, 3, 4], [0, 1])
+    t.end_step()
+    t.demote("a", "a", ROOT_KEY, [7, 7], [2])            # full: the oldest chain's tail goes
+    events = t.events.take()
+    stored = [e for e in events if isinstance(e, BlockStoredEvent)]
+    removed = [e for e in events if isinstance(e, BlockRemovedEvent)]
+    device = chain_hashes(None, [1, 2, 3, 4], BS, "a")   # what the radix tree published for them
+    assert [e.block_hashes[0] for e in stored[:2]] == device and stored[1].parent_block_hash == device[0]
+    assert all(e.medium == "CPU" and e.extra_keys == ("a",) for e in stored)
+    assert [e.block_hashes for e in removed] == [(device[1],)] and removed[0].medium == "CPU"

@@ -21,8 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
-           "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR"]
+           "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "MEDIUM_DEVICE",
+           "MEDIUM_HOST"]
 
+MEDIUM_DEVICE = "GPU"   # vLLM's medium names: the device tier (the radix tree), whatever the device
+MEDIUM_HOST = "CPU"     # the host tier (kv_offloading_size); its block hashes are the device's
 SALT_SEPARATOR = "\x1f"   # owner = tenant + SALT_SEPARATOR + cache_salt (tenant is "" in shared mode)
 _HASH_MASK = (1 << 63) - 1   # non-negative 63-bit ints: every msgpack and Go/Rust consumer reads them
 
@@ -66,11 +69,13 @@ class BlockStoredEvent:
     token_ids: tuple[int, ...]
     block_size: int
     extra_keys: tuple[str, ...] | None   # the same namespace keys for every block of the run
+    medium: str = MEDIUM_DEVICE          # the tier that stored them (vLLM's "GPU" / "CPU")
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemovedEvent:
     block_hashes: tuple[int, ...]
+    medium: str = MEDIUM_DEVICE
 
 
 @dataclass(frozen=True, slots=True)

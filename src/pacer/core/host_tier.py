@@ -30,7 +30,15 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pacer.core.block_events import SALT_SEPARATOR, block_hash
+from pacer.core.block_events import (
+    MEDIUM_HOST,
+    SALT_SEPARATOR,
+    BlockEventLog,
+    BlockRemovedEvent,
+    BlockStoredEvent,
+    block_hash,
+    namespace_keys,
+)
 from pacer.core.block_pool import BlockPool, OutOfBlocksError
 
 __all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys", "block_key"]
@@ -104,6 +112,7 @@ class HostKVTier:
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
         self.new_keys: list[int] | None = None           # a disk tier's: keys demoted since it last took them
+        self.events: BlockEventLog | None = None         # KV events (medium CPU), when the engine publishes them
         self.stats = HostTierStats()
 
     # ------------------------------------------------------------------ sizes
@@ -160,8 +169,7 @@ class HostKVTier:
                 entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
                 self._entries[key] = entry
                 self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
-                if self.new_keys is not None:
-                    self.new_keys.append(key)
+                self._stored(key, entry)
                 copies.append((dev, entry.slot))
                 self.stats.demotions += 1
             elif entry.parent != parent or entry.tokens != tokens:
@@ -216,6 +224,7 @@ class HostKVTier:
         self._entries[key] = entry
         self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
         self._touch(key, entry)
+        self._stored(key, entry, demoted=False)
         return entry.slot
 
     def entries(self) -> list[tuple[int, int, int, str, tuple[int, ...]]]:
@@ -310,8 +319,18 @@ class HostKVTier:
             heapq.heappush(self._heaps[g], item)
         return dropped
 
+    def _stored(self, key: int, entry: _Entry, demoted: bool = True) -> None:
+        if demoted and self.new_keys is not None:
+            self.new_keys.append(key)
+        if self.events is not None:
+            self.events.append(BlockStoredEvent((key,), None if entry.parent == ROOT_KEY else entry.parent,
+                                                entry.tokens, self.block_size, namespace_keys(entry.owner),
+                                                MEDIUM_HOST))
+
     def _drop(self, key: int, reason: str) -> None:
         entry = self._entries.pop(key)
+        if self.events is not None:
+            self.events.append(BlockRemovedEvent((key,), MEDIUM_HOST))
         self._group_sizes[entry.group] -= 1
         self.pool.free([entry.slot])
         self.stats.evictions[reason] = self.stats.evictions.get(reason, 0) + 1

@@ -270,6 +270,8 @@ class KVCacheManager:
             return None
         if self.cache.events is None:
             self.cache.enable_events(BlockEventLog())
+        if self.host_tier is not None:   # the host tier's store/remove events, medium CPU, in the same log
+            self.host_tier.events = self.cache.events
         return self.cache.events
 
     def take_events(self) -> list[BlockEvent]:
