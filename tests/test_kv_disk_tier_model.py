@@ -42,6 +42,8 @@ def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(ba
     tiers = second.cache_stats()["tiers"]
     assert tiers["host"]["promotions"] > 0 and tiers["device"]["hit_tokens"] == 0
     second.kv.check_invariants()
+    assert tiers["disk"]["promotions"] == len(files) and tiers["disk"]["blocks"] == len(files)
+    _check_tier_series(second, tiers)
 
     other, disk3 = _engine(base, tmp_path, kv_cache_dtype="int8")   # another KV dtype: nothing loads
     assert disk3.index.stats.loaded == 0 and disk3.index.stats.refused == len(files)
@@ -56,3 +58,19 @@ def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(ba
     assert any("checksum" in r for r in disk4.index.stats.refusals)
     assert generate(fourth, [prompts[0]], PARAMS)[0].token_ids == want[0].token_ids
     fourth.kv.check_invariants()
+
+
+def _check_tier_series(engine: Engine, tiers: dict) -> None:
+    """/metrics' tier series (the collector `pacer serve` registers) carry the same figures."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pacer.server.tier_metrics import KVTierCollector
+
+    registry = CollectorRegistry()
+    registry.register(KVTierCollector(engine, lambda base: f"vllm:{base}", "m"))
+    text = generate_latest(registry).decode()
+    host_hits = f'vllm:kv_tier_hit_tokens_total{{model_name="m",tier="host"}} {float(tiers["host"]["hit_tokens"])}'
+    assert host_hits in text and tiers["host"]["hit_tokens"] > 0
+    assert f'vllm:kv_tier_promotions_total{{model_name="m",tier="disk"}} {float(tiers["disk"]["promotions"])}' in text
+    assert 'vllm:kv_tier_bytes_total{direction="out",model_name="m",tier="host"}' in text
+    assert 'vllm:kv_tier_usage_perc{model_name="m",tier="device"}' in text

@@ -486,7 +486,8 @@ class Engine:
             "swap_fallbacks": st.swap_fallbacks,
             "cpu_blocks": cpu.num_blocks if cpu else 0,
             "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
-            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
+            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes,
+                                kv.usage) | ({"disk": self.disk_tier.index.tier_stats()} if self.disk_tier else {}),
             "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
                             "swap": self.scheduler.num_swap_preemptions},
         }

@@ -122,6 +122,13 @@ class DiskTierIndex:
         self._max_refusals = max_refusals_kept
         os.makedirs(directory, exist_ok=True)
 
+    def tier_stats(self) -> dict[str, float]:
+        """The disk row of Engine.cache_stats()["tiers"]."""
+        s = self.stats
+        return {"blocks": len(self.keys), "usage": 1.0 if self.keys else 0.0, "hit_tokens": 0,
+                "promotions": s.loaded, "demotions": s.written, "refused_files": s.refused,
+                "bytes_in": s.bytes_written, "bytes_out": s.bytes_read}
+
     def path(self, key: int) -> str:
         return os.path.join(self.directory, f"{key:016x}{SUFFIX}")
 

@@ -124,12 +124,14 @@ def host_quotas(config: CacheConfig, num_device_blocks: int, num_host_blocks: in
 
 
 def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,
-               block_bytes: int) -> dict[str, dict[str, float]]:
+               block_bytes: int, device_usage: float = 0.0) -> dict[str, dict[str, float]]:
     """Per-tier view for Engine.cache_stats(): blocks, usage, hit tokens, promotions,
-    demotions and bytes moved (host tier: copies each way)."""
+    demotions and bytes moved (host tier: copies each way; bytes_in = into the tier,
+    bytes_out = out of it)."""
     host_hits = host.stats.hit_tokens if host else 0
     tiers: dict[str, dict[str, float]] = {"device": {
-        "blocks": num_device_blocks, "cached_blocks": device_cached_blocks, "hit_tokens": hit_tokens - host_hits}}
+        "blocks": num_device_blocks, "cached_blocks": device_cached_blocks, "usage": device_usage,
+        "hit_tokens": hit_tokens - host_hits}}
     if host is not None:
         s = host.stats
         tiers["host"] = {
@@ -137,5 +139,6 @@ def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_bl
             "usage": (host.num_offloaded_blocks + host.swap_slots) / host.num_blocks, "hit_tokens": host_hits,
             "promotions": s.promotions, "demotions": s.demotions, "evictions": sum(s.evictions.values()),
             "bytes_to_device": s.promotions * block_bytes, "bytes_to_host": s.demotions * block_bytes,
+            "bytes_in": s.demotions * block_bytes, "bytes_out": s.promotions * block_bytes,
         }
     return tiers
