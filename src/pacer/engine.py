@@ -334,8 +334,8 @@ class Engine:
             listener(sched_out)
         for rid in self.scheduler.take_shed():
             outputs.append(self._finish_output(self._tracked[rid], [], ""))
-        if sched_out.is_empty:
-            if sched_out.finished_ids or sched_out.preempted_ids:
+        if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
+            if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
                 self.executor.execute(sched_out)
             self._publish_kv_events()
             if not outputs and self.num_waiting_for_grammar:

@@ -191,3 +191,26 @@ def test_the_host_tier_publishes_its_blocks_as_medium_cpu_under_the_device_tiers
     assert [e.block_hashes[0] for e in stored[:2]] == device and stored[1].parent_block_hash == device[0]
     assert all(e.medium == "CPU" and e.extra_keys == ("a",) for e in stored)
     assert [e.block_hashes for e in removed] == [(device[1],)] and removed[0].medium == "CPU"
+
+
+def test_demotions_planned_in_an_idle_step_are_still_copied() -> None:
+    """A TTL expiry while nothing runs demotes blocks in a step with nothing scheduled: its
+    copies must still reach the executor, or a later promotion reads a slot never filled."""
+    from pacer.request import SamplingParams
+    from tests.fakes import make_engine, reference_output
+
+    clock = VirtualClock()
+    eng, ex = make_engine(clock=clock, eviction_policy="ttl", cache_ttl=10.0, kv_offloading_size=1.0,
+                          num_cpu_blocks=16)
+    prompt, params = list(range(1, 14)), SamplingParams(max_tokens=3, temperature=0.0)
+    eng.add_request(prompt, params)
+    eng.run_until_done()
+    eng.step()                                            # reports the finished id: the executor's last call
+    clock.advance(11.0)
+    eng.step()                                            # idle: the tree's nodes expire and are demoted
+    assert eng.kv.host_tier is not None and eng.kv.host_tier.stats.demotions == 3
+    assert sum(len(s.swap_out) for s in ex.steps) == 3   # their copies ran
+    rid = eng.add_request(prompt, params)
+    out = [o for o in eng.run_until_done() if o.request_id == rid][0]
+    assert out.num_cached_tokens == 12 and list(out.token_ids) == reference_output(prompt, params)
+    eng.kv.check_invariants()

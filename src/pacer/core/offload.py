@@ -100,6 +100,10 @@ class PrefixOffload:
         self.host.stats.promotions -= dropped
         self.host.stats.hit_tokens -= dropped * self.block_size
 
+    def pending_device_blocks(self) -> set[int]:
+        """Device blocks whose promotion copy has not run yet (their KV is not there yet)."""
+        return {dev for pairs in self._in.values() for _, dev in pairs if dev >= 0}
+
     def take_ops(self) -> tuple[SwapPairs, SwapPairs]:
         """This step's demotions and promotions; the host tier's step locks are released."""
         out, self._out = self._out, []

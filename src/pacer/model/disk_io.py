@@ -66,6 +66,7 @@ class DiskKVTier:
         sample = executor.device_block(0)
         self._shape, self._dtype = tuple(sample.shape), sample.dtype
         self._pending: list[int] = []            # demoted keys whose host copy may not have run yet
+        self._planned: list[int] = []            # of those, the ones known when this step was planned
         self._copied: set[int] = set()           # host slots the step being run copies into
         host.new_keys = []
 
@@ -106,14 +107,21 @@ class DiskKVTier:
     # ------------------------------------------------------------------ each step
 
     def _before_step(self, out: SchedulerOutput) -> None:
+        """The plan is made: blocks demoted until now have their host copy in this step or
+        later; ones demoted after this (while the step runs or updates) wait for the next plan."""
+        assert self.host.new_keys is not None
+        if self._planned:          # the previous step ran only copies (no stats, no _after_step)
+            self._write_planned()
+        self._planned = self._pending + self.host.new_keys
+        self.host.new_keys.clear()
         self._copied = {slot for _, slot in out.swap_out}
 
     def _after_step(self, stats: StepStats) -> None:
-        assert self.host.new_keys is not None
-        self._pending += self.host.new_keys
-        self.host.new_keys.clear()
+        self._write_planned()
+
+    def _write_planned(self) -> None:
         keep: list[int] = []
-        for key in self._pending:
+        for key in self._planned:
             entry = self.host.entry(key)
             if entry is None or key in self.index.keys:
                 continue                          # evicted again already, or on disk
@@ -121,7 +129,7 @@ class DiskKVTier:
                 self._write_host(key, *entry)
             else:
                 keep.append(key)                  # demoted after this step's plan: its copy is next
-        self._pending = keep
+        self._pending, self._planned = keep, []
         self._copied = set()
 
     def _write_host(self, key: int, slot: int, parent: int, owner: str, tokens: tuple[int, ...]) -> None:
@@ -138,16 +146,17 @@ class DiskKVTier:
         cache = self.engine.kv.cache
         assert cache is not None
         bs = self.block_size
+        unfilled = self.engine.kv.offload.pending_device_blocks() if self.engine.kv.offload else set()
         for node in cache.iter_nodes():
             keys = path_keys(node, bs)
             own = keys[len(keys) - len(node.block_ids):]
             parent = keys[len(keys) - len(node.block_ids) - 1] if len(keys) > len(node.block_ids) else ROOT_KEY
             for i, (key, block_id) in enumerate(zip(own, node.block_ids)):
-                if key not in self.index.keys:
+                if key not in self.index.keys and block_id not in unfilled:
                     rec = BlockRecord(key, parent, node.owner, tuple(node.tokens[i * bs:(i + 1) * bs]))
                     self.index.write(rec, _to_bytes(self.executor.device_block(block_id)))
                 parent = key
-        pending = set(self._pending) | set(self.host.new_keys or ())
+        pending = set(self._pending) | set(self._planned) | set(self.host.new_keys or ())
         for key, slot, parent, owner, tokens in self.host.entries():
             if key not in self.index.keys and key not in pending:
                 self._write_host(key, slot, parent, owner, tokens)
