@@ -57,7 +57,10 @@ def load() -> Any | None:
             # makes a header change count too
             headers = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(csrc.glob("*.h")))).hexdigest()[:16]
             build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
-            build = build / "kernels" / _cpu_tag()   # built with -march=native: one build per CPU kind
+            # built with -march=native: one build per CPU kind; and one per checkout, since the
+            # build files name the sources by absolute path (two checkouts would rebuild each other's)
+            checkout = hashlib.sha256(str(csrc.resolve()).encode()).hexdigest()[:8]
+            build = build / "kernels" / f"{_cpu_tag()}-{checkout}"
             build.mkdir(parents=True, exist_ok=True)
             _module = cpp_extension.load(
                 name="pacer_kernels", sources=sources, build_directory=str(build),
