@@ -28,7 +28,7 @@ from typing import Any
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
+from pacer.model.executor import ModelExecutor
 from pacer.request import SamplingParams
 
 VOCAB = (200, 48000)

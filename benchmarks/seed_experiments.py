@@ -45,8 +45,8 @@ def run(hw: str, model: str, *, n: int, rate: float = math.inf, input_len: int |
     specs = generate_requests(wl, make_arrivals(rate), seed=seed, num_requests=n, max_model_len=m.max_model_len)
     res = simulate(eng, ex, clock, specs)
     s = dict(build_report(res.records).summary[OVERALL])
-    decode_s = sum(r.cost.time_s for r in ex.records if not r.num_prefill_tokens)
-    decode_tokens = sum(r.num_decode_tokens for r in ex.records if not r.num_prefill_tokens)
+    decode_s = sum(st.forward_s for st in res.steps if not st.num_prefill_tokens)
+    decode_tokens = sum(st.num_decode_tokens for st in res.steps if not st.num_prefill_tokens)
     s.update(decode_tok_s=decode_tokens / decode_s if decode_s else 0.0, preempt=res.num_preemptions, kv_blocks=res.num_kv_blocks, wall=res.wall_s, steps=res.num_steps)
     return s
 

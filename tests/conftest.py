@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +10,7 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
+from pacer.model.executor import ModelExecutor
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,13 @@ def base() -> Iterator[Engine]:
     torch.set_num_threads(threads)
 
 
-def make(base: Engine, **kw: Any) -> Engine:
-    """A fresh engine (own KV, own config) over the already loaded model."""
+def make(base: Engine, wrap: Callable[[Any], Any] | None = None, **kw: Any) -> Engine:
+    """A fresh engine (own KV, own config) over the already loaded model; `wrap` wraps its
+    executor (a test's fault injector: an engine's executor is never swapped)."""
     cfg = EngineConfig.from_kwargs(**kw)
     num_blocks = cfg.cache.num_kv_blocks or 256
-    executor = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
+    executor: Any = ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size)
+    if wrap is not None:
+        executor = wrap(executor)
     return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)

@@ -11,6 +11,7 @@ from bisect import insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from pacer.config import SCHEDULING_POLICIES
 from pacer.request import Request
 
 __all__ = ["Policy", "make_policy", "WaitingQueue"]
@@ -23,7 +24,6 @@ class Policy:
     name: str
     key: Callable[[Request], Key]
     preempts_for_waiting: bool  # may a better waiting request preempt a running one?
-    starvation_free: bool
 
     def outranks(self, a: Request, b: Request) -> bool:
         """Whether `a` is strictly more important than `b` (for preemption by a waiting request)."""
@@ -44,9 +44,9 @@ def _sjf_key(r: Request) -> Key:
 
 
 _POLICIES = {
-    "fcfs": Policy("fcfs", _fcfs_key, preempts_for_waiting=False, starvation_free=True),
-    "priority": Policy("priority", _priority_key, preempts_for_waiting=True, starvation_free=False),
-    "sjf": Policy("sjf", _sjf_key, preempts_for_waiting=False, starvation_free=False),
+    "fcfs": Policy("fcfs", _fcfs_key, preempts_for_waiting=False),
+    "priority": Policy("priority", _priority_key, preempts_for_waiting=True),
+    "sjf": Policy("sjf", _sjf_key, preempts_for_waiting=False),
 }
 
 
@@ -54,7 +54,7 @@ def make_policy(name: str) -> Policy:
     try:
         return _POLICIES[name]
     except KeyError:
-        raise ValueError(f"scheduling_policy must be one of {', '.join(_POLICIES)}; got {name!r}") from None
+        raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {name!r}") from None
 
 
 class WaitingQueue:
@@ -88,6 +88,3 @@ class WaitingQueue:
                 del self._items[i]
                 return True
         return False
-
-    def last(self) -> Request:
-        return self._items[-1][1]

@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from pacer.config import EngineConfig
-from pacer.executor.model_executor import ModelExecutor
+from pacer.config import DTYPES, EngineConfig
+from pacer.model.executor import ModelExecutor
 from pacer.model.llama import LlamaModel
 from pacer.model.loader import Checkpoint, load_checkpoint
 
@@ -18,7 +18,7 @@ __all__ = ["build_model_executor", "resolve_dtype"]
 
 log = logging.getLogger("pacer.model")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:

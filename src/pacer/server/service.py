@@ -17,7 +17,7 @@ from typing import Any
 from pacer.core.admission import AdmissionController
 from pacer.engine import Engine, RequestOutput
 from pacer.metrics import ClassRules, RequestLogWriter, ServingMetrics, make_log_record
-from pacer.request import SamplingParams
+from pacer.request import ContextLengthError, SamplingParams
 from pacer.server import errors
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.errors import APIError, bad_request
@@ -92,6 +92,7 @@ class Service:
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
         self.loop.listeners.append(self._on_output)
+        engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)
 
     def start(self) -> None:
@@ -112,12 +113,10 @@ class Service:
             except TimeoutError:
                 log.warning("%d requests still unfinished at shutdown", len(self._contexts))
         self.loop.stop()
+        if self.metrics.on_step in self.engine.stats_listeners:
+            self.engine.stats_listeners.remove(self.metrics.on_step)
         if self.request_log is not None:
             self.request_log.close()
-
-    @property
-    def limit_tokens(self) -> int:
-        return min(self.engine.max_model_len, self.engine.kv.capacity_tokens)
 
     # ------------------------------------------------------------------ submitting
 
@@ -188,17 +187,16 @@ class Service:
 
     def _params(self, parsed: ParsedRequest, num_prompt_tokens: int) -> SamplingParams:
         param = "messages" if parsed.endpoint == "chat" else "prompt"
-        room = self.limit_tokens - num_prompt_tokens
         max_tokens = parsed.max_tokens
-        if max_tokens is None:
-            max_tokens = 16 if parsed.endpoint == "completions" else room
-        if max_tokens > room or room < 1:
-            self.metrics.on_refused("context_length_exceeded")
-            self.admission.refuse("context_length_exceeded")
-            raise bad_request(param, f"This model's maximum context length is {self.limit_tokens} tokens. "
-                                     f"However, you requested {num_prompt_tokens + max_tokens} tokens "
-                                     f"({num_prompt_tokens} in the {param}, {max_tokens} for the completion).",
-                              "context_length_exceeded")
+        if max_tokens is None:   # chat: whatever room the context leaves (at least 1, or the check refuses)
+            max_tokens = 16 if parsed.endpoint == "completions" else max(
+                1, self.engine.max_context_tokens - num_prompt_tokens)
+        try:
+            self.engine.check_fits(num_prompt_tokens, max_tokens, param)
+        except ContextLengthError as e:
+            self.metrics.on_refused(e.code)
+            self.admission.refuse(e.code)
+            raise bad_request(e.field, str(e), e.code) from None
         try:
             return SamplingParams(max_tokens=max_tokens, **parsed.sampling)
         except (ValueError, TypeError) as e:
@@ -275,9 +273,8 @@ class Service:
     # ------------------------------------------------------------------ introspection
 
     def debug_state(self) -> dict[str, Any]:
-        s = self.loop.state
         return {
-            "engine": {f: getattr(s, f) for f in s.__dataclass_fields__},
+            "engine": {**self.loop.state.as_dict(), "alive": self.loop.alive},
             "server": {"num_in_flight": self.loop.num_routes, "num_admission_waiting": self.admission.num_waiting,
                        "draining": self.draining, "refused": dict(self.admission.num_refused)},
         }
@@ -285,14 +282,14 @@ class Service:
     def update_gauges(self) -> None:
         s = self.loop.state
         self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
-                                      s.prefix_cache_queries, s.prefix_cache_hits)
+                                      s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens)
 
 
 def _engine_error(e: Exception, parsed: ParsedRequest) -> APIError:
     """Map an engine/SamplingParams validation error to a 400 naming its field."""
     msg = str(e)
-    if "exceeds" in msg and ("max_model_len" in msg or "KV cache" in msg):
-        return bad_request("messages" if parsed.endpoint == "chat" else "prompt", msg, "context_length_exceeded")
+    if isinstance(e, ContextLengthError):
+        return bad_request("messages" if parsed.endpoint == "chat" else "prompt", msg, e.code)
     first = msg.split(" ", 1)[0]
     param = first if first in _SAMPLING_FIELDS else None
     return bad_request(param, msg)
