@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pacer.clock import Clock, WallClock
@@ -25,39 +25,13 @@ from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOu
 from pacer.core.scheduler import Scheduler
 from pacer.core.slo import ClassRules, Slo, canonical_class, slo_from_request
 from pacer.core.step_cost import StepCostModel, StepShape
+from pacer.engine_stats import EngineSnapshot, StepStats
 from pacer.output_processor import RequestOutput, TrackedRequest
-from pacer.request import FinishReason, Request, RequestStatus, SamplingParams
+from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
 
-__all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
+__all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor"]
 
 log = logging.getLogger("pacer.engine")
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    step_id: int
-    time: float
-    num_running: int
-    num_waiting: int
-    batch_size: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_preempted: int
-    kv_usage: float
-    schedule_s: float
-    prepare_s: float
-    forward_s: float
-    sample_s: float
-    update_s: float
-    num_cached_tokens: int = 0    # prefix-cache hit tokens of the requests admitted this step
-    num_swap_out_blocks: int = 0  # KV blocks copied to / from the CPU tier this step
-    num_swap_in_blocks: int = 0
-    token_budget: int = 0                          # the budget the scheduler chose for this step
-    budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
-
-    @property
-    def total_s(self) -> float:
-        return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
 
 
 class Engine:
@@ -76,7 +50,7 @@ class Engine:
         self._refit = refit_cost_model and cost_model is not None
         self.slo_set = self.scheduler_config.slo_set()
         self.class_rules = ClassRules()
-        self.executor = executor
+        self._executor = executor   # fixed: wrap it when building the engine, never swap it
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
@@ -90,9 +64,8 @@ class Engine:
         self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
         self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
-        self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
-        self.total_generation_tokens = 0
+        self._num_steps = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
     # ------------------------------------------------------------------ construction
@@ -113,6 +86,15 @@ class Engine:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Engine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @property
+    def num_steps(self) -> int:
+        """Steps that ran (scheduled work); an idle step does not count."""
+        return self._num_steps
 
     @property
     def max_model_len(self) -> int:
@@ -160,7 +142,8 @@ class Engine:
                 raise ValueError("prompt must not be empty")
             if self.tokenizer is None:
                 raise ValueError("prompt: this model has no tokenizer; pass token ids")
-            ids = self.tokenizer.encode(prompt)
+            encoded: list[int] = self.tokenizer.encode(prompt)
+            ids = encoded
         else:
             ids = list(prompt)
             # set(map(type)) / min / max run in C: the per-token check was ~10% of a simulation
@@ -172,18 +155,14 @@ class Engine:
             raise ValueError("prompt must not be empty (0 tokens)")
         return ids
 
-    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        total = num_prompt_tokens + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len={self.max_model_len}"
-            )
-        if total > self.kv.capacity_tokens:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the KV cache capacity ({self.kv.capacity_tokens} tokens)"
-            )
+    @property
+    def max_context_tokens(self) -> int:
+        """The most tokens (prompt + output) one request may have: max_model_len or the whole KV cache."""
+        return min(self.max_model_len, self.kv.capacity_tokens)
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int, field: str = "prompt") -> None:
+        """Raises ContextLengthError (naming `field`) when such a request can never run."""
+        check_context_length(num_prompt_tokens, max_tokens, self.max_model_len, self.kv.capacity_tokens, field)
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
@@ -208,7 +187,7 @@ class Engine:
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         ids = self.tokenize_prompt(prompt)
-        self.validate(len(ids), params)
+        self.check_fits(len(ids), params.max_tokens)
         rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
         with self._id_lock:
             if request_id is None:
@@ -324,7 +303,7 @@ class Engine:
             outputs.append(self._finish_output(self._tracked[rid], [], ""))
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
-                self.executor.execute(sched_out)
+                self._executor.execute(sched_out)
             self._publish_kv_events()
             if not outputs and self.num_waiting_for_grammar:
                 self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
@@ -332,7 +311,7 @@ class Engine:
         if self._structured is not None:
             sched_out = self._structured.with_masks(sched_out)
         try:
-            result = self.executor.execute(sched_out)
+            result = self._executor.execute(sched_out)
         except Exception:
             log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
             result = self._execute_isolated(sched_out)
@@ -389,7 +368,7 @@ class Engine:
                                      num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
                                      token_masks=out.token_masks)
             try:
-                results.update(self.executor.execute(single).results)
+                results.update(self._executor.execute(single).results)
             except Exception as e:
                 log.exception("request %s failed alone; finishing it with an error", sr.request_id)
                 results[sr.request_id] = RequestResult(error=f"{type(e).__name__}: {e}")
@@ -409,7 +388,6 @@ class Engine:
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         tracked = self._tracked[req.request_id]
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
-        self.total_generation_tokens += num_new
         if stop is not None:
             req.stop_reason = stop
             self.scheduler.finish_request(req, FinishReason.STOP)
@@ -424,7 +402,6 @@ class Engine:
         self._tracked.pop(rid, None)
         if self._structured is not None:
             self._structured.release(rid)
-        self.total_prompt_tokens += tracked.req.num_prompt_tokens
         with self._id_lock:
             self._live_ids.discard(rid)
         return out
@@ -445,39 +422,39 @@ class Engine:
             token_budget=out.token_budget, budget_reason=out.budget_reason,
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
+        self._num_steps += 1
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
 
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state now, as one frozen record (the one view the server, the simulator
+        and reports read). Call it from the stepping thread, between steps."""
+        kv, st, sched = self.kv, self.kv.stats, self.scheduler
+        block_bytes = self._executor.kv_block_bytes or 0
+        return EngineSnapshot(
+            num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=self._num_steps,
+            num_blocks=kv.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
+            num_cached_blocks=kv.num_cached_blocks,
+            num_evictable_blocks=kv.cache.num_evictable_blocks if kv.cache else 0,
+            num_available_blocks=kv.num_available_blocks(), kv_usage=kv.usage,
+            capacity_tokens=kv.capacity_tokens, max_model_len=self.max_model_len,
+            prefix_caching=kv.cache is not None, num_pinned_prefixes=len(kv.pins),
+            prefix_cache_queried_tokens=st.queried_tokens, prefix_cache_hit_tokens=st.hit_tokens,
+            evicted_blocks=dict(st.evicted_blocks),
+            num_recompute_preemptions=sched.num_preemptions - sched.num_swap_preemptions,
+            num_swap_preemptions=sched.num_swap_preemptions,
+            swap_out_requests=st.swap_out_requests, swap_out_blocks=st.swap_out_blocks,
+            swap_in_requests=st.swap_in_requests, swap_in_blocks=st.swap_in_blocks,
+            swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
+            num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
+            tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
+        )
+
     def cache_stats(self) -> dict[str, Any]:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
-        /metrics and reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
-        kv, st = self.kv, self.kv.stats
-        block_bytes = self.executor.kv_block_bytes or 0
-        cpu = kv.cpu_pool
-        return {
-            "prefix_caching": kv.cache is not None,
-            "num_blocks": kv.num_blocks,
-            "free_blocks": kv.pool.num_free_blocks,
-            "cached_blocks": kv.num_cached_blocks,
-            "evictable_blocks": kv.cache.num_evictable_blocks if kv.cache else 0,
-            "pinned_prefixes": len(kv.pins),
-            "kv_usage": kv.usage,
-            "prefix_cache_queried_tokens": st.queried_tokens,
-            "prefix_cache_hit_tokens": st.hit_tokens,
-            "prefix_cache_hit_rate": st.hit_rate,
-            "evicted_blocks": dict(st.evicted_blocks),
-            "swap_out_requests": st.swap_out_requests,
-            "swap_in_requests": st.swap_in_requests,
-            "swap_out_bytes": st.swap_out_blocks * block_bytes,
-            "swap_in_bytes": st.swap_in_blocks * block_bytes,
-            "swap_fallbacks": st.swap_fallbacks,
-            "cpu_blocks": cpu.num_blocks if cpu else 0,
-            "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
-            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
-            "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
-                            "swap": self.scheduler.num_swap_preemptions},
-        }
+        reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
+        return self.snapshot().cache_stats()
 
     def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pacer.core.slo import Slo
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies", "FinishReason",
-           "MAX_LOGPROBS", "sample_seed"]
+__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies",
+           "FinishReason", "MAX_LOGPROBS", "sample_seed", "ContextLengthError", "check_context_length"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -176,6 +176,34 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         """Whether sampling needs the request's token history (prompt and output)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+class ContextLengthError(ValueError):
+    """A request that can never fit: its prompt plus max_tokens exceed max_model_len or the
+    whole KV cache. Carries the field to blame, so an API maps it by type."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, num_prompt_tokens: int, max_tokens: int, limit: int, limit_name: str,
+                 field: str = "prompt") -> None:
+        self.field, self.limit = field, limit
+        self.num_prompt_tokens, self.max_tokens = num_prompt_tokens, max_tokens
+        total = num_prompt_tokens + max_tokens
+        super().__init__(f"This model's maximum context length is {limit} tokens ({limit_name}). However, you "
+                         f"requested {total} tokens ({num_prompt_tokens} in the {field}, {max_tokens} for the "
+                         f"completion): {total} exceeds {limit_name}")
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int, kv_capacity_tokens: int,
+                         field: str = "prompt") -> None:
+    """The one context-length check (engine, scheduler and server call it)."""
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise ContextLengthError(num_prompt_tokens, max_tokens, max_model_len, f"max_model_len={max_model_len}",
+                                 field)
+    if total > kv_capacity_tokens:
+        raise ContextLengthError(num_prompt_tokens, max_tokens, kv_capacity_tokens,
+                                 f"the KV cache capacity of {kv_capacity_tokens} tokens", field)
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -381,11 +409,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def max_total_tokens(self) -> int:
-        """Prompt plus the most tokens it may generate: the KV it can ever need."""
-        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
 
     @property
     def num_remaining_tokens(self) -> int:

@@ -123,8 +123,9 @@ def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
 
     def admit(rid: str) -> int:
         req = Request(rid, tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
-        req.num_computed_tokens = hit = kv.match_prefix(req)
-        assert kv.allocate_slots(req, req.num_remaining_tokens) is not None
+        found = kv.lookup_prefix(req)
+        hit = found.num_tokens if found else 0
+        assert kv.allocate_slots(req, req.num_tokens - hit, found) is not None
         req.num_computed_tokens = req.num_tokens
         kv.free(req)
         kv.check_invariants()

@@ -26,6 +26,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pacer.config import EVICTION_POLICIES
 from pacer.core.block_pool import BlockPool, OutOfBlocksError
 
 __all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys"]
@@ -70,8 +71,8 @@ class HostKVTier:
     def __init__(self, num_blocks: int, block_size: int, now: Callable[[], float], *,
                  eviction_policy: str = "lru", ttl: float | None = None,
                  tenant_weights: Mapping[str, float] | None = None, offload: bool = True) -> None:
-        if eviction_policy not in ("lru", "weighted-lru", "ttl"):
-            raise ValueError(f"eviction_policy must be one of lru, weighted-lru, ttl; got {eviction_policy!r}")
+        if eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.offload = offload

@@ -22,6 +22,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from pacer.config import EVICTION_POLICIES
 from pacer.core.block_events import (
     BlockEventLog,
     BlockRemovedEvent,
@@ -34,7 +35,6 @@ from pacer.core.radix_node import EVICTION_KEYS, Key, PrefixMatch, RadixNode
 __all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
 
 PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
-EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
 
 class PrefixCache:
     """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
@@ -100,10 +100,6 @@ class PrefixCache:
     @property
     def num_protected_blocks(self) -> int:
         return self.num_cached_blocks - self.num_evictable_blocks
-
-    @property
-    def num_pinned_nodes(self) -> int:
-        return len(self._pinned)
 
     def iter_nodes(self) -> Iterator[RadixNode]:
         stack = list(self.root.children.values())
@@ -271,6 +267,17 @@ class PrefixCache:
                 self._set_leaf_candidate(node, False)
             node.lock_ref += 1
             node = node.parent
+
+    def evictable_on_path(self, handle: PrefixMatch, groups: Sequence[str] | None = None) -> int:
+        """Blocks of the handle's path that eviction (of `groups`) could take now: what
+        `lock(handle)` would protect."""
+        n = 0
+        node: RadixNode | None = handle.node
+        while node is not None and node.parent is not None and node.lock_ref == 0:   # locks reach the root
+            if groups is None or node.group in groups:
+                n += len(node.block_ids)
+            node = node.parent
+        return n
 
     def unlock(self, handle: PrefixMatch) -> None:
         node: RadixNode | None = handle.node
