@@ -13,19 +13,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
-from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
-from pacer.core.slo import ClassRules, Slo, canonical_class, slo_from_request
+from pacer.core.slo import ClassRules, Slo
 from pacer.core.step_cost import StepCostModel, StepShape
-from pacer.engine_stats import EngineSnapshot, StepStats
+from pacer.engine_inputs import check_request_args, resolve_slo, tokenize_prompt
+from pacer.engine_retry import execute_each
+from pacer.engine_stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.output_processor import RequestOutput, TrackedRequest
 from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
 
@@ -104,14 +104,10 @@ class Engine:
     def structured_outputs(self) -> Any:
         """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
         if self._structured is None:
-            if self.tokenizer is None:
-                raise ValueError("structured_outputs needs a model with a tokenizer")
-            from pacer.structured.manager import StructuredOutputManager
+            from pacer.structured.runtime import default_manager
 
-            cfg = self.config.structured
-            self.install_structured_outputs(StructuredOutputManager(
-                self.tokenizer, self.vocab_size or self.tokenizer.vocab_size, self.eos_token_ids,
-                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers))
+            self.install_structured_outputs(default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                            self.config.structured))
         return self._structured.manager
 
     def install_structured_outputs(self, manager: Any) -> None:
@@ -137,23 +133,7 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer; pass token ids")
-            encoded: list[int] = self.tokenizer.encode(prompt)
-            ids = encoded
-        else:
-            ids = list(prompt)
-            # set(map(type)) / min / max run in C: the per-token check was ~10% of a simulation
-            if set(map(type, ids)) - {int} and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-                raise TypeError("prompt token ids must be integers")
-            if self.vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
-                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if not ids:
-            raise ValueError("prompt must not be empty (0 tokens)")
-        return ids
+        return tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
 
     @property
     def max_context_tokens(self) -> int:
@@ -174,21 +154,11 @@ class Engine:
         the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
         such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top.
         `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise ValueError(f"n must be 1 for Engine.add_request (one sequence per request), got n={params.n}; "
-                             f"LLM.generate and the server expand n > 1 into n requests")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an integer, got {priority!r}")
-        if not isinstance(tenant, str) or not tenant:
-            raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        params = check_request_args(params, priority, tenant, cache_salt)
         ids = self.tokenize_prompt(prompt)
         self.check_fits(len(ids), params.max_tokens)
-        rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
+        rclass, targets = resolve_slo(self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
+                                      len(ids), params.max_tokens, request_class, slo)
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
@@ -219,18 +189,6 @@ class Engine:
             raise
         self._inbox.append(("add_structured", (tracked, future)))
         return request_id
-
-    def resolve_slo(self, num_prompt_tokens: int, params: SamplingParams, request_class: str | None,
-                    slo: Slo | Mapping[str, Any] | None) -> tuple[str, Slo]:
-        """(class, targets): the class's targets from the `slo` config with the request's own on top."""
-        if request_class is None:
-            rclass = self.class_rules.classify(num_prompt_tokens, params.max_tokens, False)
-        elif isinstance(request_class, str) and request_class:
-            rclass = canonical_class(request_class)
-        else:
-            raise ValueError(f"request_class must be a non-empty string, got {request_class!r}")
-        own = slo if isinstance(slo, Slo) else slo_from_request(slo)
-        return rclass, self.slo_set.for_class(rclass).merged(own, self.scheduler_config.allow_tighter_slo)
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
@@ -314,7 +272,7 @@ class Engine:
             result = self._executor.execute(sched_out)
         except Exception:
             log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
-            result = self._execute_isolated(sched_out)
+            result = execute_each(self._executor, sched_out, self.scheduler.requests, self.kv.block_table)
         t2 = time.perf_counter()
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
@@ -347,32 +305,6 @@ class Engine:
             if events:
                 for sink in self._kv_event_sinks:
                     sink(self.clock.now(), events)
-
-    def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
-        """After a failed execute: run each request of the step alone (whole block table, as if
-        new to the executor) so that one bad request fails alone: those that fail again get an
-        error result. A step with KV swaps is not retried (its copies may have half run): all
-        its requests fail."""
-        results: dict[str, RequestResult] = {}
-        for sr in out.scheduled:
-            req = self.scheduler.requests.get(sr.request_id)
-            if req is None or out.swap_out or out.swap_in:
-                results[sr.request_id] = RequestResult(error="its step failed with KV swaps in flight")
-                continue
-            prompt_history, output_history = req.penalty_history()
-            alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
-                            sampling_params=req.sampling_params, prompt_token_ids=prompt_history,
-                            output_token_ids=output_history)
-            single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
-                                     num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
-                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
-                                     token_masks=out.token_masks)
-            try:
-                results.update(self._executor.execute(single).results)
-            except Exception as e:
-                log.exception("request %s failed alone; finishing it with an error", sr.request_id)
-                results[sr.request_id] = RequestResult(error=f"{type(e).__name__}: {e}")
-        return ModelOutput(results)
 
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
@@ -430,26 +362,8 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         """The engine's state now, as one frozen record (the one view the server, the simulator
         and reports read). Call it from the stepping thread, between steps."""
-        kv, st, sched = self.kv, self.kv.stats, self.scheduler
-        block_bytes = self._executor.kv_block_bytes or 0
-        return EngineSnapshot(
-            num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=self._num_steps,
-            num_blocks=kv.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
-            num_cached_blocks=kv.num_cached_blocks,
-            num_evictable_blocks=kv.cache.num_evictable_blocks if kv.cache else 0,
-            num_available_blocks=kv.num_available_blocks(), kv_usage=kv.usage,
-            capacity_tokens=kv.capacity_tokens, max_model_len=self.max_model_len,
-            prefix_caching=kv.cache is not None, num_pinned_prefixes=len(kv.pins),
-            prefix_cache_queried_tokens=st.queried_tokens, prefix_cache_hit_tokens=st.hit_tokens,
-            evicted_blocks=dict(st.evicted_blocks),
-            num_recompute_preemptions=sched.num_preemptions - sched.num_swap_preemptions,
-            num_swap_preemptions=sched.num_swap_preemptions,
-            swap_out_requests=st.swap_out_requests, swap_out_blocks=st.swap_out_blocks,
-            swap_in_requests=st.swap_in_requests, swap_in_blocks=st.swap_in_blocks,
-            swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
-            num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
-            tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
-        )
+        return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
+                           block_bytes=self._executor.kv_block_bytes or 0)
 
     def cache_stats(self) -> dict[str, Any]:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for

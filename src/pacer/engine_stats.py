@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["StepStats", "EngineSnapshot"]
+from pacer.core.offload import tier_stats
+
+if TYPE_CHECKING:
+    from pacer.core.kv_manager import KVCacheManager
+    from pacer.core.scheduler import Scheduler
+
+__all__ = ["StepStats", "EngineSnapshot", "snapshot_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +129,27 @@ class EngineSnapshot:
             "tiers": {name: dict(t) for name, t in self.tiers.items()},
             "preemptions": {"recompute": self.num_recompute_preemptions, "swap": self.num_swap_preemptions},
         }
+
+
+def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
+                block_bytes: int) -> EngineSnapshot:
+    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`)."""
+    st = kv.stats
+    return EngineSnapshot(
+        num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=num_steps,
+        num_blocks=kv.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
+        num_cached_blocks=kv.num_cached_blocks,
+        num_evictable_blocks=kv.cache.num_evictable_blocks if kv.cache else 0,
+        num_available_blocks=kv.num_available_blocks(), kv_usage=kv.usage,
+        capacity_tokens=kv.capacity_tokens, max_model_len=max_model_len,
+        prefix_caching=kv.cache is not None, num_pinned_prefixes=len(kv.pins),
+        prefix_cache_queried_tokens=st.queried_tokens, prefix_cache_hit_tokens=st.hit_tokens,
+        evicted_blocks=dict(st.evicted_blocks),
+        num_recompute_preemptions=sched.num_preemptions - sched.num_swap_preemptions,
+        num_swap_preemptions=sched.num_swap_preemptions,
+        swap_out_requests=st.swap_out_requests, swap_out_blocks=st.swap_out_blocks,
+        swap_in_requests=st.swap_in_requests, swap_in_blocks=st.swap_in_blocks,
+        swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
+        num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
+        tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
+    )

@@ -14,9 +14,9 @@ ref. A running request's full computed blocks are inserted as soon as they are c
 recompute, so concurrent requests, the next turn of a conversation and the resumed
 request hit them.
 
-Tenants: `shared` puts every block in one namespace; `isolated` gives each tenant its own
-namespace (only public, prewarmed prefixes are shared); `partitioned` adds hard per-tenant
-quotas on cached blocks: a tenant's inserts and allocations evict only its own cache.
+Tenants (namespaces, quotas, eviction groups): `tenancy.py`. The host tier of
+`kv_offloading_size` (`host_tier.py`, glued to the tree by `offload.py`): evicted blocks are
+demoted to it, and a look-up continues a device match there (promoted when committed).
 """
 
 from __future__ import annotations
@@ -25,22 +25,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pacer.config import TENANT_ISOLATION_MODES
-from pacer.core.block_events import SALT_SEPARATOR, BlockEvent, BlockEventLog, namespace
+from pacer.core.block_events import BlockEvent, BlockEventLog
 from pacer.core.block_pool import BlockPool
 from pacer.core.host_tier import HostKVTier
 from pacer.core.kv_checks import check_kv_invariants
 from pacer.core.offload import PrefixOffload
 from pacer.core.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
 from pacer.core.swap_tier import CpuSwapTier, SwapPairs
+from pacer.core.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.request import Request
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
 
-__all__ = ["KVCacheManager", "KVStats", "PrefixHit", "TENANT_ISOLATION_MODES", "OTHER_TENANTS"]
-
-OTHER_TENANTS = "*"  # tenant_quotas key for every tenant not listed (one quota shared by all of them)
+__all__ = ["KVCacheManager", "KVStats", "PrefixHit", "OTHER_TENANTS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +73,11 @@ class KVCacheManager:
                  num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-        if tenant_isolation not in TENANT_ISOLATION_MODES:
-            raise ValueError(f"tenant_isolation must be one of {', '.join(TENANT_ISOLATION_MODES)}; "
-                             f"got {tenant_isolation!r}")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.cache = prefix_cache
-        self.isolation = tenant_isolation
-        self.quotas = dict(tenant_quotas or {})
-        if self.quotas and tenant_isolation != "partitioned":
-            raise ValueError("tenant_quotas apply only with tenant_isolation='partitioned'")
-        reserve_blocks = min(reserve_blocks, num_blocks)
-        if tenant_isolation == "partitioned" and sum(self.quotas.values()) + reserve_blocks > num_blocks:
-            raise ValueError(
-                f"tenant_quotas sum to {sum(self.quotas.values())} blocks; with {reserve_blocks} blocks kept "
-                f"free for one max_model_len request that exceeds the {num_blocks} KV blocks")
+        self.tenants = TenantSpaces(tenant_isolation, tenant_quotas, num_blocks, reserve_blocks)
         # one host pool for swap and the offload tier when there is a host tier (kv_offloading_size)
         self.host_tier = host_tier
         self.swap = CpuSwapTier(num_cpu_blocks, host_tier)
@@ -109,26 +96,12 @@ class KVCacheManager:
         in partitioned mode the quotas must leave one `max_model_len` request's blocks free."""
         cache = None
         if config.enable_prefix_caching:
-            quotas = dict(config.tenant_quotas or {})
-            group_of = _group_fn(config.tenant_isolation, quotas)
-            ttl = config.cache_ttl
-            if ttl is None and config.eviction_policy == "ttl":
-                ttl = 1800.0
-            cache = PrefixCache(config.block_size, now, config.eviction_policy,
-                                tenant_weights=config.tenant_weights, ttl=ttl, group_of=group_of)
+            group_of = group_fn(config.tenant_isolation, dict(config.tenant_quotas or {}))
+            cache = PrefixCache.from_config(config, now, group_of)
         num_cpu = config.num_cpu_blocks
         if num_cpu is None:
             num_cpu = int(config.swap_space * 1024**3 // block_bytes) if block_bytes else 0
-        host = None
-        if config.kv_offloading_size:   # one host pool: num_cpu_blocks, else kv_offloading_size GiB
-            num_host = config.num_cpu_blocks
-            if num_host is None:
-                if not block_bytes:
-                    raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
-                num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
-            host = HostKVTier(max(1, num_host), config.block_size, now,
-                              eviction_policy=config.eviction_policy, ttl=config.cache_ttl,
-                              tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching)
+        host = HostKVTier.from_config(config, now, block_bytes)
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
                    num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host)
@@ -157,38 +130,15 @@ class KVCacheManager:
         `tenant` (in partitioned mode only the tenant's own cache; otherwise all of it)."""
         if self.cache is None:
             return self.pool.num_free_blocks
-        return self.pool.num_free_blocks + self.cache.evictable_blocks(self._evict_groups(tenant))
-
-    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
-        held = len(self.block_tables.get(req.request_id, ()))
-        total = req.num_computed_tokens + num_new_tokens
-        need = -(-total // self.block_size)
-        return max(0, need - held)
-
-    # ------------------------------------------------------------------ tenants
-
-    def _owner(self, req: Request) -> str:
-        """The namespace the request's blocks are cached under: public in shared mode, its
-        tenant otherwise; a `cache_salt` makes it private to requests with the same salt."""
-        if req.request_id in self._public_ids:
-            return PUBLIC
-        return namespace(PUBLIC if self.isolation == "shared" else req.tenant, req.cache_salt)
-
-    def _owners(self, req: Request) -> tuple[str, ...]:
-        owner = self._owner(req)
-        if owner == PUBLIC or req.cache_salt:   # a salted request shares nothing unsalted (vLLM)
-            return (owner,)
-        return (owner, PUBLIC)
-
-    def _quota_group(self, tenant: str) -> str:
-        return tenant if tenant in self.quotas else OTHER_TENANTS
-
-    def _evict_groups(self, tenant: str | None) -> list[str] | None:
-        if self.isolation != "partitioned" or tenant is None:
-            return None
-        return [self._quota_group(tenant), PUBLIC]
+        return self.pool.num_free_blocks + self.cache.evictable_blocks(self.tenants.evict_groups(tenant))
 
     # ------------------------------------------------------------------ prefix cache
+
+    def _owner(self, req: Request) -> str:
+        return self.tenants.owner(req, req.request_id in self._public_ids)
+
+    def _owners(self, req: Request) -> tuple[str, ...]:
+        return self.tenants.owners(req, req.request_id in self._public_ids)
 
     def lookup_prefix(self, req: Request) -> PrefixHit | None:
         """On admission (or resume after recompute preemption): the longest cached prefix of
@@ -202,7 +152,9 @@ class KVCacheManager:
         promoted: tuple[tuple[int, int], ...] = ()
         if self.offload is not None:   # the host tier's continuation of the device match
             hits = self.offload.lookup(match.node, match.num_blocks, tokens, self._owners(req), max_blocks)
-            promoted = tuple(hits[:self.num_available_blocks(req.tenant)])
+            room = self.num_available_blocks(req.tenant) - self.cache.evictable_on_path(
+                match, self.tenants.evict_groups(req.tenant))   # what is left once the match is locked
+            promoted = tuple(hits[:max(0, room)])
         num_tokens = (match.num_blocks + len(promoted)) * self.block_size
         return PrefixHit(match, num_tokens, req.num_tokens, promoted)
 
@@ -250,15 +202,11 @@ class KVCacheManager:
 
     def enable_events(self) -> BlockEventLog | None:
         """Start recording the prefix cache's store/remove events (None without a cache)."""
-        if self.cache is None:
-            return None
-        if self.cache.events is None:
-            self.cache.enable_events(BlockEventLog())
-        return self.cache.events
+        return self.cache.enable_events() if self.cache is not None else None
 
     def take_events(self) -> list[BlockEvent]:
         """The store/remove events since the last call, in order (empty when not enabled)."""
-        return self.cache.events.take() if self.cache is not None and self.cache.events is not None else []
+        return self.cache.take_events() if self.cache is not None else []
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
@@ -291,14 +239,21 @@ class KVCacheManager:
         old = self._handles.get(rid)
         if n_full <= (old.num_blocks if old else 0):
             return
-        tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], self._owner(req), req.tenant, start=old,
-                                            owners=self._owners(req))
-        self.pool.incref(adopted)
+        handle = self._insert(req, table, n_full, old, self._owner(req))
         self.cache.lock(handle)
         if old is not None:
             self.cache.unlock(old)
         self._handles[rid] = handle
+
+    def _insert(self, req: Request, table: list[int], n_full: int, start: PrefixMatch | None,
+                owner: str) -> PrefixMatch:
+        """Cache the request's first `n_full` blocks under `owner` (the cache adopts those it lacks)."""
+        assert self.cache is not None
+        tokens = req.token_ids_slice(0, n_full * self.block_size)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start,
+                                            owners=self._owners(req))
+        self.pool.incref(adopted)
+        return handle
 
     def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> None:
         assert self.cache is not None
@@ -309,30 +264,23 @@ class KVCacheManager:
         if n_full == 0:
             self._pin_ids.discard(rid)
             return
-        tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start,
-                                            owners=self._owners(req))
-        self.pool.incref(adopted)
+        handle = self._insert(req, table, n_full, start, owner)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
             key = tuple(req.prompt_token_ids[: n_full * self.block_size])
             if key not in self.pins and handle.block_ids:
                 self.cache.pin(handle)
                 self.pins[key] = handle
-        if self.isolation == "partitioned" and owner != PUBLIC:
-            group = self._quota_group(req.tenant)
-            over = self.cache.cached_blocks(group) - self.quotas.get(group, self._other_quota())
-            if over > 0:
+        if self.tenants.partitioned and owner != PUBLIC:
+            group = self.tenants.quota_group(req.tenant)
+            if self.cache.cached_blocks(group) > self.tenants.quota(group):
                 self._deferred_quota.append(group)
-
-    def _other_quota(self) -> int:
-        return self.quotas.get(OTHER_TENANTS, 0)
 
     def _enforce_quotas(self) -> None:
         assert self.cache is not None
         while self._deferred_quota:
             group = self._deferred_quota.pop()
-            over = self.cache.cached_blocks(group) - self.quotas.get(group, self._other_quota())
+            over = self.cache.cached_blocks(group) - self.tenants.quota(group)
             if over > 0:
                 self._release(self.cache.evict(over, [group]), "quota")
 
@@ -344,14 +292,14 @@ class KVCacheManager:
         added, or None (and changes nothing) when they cannot be had. A swapped-out request
         gets its CPU blocks scheduled for swap-in here."""
         self._cache_progress(req)
-        groups = self._evict_groups(req.tenant)
+        groups = self.tenants.evict_groups(req.tenant)
         available = self.num_available_blocks(req.tenant)
-        if hit is None:
-            need = self.blocks_needed(req, num_new_tokens)
-        else:   # locking the hit protects its own evictable blocks: they cannot be handed out too
-            need = max(0, -(-(hit.num_tokens + num_new_tokens) // self.block_size) - hit.match.num_blocks)
+        computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))
+        if hit is not None:   # locking the hit protects its own evictable blocks: they cannot be handed out too
             assert self.cache is not None
+            computed, held = hit.num_tokens, hit.match.num_blocks
             available -= self.cache.evictable_on_path(hit.match, groups)
+        need = max(0, -(-(computed + num_new_tokens) // self.block_size) - held)
         if need > available:
             return None
         if hit is not None:
@@ -384,6 +332,8 @@ class KVCacheManager:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
+        if self.offload is not None:   # admitted and preempted in one step: blocks the tree kept still get their copy
+            self.offload.cancel(rid, lambda b: self.pool.ref_count(b) > 0)
         if self.cache is not None:
             self._enforce_quotas()
         self._public_ids.discard(rid)
@@ -403,7 +353,8 @@ class KVCacheManager:
             return True
         n = -(-req.num_computed_tokens // self.block_size)
         table = self.block_tables.get(rid, [])
-        if n == 0 or n > len(table) or not self.swap.reserve(rid, table[:n]):
+        promoting = self.offload is not None and self.offload.is_promoting(rid)   # its KV is not there yet
+        if n == 0 or n > len(table) or promoting or not self.swap.reserve(rid, table[:n]):
             self.stats.swap_fallbacks += 1
             return False
         self._drop_device_blocks(req)
@@ -418,8 +369,8 @@ class KVCacheManager:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
-        if match is not None and self.cache is not None and self.isolation == "partitioned":
-            self._deferred_quota.append(self._quota_group(req.tenant))   # its blocks became evictable
+        if match is not None and self.cache is not None and self.tenants.partitioned:
+            self._deferred_quota.append(self.tenants.quota_group(req.tenant))   # its blocks became evictable
             self._enforce_quotas()
 
     def take_swap_ops(self) -> tuple[SwapPairs, SwapPairs]:
@@ -445,11 +396,3 @@ class KVCacheManager:
         check_kv_invariants(self.pool, self.block_tables, self.cache, set(self._handles))
         self.swap.check_invariants()   # with a host tier: free + offloaded + swapped == total
 
-
-def _group_fn(isolation: str, quotas: Mapping[str, int]) -> Callable[[str], str]:
-    if isolation != "partitioned":
-        return lambda owner: PUBLIC
-    def group(owner: str) -> str:
-        tenant = owner.partition(SALT_SEPARATOR)[0]   # a salted namespace counts against its tenant
-        return tenant if tenant == PUBLIC or tenant in quotas else OTHER_TENANTS
-    return group
