@@ -29,7 +29,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pacer.config import EVICTION_POLICIES
 from pacer.core.block_events import (
     MEDIUM_HOST,
     SALT_SEPARATOR,
@@ -40,6 +42,9 @@ from pacer.core.block_events import (
     namespace_keys,
 )
 from pacer.core.block_pool import BlockPool, OutOfBlocksError
+
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
 
 __all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys", "block_key"]
 
@@ -92,8 +97,8 @@ class HostKVTier:
                  group_of: Callable[[str], str] | None = None, quotas: Mapping[str, int] | None = None) -> None:
         """`group_of` maps an owner namespace to its quota group; `quotas` (group -> most
         offloaded blocks, "*" for groups not listed) applies to every group but the public one."""
-        if eviction_policy not in ("lru", "weighted-lru", "ttl"):
-            raise ValueError(f"eviction_policy must be one of lru, weighted-lru, ttl; got {eviction_policy!r}")
+        if eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.offload = offload
@@ -114,6 +119,26 @@ class HostKVTier:
         self.new_keys: list[int] | None = None           # a disk tier's: keys demoted since it last took them
         self.events: BlockEventLog | None = None         # KV events (medium CPU), when the engine publishes them
         self.stats = HostTierStats()
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, now: Callable[[], float], block_bytes: int | None,
+                    num_device_blocks: int = 0) -> HostKVTier | None:
+        """The tier `kv_offloading_size` asks for (None when it is 0 or unset): `num_cpu_blocks`
+        slots when given, else kv_offloading_size GiB of `block_bytes` blocks. Partitioned
+        tenants keep the same share of it as of the device's `num_device_blocks`."""
+        if not config.kv_offloading_size:
+            return None
+        num_host = config.num_cpu_blocks
+        if num_host is None:
+            if not block_bytes:
+                raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
+            num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
+        from pacer.core.offload import host_quotas  # (offload builds on this room)
+
+        num_host = max(1, num_host)
+        return cls(num_host, config.block_size, now, eviction_policy=config.eviction_policy,
+                   ttl=config.cache_ttl, tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching,
+                   **host_quotas(config, num_device_blocks, num_host))
 
     # ------------------------------------------------------------------ sizes
 

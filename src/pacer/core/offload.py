@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pacer.core.block_events import SALT_SEPARATOR
 from pacer.core.host_tier import ROOT_KEY, HostKVTier, block_key
-from pacer.core.prefix_cache import PUBLIC, PrefixCache
+from pacer.core.prefix_cache import PrefixCache
 from pacer.core.radix_node import RadixNode
 
 if TYPE_CHECKING:
@@ -86,10 +86,15 @@ class PrefixOffload:
         """The device blocks of a committed promotion, one per hit, in order."""
         self._in[request_id] = [(slot, dev) for (slot, _), dev in zip(self._in[request_id], device_blocks)]
 
+    def is_promoting(self, request_id: str) -> bool:
+        """Whether the request has promotions in this step (its blocks are filled by them)."""
+        return request_id in self._in
+
     def cancel(self, request_id: str, still_cached: Callable[[int], bool]) -> None:
-        """The request was not admitted after all. Its promotions are not run (nor counted),
-        except into device blocks the tree adopted meanwhile (`still_cached`): those must be
-        filled, and, held by the tree, they cannot be handed to anyone else this step."""
+        """The request lost its blocks in the step that promoted into them (preempted right
+        after admission). Its promotions are not run (nor counted), except into device blocks
+        the tree adopted (`still_cached`): those must be filled, and, held by the tree, they
+        cannot be handed to anyone else this step."""
         pairs = self._in.pop(request_id, None)
         if not pairs:
             return
@@ -118,13 +123,11 @@ def host_quotas(config: CacheConfig, num_device_blocks: int, num_host_blocks: in
     the host tier as of the device (partitioned mode); {} when there are no quotas."""
     if config.tenant_isolation != "partitioned" or not config.enable_prefix_caching or not config.tenant_quotas:
         return {}
-    quotas = {g: q * num_host_blocks // max(1, num_device_blocks) for g, q in config.tenant_quotas.items()}
-    quotas.setdefault("*", 0)
+    from pacer.core.tenancy import OTHER_TENANTS, group_fn
 
-    def group_of(owner: str) -> str:
-        tenant = owner.partition(SALT_SEPARATOR)[0]
-        return tenant if tenant == PUBLIC or tenant in quotas else "*"
-    return {"group_of": group_of, "quotas": quotas}
+    quotas = {g: q * num_host_blocks // max(1, num_device_blocks) for g, q in config.tenant_quotas.items()}
+    quotas.setdefault(OTHER_TENANTS, 0)
+    return {"group_of": group_fn(config.tenant_isolation, config.tenant_quotas), "quotas": quotas}
 
 
 def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,

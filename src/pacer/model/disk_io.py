@@ -31,7 +31,7 @@ from pacer.core.offload import path_keys
 if TYPE_CHECKING:
     from pacer.core.outputs import SchedulerOutput
     from pacer.engine import Engine, StepStats
-    from pacer.executor.model_executor import ModelExecutor
+    from pacer.model.executor import ModelExecutor
 
 __all__ = ["DiskKVTier", "kv_identity"]
 
