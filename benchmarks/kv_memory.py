@@ -37,8 +37,8 @@ from pacer.config import EngineConfig
 from pacer.core.outputs import ScheduledRequest, SchedulerOutput
 from pacer.diagnose.method import PREEMPTION_TOLERANCE, TURN, find_knee
 from pacer.engine import Engine
-from pacer.model.executor import ModelExecutor
 from pacer.model.disk_io import DiskKVTier
+from pacer.model.executor import ModelExecutor
 from pacer.model.runner import executor_for, kv_capacity_line
 from pacer.request import SamplingParams
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pacer.engine import Engine
+from pacer.metrics import make_log_record
 from pacer.model.disk_io import DiskKVTier
 from pacer.request import SamplingParams
 from tests.conftest import make
@@ -39,6 +40,9 @@ def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(ba
     got = generate(second, [prompts[-1]], PARAMS)[0]            # the first request after the restart
     assert got.num_cached_tokens >= 8 * ((len(prompts[-1]) - 1) // 8) - 8
     assert got.token_ids == want[-1].token_ids
+    assert got.metrics.cached_tokens_host == got.num_cached_tokens   # all promoted: the request log's split
+    record = make_log_record(metrics=got.metrics, start=0.0, clock_to_unix=0.0)
+    assert (record["cached_tokens_device"], record["cached_tokens_host"]) == (0, got.num_cached_tokens)
     tiers = second.cache_stats()["tiers"]
     assert tiers["host"]["promotions"] > 0 and tiers["device"]["hit_tokens"] == 0
     second.kv.check_invariants()

@@ -29,6 +29,8 @@ these keys (names are stable; new keys may be added, none renamed):
 ``output_tokens``      tokens generated
 ``max_tokens``         the output limit the request ran with
 ``cached_tokens``      prompt tokens served from the prefix cache
+``cached_tokens_device``  of ``cached_tokens``, those matched in the device tier (the radix tree)
+``cached_tokens_host``    of ``cached_tokens``, those promoted from the host tier (``kv_offloading_size``)
 ``prefill_tokens``     prompt tokens computed (prefill and recompute after preemption)
 ``preemptions``        times the request was preempted
 ``preempted_time``     preemption loss, s: from each preemption until its KV was back (waiting
@@ -69,7 +71,8 @@ REQUEST_LOG_FIELDS = (
     "request_id", "api_id", "index", "endpoint", "model", "stream", "tenant", "class", "priority",
     "timestamp", "arrival_unix", "scheduled_at", "first_token_at", "finished_at",
     "queue_wait", "ttft", "tpot", "itl_mean", "itl_max", "e2e",
-    "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "prefill_tokens", "preemptions",
+    "prompt_tokens", "output_tokens", "max_tokens", "cached_tokens", "cached_tokens_device", "cached_tokens_host",
+    "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
     "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed", "api_key_name",
 )
@@ -129,7 +132,8 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "finished_at": rel(m.finish_time), "queue_wait": m.queue_wait, "ttft": m.ttft, "tpot": m.tpot,
         "itl_mean": sum(itl) / len(itl) if itl else None, "itl_max": max(itl) if itl else None,
         "e2e": m.e2e, "prompt_tokens": m.prompt_tokens, "output_tokens": len(m.token_times),
-        "cached_tokens": m.cached_tokens, "prefill_tokens": m.prefill_tokens, "preemptions": m.preemptions,
+        "cached_tokens": m.cached_tokens, "cached_tokens_device": m.cached_tokens - getattr(m, "cached_tokens_host", 0),
+        "cached_tokens_host": getattr(m, "cached_tokens_host", 0), "prefill_tokens": m.prefill_tokens, "preemptions": m.preemptions,
         "preempted_time": round(m.preempted_time, 6), "preempted_time_ttft": round(m.preempted_time_ttft, 6),
         "ttft_deadline": rel(getattr(m, "ttft_deadline", None)), "slack_at_admission": getattr(m, "slack_at_admission", None),
         "deprioritized": getattr(m, "deprioritized", False), "shed": getattr(m, "shed", False),

@@ -120,6 +120,7 @@ class RequestMetrics(Latencies):
     token_times: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_host: int = 0    # of cached_tokens, those promoted from the host tier (the rest: device hits)
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
     # preemption loss: seconds from each preemption until the request has its KV back (recomputed
@@ -163,6 +164,7 @@ class RequestMetrics(Latencies):
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": len(self.token_times),
             "cached_tokens": self.cached_tokens,
+            "cached_tokens_host": self.cached_tokens_host,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
             "preempted_time": self.preempted_time,

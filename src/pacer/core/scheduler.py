@@ -247,6 +247,7 @@ class Scheduler:
             req.num_computed_tokens = computed
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
                 req.num_cached_tokens = req.metrics.cached_tokens = computed
+                req.metrics.cached_tokens_host = len(hit.promoted) * self.kv.block_size   # of them, promoted
             self.waiting.pop()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
