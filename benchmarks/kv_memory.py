@@ -186,42 +186,50 @@ def decode_step(base: Engine, full: bool, repeats: int = 7) -> None:
 
 
 def sessions(base: Engine, full: bool) -> None:
-    """Multi-turn sessions, round robin, whose contexts total ~4x the device tier."""
+    """Multi-turn sessions, round robin, whose contexts total ~4x the device tier; the three
+    configurations side by side, each request run on each in turn (order rotated)."""
     n_sessions, turns, device_blocks = (16, 4, 64) if full else (8, 4, 32)
     host_blocks = 8 * device_blocks   # the GPU case: host memory far larger than device memory
     tok = base.tokenizer
     print(f"== sessions: {n_sessions} sessions x {turns} turns, round robin, device tier {device_blocks} blocks "
-          f"(x16 tokens); host tier {host_blocks} blocks")
-    configs = [("device only", dict(num_kv_blocks=device_blocks)),
-               ("device + host tier", dict(num_kv_blocks=device_blocks, kv_offloading_size=1.0,
-                                           num_cpu_blocks=host_blocks)),
-               ("control: one device tier of both sizes", dict(num_kv_blocks=device_blocks + host_blocks))]
+          f"(x16 tokens); host tier {host_blocks} blocks; the three engines interleaved request by request")
+    configs = {"device only": dict(num_kv_blocks=device_blocks),
+               "device + host tier": dict(num_kv_blocks=device_blocks, kv_offloading_size=1.0,
+                                          num_cpu_blocks=host_blocks),
+               "control: one device tier of both sizes": dict(num_kv_blocks=device_blocks + host_blocks)}
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    for label, kw in configs:
-        eng = engine_for(base, **kw)
-        convs = [list(tok.encode(f"Session {s}: " + " ".join(f"note {s}-{j} about the harbour and its boats."
-                                                                  for j in range(12)))) for s in range(n_sessions)]
-        prompt = cached = 0
-        ttfts: list[float] = []
-        total_ctx = 0
-        t0 = time.perf_counter()
-        for turn in range(turns):
-            for s, conv in enumerate(convs):
-                conv += tok.encode(f" Question {turn} of session {s}: what did note {turn} say, and why?")
-                rid = eng.add_request(list(conv), params)
-                out = [o for o in eng.run_until_done() if o.request_id == rid][0]
-                prompt += len(conv)
-                cached += out.num_cached_tokens
-                if out.metrics.ttft is not None:
-                    ttfts.append(out.metrics.ttft)
-                conv += out.token_ids
-        total_ctx = sum(len(c) for c in convs)
-        tiers = eng.cache_stats()["tiers"]
-        host = tiers.get("host", {})
-        print(f"  {label:<40} hit_rate={cached / prompt:.3f}  ttft_p50={statistics.median(ttfts) * 1000:7.1f} ms  "
-              f"host promotions={host.get('promotions', 0):>5} demotions={host.get('demotions', 0):>5}  "
-              f"contexts total {total_ctx} tokens = {total_ctx / (device_blocks * 16):.1f}x device tier  "
-              f"wall {time.perf_counter() - t0:5.1f}s  {load()}")
+    engines = {label: engine_for(base, **kw) for label, kw in configs.items()}
+    first = [list(tok.encode(f"Session {s}: " + " ".join(f"note {s}-{j} about the harbour and its boats."
+                                                          for j in range(12)))) for s in range(n_sessions)]
+    convs = {label: [list(c) for c in first] for label in configs}
+    prompt = dict.fromkeys(configs, 0)
+    cached = dict.fromkeys(configs, 0)
+    ttfts: dict[str, list[float]] = {label: [] for label in configs}
+    labels = list(configs)
+    for i, (turn, s) in enumerate((t, s) for t in range(turns) for s in range(n_sessions)):
+        for label in labels[i % 3:] + labels[:i % 3]:
+            eng, conv = engines[label], convs[label][s]
+            conv += tok.encode(f" Question {turn} of session {s}: what did note {turn} say, and why?")
+            rid = eng.add_request(list(conv), params)
+            out = [o for o in eng.run_until_done() if o.request_id == rid][0]
+            prompt[label] += len(conv)
+            cached[label] += out.num_cached_tokens
+            if out.metrics.ttft is not None:
+                ttfts[label].append(out.metrics.ttft)
+            conv += out.token_ids
+    p50 = {label: statistics.median(ts) for label, ts in ttfts.items()}
+    for label, eng in engines.items():
+        total_ctx = sum(len(c) for c in convs[label])
+        host = eng.cache_stats()["tiers"].get("host", {})
+        print(f"  {label:<40} hit_rate={cached[label] / prompt[label]:.3f}  ttft_p50={p50[label] * 1000:7.1f} ms "
+              f"({p50[label] / p50['device only']:.2f}x device only)  host promotions={host.get('promotions', 0):>5} "
+              f"demotions={host.get('demotions', 0):>5}  contexts total {total_ctx} tokens = "
+              f"{total_ctx / (device_blocks * 16):.1f}x device tier  {load()}")
+    rate = {label: cached[label] / prompt[label] for label in configs}
+    gain = rate["device + host tier"] / rate["device only"] if rate["device only"] else float("inf")
+    print(f"  host tier vs device only: hit rate {gain:.2f}x, TTFT p50 "
+          f"{p50['device + host tier'] / p50['device only']:.2f}x; vs the control (the tier's overhead): TTFT p50 "
+          f"{p50['device + host tier'] / p50['control: one device tier of both sizes']:.2f}x")
 
 
 def restart(base: Engine, full: bool) -> None:
