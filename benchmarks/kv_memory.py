@@ -5,7 +5,9 @@
 1. capacity: blocks in the same kv_cache_memory for each kv_cache_dtype (the start-up line).
 2. knee (the seed experiment): sweep max_num_seqs at a fixed kv_cache_memory, KV in the model's
    dtype (float32 on CPU) vs int8. One wave of max_num_seqs requests (prompt 64, output 32,
-   ignore_eos, 52MiB; --full: 256 / 256 in 288MiB), both dtypes at each point, two sweeps. Per point:
+   ignore_eos, 52MiB; --full: 256 / 256 in 288MiB), both dtypes at each point; TPOT timed on the
+   engine thread's CPU clock (one torch thread), which the other processes sharing the cores do
+   not stretch (on wall time their noise bends TPOT p99 at random). Per point:
    preemptions, TPOT p50 / p99, output tok/s. The knee is found by `pacer tune`'s rule
    (pacer.diagnose.method.find_knee): the point before preemptions start (> 0.05 per request)
    or TPOT p99 bends up.
@@ -47,11 +49,24 @@ def load() -> str:
     return f"loadavg {os.getloadavg()[0]:.2f}"
 
 
-def engine_for(base: Engine, **kw: Any) -> Engine:
+class ThreadCPUClock:
+    """The engine thread's CPU time as its clock. With one torch thread every forward runs on
+    the thread that steps the engine, so other processes on the shared cores, which stretch
+    wall time by 2-4x at random, do not stretch this; a wave adds all its requests up front,
+    so nothing waits on it."""
+
+    def now(self) -> float:
+        return time.thread_time()
+
+    def wait_until(self, t: float) -> None:
+        pass
+
+
+def engine_for(base: Engine, clock: Any = None, **kw: Any) -> Engine:
     cfg = EngineConfig.from_kwargs(**kw)
     ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
     return Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
-                  vocab_size=base.vocab_size)
+                  clock=clock, vocab_size=base.vocab_size)
 
 
 def capacity(base: Engine, memory: str) -> None:
@@ -80,7 +95,7 @@ def one_wave(engine: Engine, seqs: int, prompt_len: int, out_len: int) -> dict[s
             "tok_s": sum(len(o.token_ids) for o in outs) / wall}
 
 
-def knee(base: Engine, full: bool, repeats: int = 2) -> None:
+def knee(base: Engine, full: bool, repeats: int = 1) -> None:
     """The seed experiment: the max_num_seqs sweep, both KV dtypes at each point side by side,
     the sweep repeated (order alternated) and each point's median taken; the knee by `pacer
     tune`'s rule (pacer.diagnose.method.find_knee)."""
@@ -88,7 +103,7 @@ def knee(base: Engine, full: bool, repeats: int = 2) -> None:
     memory = "288MiB" if full else "52MiB"
     sweep = [8, 12, 16, 24, 32, 48, 64] + ([96, 128] if full else [])
     print(f"== knee: max_num_seqs sweep at kv_cache_memory={memory}, one wave, prompt {prompt_len} / "
-          f"output {out_len}, {repeats} interleaved sweeps; knee rule (pacer tune's): > {PREEMPTION_TOLERANCE:g} "
+          f"output {out_len}, {repeats} sweep(s), TPOT on the engine thread's CPU clock; knee rule (pacer tune's): > {PREEMPTION_TOLERANCE:g} "
           f"preemptions per request, or TPOT p99 growth > {TURN:g}x the previous growth")
     names = ("auto", "int8")
     runs: dict[tuple[str, int], list[dict[str, float]]] = {(n, s): [] for n in names for s in sweep}
@@ -96,8 +111,8 @@ def knee(base: Engine, full: bool, repeats: int = 2) -> None:
     for rep in range(repeats):
         for i, seqs in enumerate(sweep):
             for name in names if (i + rep) % 2 == 0 else names[::-1]:   # order alternated
-                eng = engine_for(base, kv_cache_memory=memory, kv_cache_dtype=name, max_num_seqs=seqs,
-                                 enable_prefix_caching=False)
+                eng = engine_for(base, ThreadCPUClock(), kv_cache_memory=memory, kv_cache_dtype=name,
+                                 max_num_seqs=seqs, enable_prefix_caching=False)
                 blocks[name] = eng.cache_stats()["num_blocks"]
                 runs[(name, seqs)].append(one_wave(eng, seqs, prompt_len, out_len))
         print(f"  sweep {rep + 1}/{repeats} done  {load()}")
@@ -107,7 +122,7 @@ def knee(base: Engine, full: bool, repeats: int = 2) -> None:
         for s, r in zip(sweep, med):
             print(f"  kv={name:<5} blocks={blocks[name]:>5} max_num_seqs={s:>4}  preemptions={r['preemptions']:>5.0f} "
                   f"({r['preemptions'] / s:.2f}/req)  tpot_p50={r['tpot_p50']:7.1f} ms  "
-                  f"tpot_p99={r['tpot_p99']:7.1f} ms  out={r['tok_s']:6.1f} tok/s  (medians of {repeats})")
+                  f"tpot_p99={r['tpot_p99']:7.1f} ms  out={r['tok_s']:6.1f} tok/s (wall)  (medians of {repeats})")
         k = find_knee(sweep, [r["preemptions"] / s for r, s in zip(med, sweep)], [r["tpot_p99"] for r in med])
         knees[name] = sweep[k]
         nxt = med[k + 1] if k + 1 < len(sweep) else None
@@ -270,7 +285,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="full sizes (minutes longer)")
     ap.add_argument("--only", default="capacity,decode,sessions,restart,knee", help="comma list of parts to run")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine; the "
+                    "knee's CPU clock needs 1)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)   # type: ignore[union-attr]
     parts = set(args.only.split(","))
