@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pacer.engine import Engine
 from pacer.metrics import make_log_record
 from pacer.model.disk_io import DiskKVTier
@@ -78,3 +80,21 @@ def _check_tier_series(engine: Engine, tiers: dict) -> None:
     assert f'vllm:kv_tier_promotions_total{{model_name="m",tier="disk"}} {float(tiers["disk"]["promotions"])}' in text
     assert 'vllm:kv_tier_bytes_total{direction="out",model_name="m",tier="host"}' in text
     assert 'vllm:kv_tier_usage_perc{model_name="m",tier="device"}' in text
+
+
+@pytest.mark.slow
+def test_llm_with_kv_offloading_dir_hits_after_a_restart(tmp_path: Path) -> None:
+    """The public path: `with LLM(kv_offloading_dir=...)` writes at close, a new LLM hits."""
+    from pacer.llm import LLM
+
+    kw = dict(num_threads=1, num_kv_blocks=64, kv_offloading_size=1.0, num_cpu_blocks=64,
+              kv_offloading_dir=str(tmp_path))
+    prompt = "The harbour master wrote down every boat that came in, its name and its cargo. " * 4
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    with LLM(**kw) as llm:
+        first = llm.generate(prompt, params)[0]
+    assert list(tmp_path.glob("*.kvblock"))
+    with LLM(**kw) as llm:
+        again = llm.generate(prompt, params)[0]
+        assert again.num_cached_tokens > 0 and llm.engine.snapshot().tiers["host"]["promotions"] > 0
+    assert again.token_ids == first.token_ids
