@@ -103,6 +103,34 @@ def test_slo_preempts_the_request_with_the_most_slack() -> None:
     assert _first_victim("slo") == "batch-job"    # 60 s of e2e slack vs a 50 ms ITL target
 
 
+def _seat_case(policy: str) -> tuple[list, dict]:
+    """One seat: a batch job is decoding when a chat with a 300 ms TTFT arrives."""
+    eng, ex = make_engine(scheduling_policy=policy, max_num_seqs=1, num_blocks=64, block_size=4,
+                          slo=["chat:ttft=300ms,itl=50ms", "batch:e2e=60s"])
+    job = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    chat = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 9)), job, request_id="batch-job", request_class="batch")
+    for _ in range(3):
+        eng.step()
+        eng.clock.advance(0.01)
+    eng.add_request(list(range(50, 58)), chat, request_id="chat", request_class="chat")
+    finals = run(eng, ex)
+    assert finals["batch-job"].token_ids == reference_output(list(range(1, 9)), job)
+    assert finals["chat"].token_ids == reference_output(list(range(50, 58)), chat)
+    return ex.steps, finals
+
+
+def test_slo_frees_a_seat_from_the_request_with_the_most_slack() -> None:
+    steps, finals = _seat_case("slo")
+    assert [rid for s in steps for rid in s.preempted_ids] == ["batch-job"]   # once: it does not come back early
+    chat, job = finals["chat"].metrics, finals["batch-job"].metrics
+    assert chat.ttft is not None and chat.ttft < 0.3
+    assert job.first_token_time < chat.first_token_time and job.finish_time > chat.finish_time
+    fcfs_steps, fcfs = _seat_case("fcfs")
+    assert not any(s.preempted_ids for s in fcfs_steps)
+    assert fcfs["chat"].metrics.ttft > 0.3      # behind the job's 60 tokens
+
+
 def test_lpm_serves_the_longest_cached_prefix_first() -> None:
     for policy, first in (("fcfs", "cold"), ("lpm", "warm")):
         eng, ex = make_engine(scheduling_policy=policy, max_num_seqs=1, num_blocks=64, block_size=4)

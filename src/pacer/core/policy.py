@@ -32,6 +32,7 @@ class Policy:
 
     name = "fcfs"
     preempts_for_waiting = False   # may a better waiting request preempt a running one?
+    preempts_for_budget = True     # ... also for the step's token share (not only seats / KV)?
     starvation_free = True         # without aging
     dynamic = False                # keys change between steps: the queue re-keys every step
     default_max_queue_delay: float | None = None

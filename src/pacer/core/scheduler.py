@@ -18,7 +18,7 @@ priority preempts the worst running one when max_num_seqs or KV is what holds it
 
 Under `slo` (pacer.core.slo_policy) the policy also caps each step's token budget by the
 tightest ITL target among the step's decodes, victims are the running requests with the
-most slack, and with `shed_hopeless` a waiting request that can no longer meet its TTFT is
+most slack (also to free a seat for a request with less slack), and with `shed_hopeless` a waiting request that can no longer meet its TTFT is
 finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
 """
 
@@ -237,7 +237,7 @@ class Scheduler:
             req = self.waiting.peek()
             budget = step.budget
             if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
-                if self._make_room_for(step, req):
+                if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and self._make_room_for(step, req):
                     continue
                 return
             matched = req.num_computed_tokens == 0  # new, or resuming after recompute preemption
