@@ -193,7 +193,8 @@ class Engine:
 
         `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
         the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
-        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top.
+        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top (default:
+        `params.slo`).
         `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -209,7 +210,7 @@ class Engine:
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         ids = self.tokenize_prompt(prompt)
         self.validate(len(ids), params)
-        rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
+        rclass, targets = self.resolve_slo(len(ids), params, request_class, params.slo if slo is None else slo)
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
