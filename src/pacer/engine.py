@@ -106,7 +106,7 @@ class Engine:
         if config.scheduler.scheduling_policy == "slo":
             from pacer.sim.step_model import engine_step_cost_model
 
-            cost_model = engine_step_cost_model(config, ckpt.arch)
+            cost_model = engine_step_cost_model(config, ckpt.arch, executor, num_blocks)
         return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
                    ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
 
