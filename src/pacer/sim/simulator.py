@@ -28,6 +28,7 @@ from pacer.request import SamplingParams
 from pacer.sim.cost_model import CostModel, make_cost_model
 from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
 from pacer.sim.step_model import SchedulerCostModel
+from pacer.sim.trace_requests import request_spans
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
            "write_chrome_trace", "utilisation_summary"]
@@ -170,7 +171,7 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
     return SimResult(records=done, sim_duration_s=clock.now() - t0, wall_s=wall,
                      num_steps=executor.num_steps, busy_s=executor.busy_s,
                      num_preemptions=engine.scheduler.num_preemptions, num_kv_blocks=engine.kv.num_blocks,
-                     cost_model=executor.cost_model.name, executor=executor)
+                     cost_model=executor.cost_model.name, executor=executor, extra={"t0": t0})
 
 
 def _add(engine: Engine, r: TraceRequest, index: int, arrival: float) -> str:
@@ -205,7 +206,8 @@ def utilisation_summary(records: Sequence[SimStepRecord]) -> list[str]:
 
 
 def write_chrome_trace(result: SimResult, path: str | Path) -> None:
-    """One complete event per simulated step (chrome://tracing, Perfetto)."""
+    """One complete event per simulated step (chrome://tracing, Perfetto), with its token budget
+    and why; then each request's wait for its first token (`request_spans`)."""
     events = []
     for r in result.executor.records:
         c = r.cost
@@ -218,4 +220,5 @@ def write_chrome_trace(result: SimResult, path: str | Path) -> None:
                      "compute_util": round(c.compute_util, 4), "bandwidth_util": round(c.bandwidth_util, 4),
                      "bound": c.bound},
         })
+    events += request_spans(result.records, float(result.extra.get("t0", 0.0)))
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
