@@ -78,7 +78,8 @@ def part_real(args: argparse.Namespace) -> list[str]:
     print(f"-- real engine, targets by the rule (TTFT 3x unloaded median prompt, ITL 2x unloaded batch-8 "
           f"step, batch e2e 3x unloaded): {' '.join(targets)}  (load {loadavg()})")
     sim = {"hardware": "cpu-local", "model": "smollm2-135m", "workload": wl, "slo": targets,
-           "num_requests": args.real_requests, "seed": args.seed, "max_model_len": args.max_model_len}
+           "num_requests": args.real_requests, "seed": args.seed, "max_model_len": args.max_model_len,
+           "cost_model": getattr(args, "sim_cost_model", None)}
     sim_cap = capacity_search(lambda r: sim_report(policy="fcfs", rate=r, **sim), lo=0.25, target=0.75, iters=5)
     rates = [round(sim_cap * f, 3) for f in args.rate_factors]
     print(f"simulated fcfs rate for 75% attainment on cpu-local: {sim_cap:.3f} req/s -> real rates {rates}")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 from pacer.core.step_cost import StepShape
-from pacer.sim.cost_model import BatchFeatures, CostModel, make_cost_model
+from pacer.sim.cost_model import BatchFeatures, CostModel, StepCost, make_cost_model
 from pacer.sim.profiles import ModelProfile
 
-__all__ = ["SchedulerCostModel", "features_of", "engine_step_cost_model", "REFIT_ALPHA"]
+__all__ = ["SchedulerCostModel", "CorrectedCostModel", "features_of", "engine_step_cost_model", "REFIT_ALPHA"]
 
 log = logging.getLogger("pacer.sim")
 
@@ -81,6 +82,23 @@ class SchedulerCostModel:
         ratio = min(hi, max(lo, measured_s / predicted))
         self.scale[regime] += self.alpha * (ratio - self.scale[regime])
         self.num_observed += 1
+
+
+class CorrectedCostModel:
+    """A simulator `CostModel` carrying a `SchedulerCostModel`'s per-regime corrections, so the
+    simulator advances its clock with the numbers the real engine's predictor learned."""
+
+    def __init__(self, predictor: SchedulerCostModel) -> None:
+        self.base = predictor.base
+        self.scale = dict(predictor.scale)
+        self.name = (f"{self.base.name} x(decode {self.scale['decode']:.2f}, "
+                     f"prefill {self.scale['prefill']:.2f})")
+
+    def step_cost(self, f: BatchFeatures) -> StepCost:
+        cost = self.base.step_cost(f)
+        k = self.scale["prefill" if f.num_chunks else "decode"]
+        return replace(cost, time_s=cost.time_s * k, compute_util=cost.compute_util / k,
+                       bandwidth_util=cost.bandwidth_util / k)
 
 
 def engine_step_cost_model(config: Any, arch: Any, executor: Any = None, num_blocks: int = 0) -> SchedulerCostModel:
