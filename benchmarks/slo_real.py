@@ -5,6 +5,7 @@ interleaved on one seeded trace, the simulator's attainment for the same trace, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import statistics
 from typing import Any
@@ -116,7 +117,9 @@ def long_prompt_case(args: argparse.Namespace, targets: list[str]) -> None:
         longs = generate_requests(Workload("long", (ClassSpec("rag", LengthDist(1800), LengthDist(4)),)),
                                   make_arrivals(1.0, 1.0, None), seed=args.seed + 1, num_requests=args.long_prompts,
                                   tokenizer=tok, max_model_len=args.max_model_len)
-        mixed = sorted([*specs, *(s.with_arrival((s.arrival_time or 0) + 1.0) for s in longs)],
+        longs = [dataclasses.replace(s, request_id=f"long-{i}", arrival_time=(s.arrival_time or 0) + 1.0)
+                 for i, s in enumerate(longs)]
+        mixed = sorted([*specs, *longs],
                        key=lambda s: s.arrival_time or 0.0)
         records, _, _ = run_inprocess(mixed, eng)
         reports[policy] = build_report(records, slo=parse_slo(slo))

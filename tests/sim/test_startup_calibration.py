@@ -92,3 +92,17 @@ def test_the_serving_engine_refits_a_wrong_predictor_toward_its_measured_steps(b
     for regime in ("decode", "prefill"):
         moved = cm.scale[regime] / wrong
         assert (moved < 0.6) if wrong > 1 else (moved > 1.5), (regime, cm.scale)
+
+
+def test_the_simulator_can_advance_with_the_real_engines_corrections() -> None:
+    from pacer.sim.cost_model import BatchFeatures
+    from pacer.sim.step_model import CorrectedCostModel, features_of
+
+    cm = _predictor()
+    cm.scale = {"decode": 2.0, "prefill": 3.0}
+    sim = CorrectedCostModel(cm)
+    for shape, k in ((StepShape().with_decode(100).with_decode(40), 2.0), (StepShape().with_chunk(64, 0), 3.0)):
+        f: BatchFeatures = features_of(shape)
+        assert sim.step_cost(f).time_s == pytest.approx(k * cm.base.step_cost(f).time_s)
+        assert sim.step_cost(f).time_s == pytest.approx(cm.predict_step_s(shape))
+    assert "decode 2.00" in sim.name and "prefill 3.00" in sim.name
