@@ -52,6 +52,11 @@ class Policy:
         """Which of the sorted waiting items is served first (the slo policy skips hopeless ones)."""
         return 0
 
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        """Whether a waiting request takes the step's prefill share before a running request's
+        partial prefill (only the slo policy: by slack; the others finish what they started)."""
+        return False
+
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
 

@@ -176,6 +176,8 @@ class Scheduler:
             self._schedule_running(step, decodes)
             if isinstance(self.policy, SloPolicy):
                 self._budget_by_itl(self.policy, step, decodes, partial, now)
+                if partial:   # newcomers with less slack than the partial prefills take the share first
+                    self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
             self._schedule_running(step, partial)
             self._schedule_waiting(step, chunked=True)
         else:
@@ -232,9 +234,11 @@ class Scheduler:
             if victim is req:
                 return None
 
-    def _schedule_waiting(self, step: _Step, chunked: bool) -> None:
+    def _schedule_waiting(self, step: _Step, chunked: bool, ahead_of: Request | None = None) -> None:
         while self.waiting:
             req = self.waiting.peek()
+            if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
+                return
             budget = step.budget
             if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
                 if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and self._make_room_for(step, req):

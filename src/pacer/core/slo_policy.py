@@ -3,7 +3,8 @@
 Each request carries its targets (`Request.slo`, resolved by the engine from its class and
 its own). With a `StepCostModel` the policy predicts a request's remaining prefill time and:
 
-- **orders** waiting and partially prefilled requests by their latest start time, TTFT
+- **orders** waiting and partially prefilled requests (together: a newcomer with less slack
+  takes the step's prefill share before a long prompt already started) by their latest start time, TTFT
   deadline minus predicted remaining prefill (least slack first; `now` is common to all, so
   the order is static between re-keys); the prefix the cache holds for it is not counted. A request without a TTFT target but with an e2e one
   also budgets its decode; one without targets comes last (aging still bounds its wait).
@@ -144,6 +145,9 @@ class SloPolicy(Policy):
             if items[j][1].num_output_tokens:
                 return j
         return 0 if i == len(items) else i
+
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        return not self.is_hopeless(waiting, self._now) and self.key(waiting) < self.key(partial)
 
     def outranks(self, a: Request, b: Request) -> bool:
         """Whether waiting `a` may preempt running `b` (when seats or KV hold `a` back): `a` can
