@@ -17,9 +17,11 @@ priority preempts the worst running one when max_num_seqs or KV is what holds it
 (even one already picked for this step: its share of the budget is handed back).
 
 Under `slo` (pacer.core.slo_policy) the policy also caps each step's token budget by the
-tightest ITL target among the step's decodes, victims are the running requests with the
-most slack (also to free a seat for a request with less slack), and with `shed_hopeless` a waiting request that can no longer meet its TTFT is
-finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
+tightest ITL target among the step's decodes, a newcomer with less slack than a partial
+prefill is served before it, victims are the running requests with the most slack (also to
+free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
+that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
+ages: see `WaitingQueue`.
 """
 
 from __future__ import annotations
