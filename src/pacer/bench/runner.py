@@ -14,8 +14,9 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pacer.bench.budget import BudgetTally
 from pacer.bench.drive import drive
 from pacer.bench.report import RequestRecord
 from pacer.bench.workloads import RequestSpec
@@ -97,8 +98,10 @@ class InprocessStats:
         self.sum_batch_size = 0
         self.num_preempted = 0
         self.max_kv_usage = 0.0
+        self.budget = BudgetTally()
 
     def add(self, stats: StepStats) -> None:
+        self.budget.add(stats)
         self.num_steps += 1
         self.busy_s += stats.total_s
         self.num_prefill_tokens += stats.num_prefill_tokens
@@ -107,12 +110,12 @@ class InprocessStats:
         self.num_preempted += stats.num_preempted
         self.max_kv_usage = max(self.max_kv_usage, stats.kv_usage)
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         n = max(1, self.num_steps)
         return {"num_steps": self.num_steps, "busy_s": self.busy_s, "mean_step_s": self.busy_s / n,
                 "mean_batch_size": self.sum_batch_size / n, "prefill_tokens": self.num_prefill_tokens,
                 "decode_tokens": self.num_decode_tokens, "preempted": self.num_preempted,
-                "max_kv_usage": self.max_kv_usage}
+                "max_kv_usage": self.max_kv_usage, "budget": self.budget.as_dict()}
 
 
 def run_inprocess(specs: Iterable[RequestSpec], engine: Engine, *, endpoint: str = "completions",
