@@ -41,12 +41,12 @@ from pacer.core.block_events import (
     block_hash,
     namespace_keys,
 )
-from pacer.core.block_pool import BlockPool, OutOfBlocksError
+from pacer.core.block_pool import BlockPool
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
 
-__all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys", "block_key"]
+__all__ = ["HostKVTier", "HostTierStats", "ROOT_KEY", "chain_keys", "block_key"]
 
 ROOT_KEY = 0
 
@@ -385,35 +385,3 @@ class HostKVTier:
                 raise AssertionError(f"host tier group {group!r}: {size} blocks, counted {self.group_size(group)}, "
                                      f"quota {limit}")
 
-
-class SwapSlots:
-    """The host tier seen by swap preemption: BlockPool's interface over the shared pool
-    (free means free or held by an offloaded block a swap-out may evict)."""
-
-    def __init__(self, tier: HostKVTier) -> None:
-        self.tier = tier
-
-    @property
-    def num_blocks(self) -> int:
-        return self.tier.num_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.tier.available_for_swap()
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.tier.swap_slots
-
-    def allocate(self, n: int) -> list[int]:
-        slots = self.tier.allocate_swap(n)
-        if slots is None:
-            raise OutOfBlocksError(f"asked for {n} host slots, {self.tier.available_for_swap()} available")
-        return slots
-
-    def free(self, slots: Sequence[int]) -> int:
-        self.tier.free_swap(slots)
-        return len(slots)
-
-    def check_invariants(self) -> None:
-        self.tier.check_invariants()

@@ -3,7 +3,7 @@ request's KV, and the copies the current step must run. Pure Python, no tensors.
 
 Its slots come from a pool of its own (`num_cpu_blocks`) or, with a host tier
 (`kv_offloading_size`), from the host pool it shares with the prefix offload tier
-(`host_tier.SwapSlots`: a swap-out may evict offloaded blocks, never the reverse).
+(`SwapSlots`: a swap-out may evict offloaded blocks, never the reverse).
 
 The KV manager owns one (`KVCacheManager.swap`); it decides who is swapped, the tier only
 keeps the slots. Copies are planned during `schedule()` and handed to the executor in the
@@ -13,10 +13,12 @@ swap-ins (CPU slot, device block).
 
 from __future__ import annotations
 
-from pacer.core.block_pool import BlockPool
-from pacer.core.host_tier import HostKVTier, SwapSlots
+from collections.abc import Sequence
 
-__all__ = ["CpuSwapTier", "SwapPairs"]
+from pacer.core.block_pool import BlockPool, OutOfBlocksError
+from pacer.core.host_tier import HostKVTier
+
+__all__ = ["CpuSwapTier", "SwapPairs", "SwapSlots"]
 
 SwapPairs = list[tuple[int, int]]
 
@@ -92,3 +94,36 @@ class CpuSwapTier:
         used = sum(len(c) for c in self._swapped.values())
         if used != self.pool.num_used_blocks:
             raise AssertionError(f"CPU tier: {self.pool.num_used_blocks} used, {used} held")
+
+
+class SwapSlots:
+    """The host tier seen by swap preemption: BlockPool's interface over the shared pool
+    (free means free or held by an offloaded block a swap-out may evict)."""
+
+    def __init__(self, tier: HostKVTier) -> None:
+        self.tier = tier
+
+    @property
+    def num_blocks(self) -> int:
+        return self.tier.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.tier.available_for_swap()
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.tier.swap_slots
+
+    def allocate(self, n: int) -> list[int]:
+        slots = self.tier.allocate_swap(n)
+        if slots is None:
+            raise OutOfBlocksError(f"asked for {n} host slots, {self.tier.available_for_swap()} available")
+        return slots
+
+    def free(self, slots: Sequence[int]) -> int:
+        self.tier.free_swap(slots)
+        return len(slots)
+
+    def check_invariants(self) -> None:
+        self.tier.check_invariants()
