@@ -28,6 +28,7 @@ from pacer.core.block_pool import BlockPool
 from pacer.core.host_tier import HostKVTier, SwapSlots
 from pacer.core.offload import PrefixOffload
 from pacer.core.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
+from pacer.core.spec_decode import kept_blocks
 from pacer.request import Request
 
 if TYPE_CHECKING:
@@ -371,6 +372,18 @@ class KVCacheManager:
         if cpu is not None and req.request_id not in self._pending_in:
             self._pending_in[req.request_id] = list(zip(cpu, table))
         return new_blocks
+
+    def trim_to_computed(self, req: Request) -> None:
+        """After verifying drafts: free the blocks past those holding the request's computed
+        (verified) tokens; only rejected drafts used them, so none is cached or shared."""
+        table = self.block_tables.get(req.request_id)
+        if not table:
+            return
+        keep = kept_blocks(req.num_computed_tokens, self.block_size)
+        if len(table) > keep:
+            extra = table[keep:]
+            del table[keep:]
+            self.pool.free(extra)
 
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])

@@ -24,13 +24,16 @@ finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
 from pacer.core.slo_policy import SloPolicy
-from pacer.core.step_cost import StepCostModel
+from pacer.core.spec_decode import SpecDecoder
+from pacer.core.step_cost import StepCostModel, StepShape
 from pacer.request import FinishReason, Request, RequestStatus
 
 __all__ = ["Scheduler"]
@@ -55,6 +58,7 @@ class _Step:
         self.new_blocks: dict[str, list[int]] = {}
         self.is_new: set[str] = set()
         self.preempted: list[str] = []
+        self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
         self.token_budget = budget.tokens_left
         self.budget_reason = "max_num_batched_tokens"
 
@@ -97,6 +101,8 @@ class Scheduler:
         self._step_id = 0
         self.num_preemptions = 0
         self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
+        spec = config.speculative()
+        self.spec = None if spec is None else SpecDecoder(spec, config.speculative_policy, cost_model)
 
     def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
         name = self.config.scheduling_policy
@@ -145,6 +151,8 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.kv.free(req)
+        if self.spec is not None:
+            self.spec.finish(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
@@ -182,7 +190,34 @@ class Scheduler:
             self._schedule_waiting(step, chunked=False)
             if not step.num_tokens:
                 self._schedule_running(step, sorted(self.running, key=self.policy.key))
+        if self.spec is not None:
+            self._plan_drafts(step, self.spec)
         return self._build_output(step)
+
+    def _plan_drafts(self, step: _Step, spec: SpecDecoder) -> None:
+        """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
+        shape, candidates, num_sampled = StepShape(), [], 0
+        for rid, n in step.num_tokens.items():
+            req = self.requests[rid]
+            start = req.num_computed_tokens
+            sample = start + n == req.num_tokens
+            shape = shape.with_chunk(n, start, sample)
+            num_sampled += sample
+            if n == 1 and sample and step.budget.tokens_left > 0:
+                cand = spec.propose(req, start)
+                if cand is not None:
+                    candidates.append(cand)
+        if not candidates:
+            return
+        for rid, d in spec.choose(candidates, shape, num_sampled, step.budget.tokens_left).items():
+            req = self.requests[rid]
+            blocks = self.kv.allocate_slots(req, 1 + d)   # blocks past the one token's, or None: no drafts
+            if blocks is None:
+                continue
+            step.new_blocks[rid].extend(blocks)
+            step.drafts[rid] = next(c.drafts[:d] for c in candidates if c.request is req)
+            step.num_tokens[rid] += d
+            step.budget.tokens_left -= d
 
     def _budget_by_itl(self, policy: SloPolicy, step: _Step, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
@@ -304,8 +339,9 @@ class Scheduler:
             req = self.requests[req_id]
             start = req.num_computed_tokens
             is_new = req_id in step.is_new
-            end = start + n
-            is_prefill = is_new or n > 1 or start < req.num_prompt_tokens
+            drafts = step.drafts.get(req_id, [])
+            end = start + n - len(drafts)
+            is_prefill = (is_new and not drafts) or end - start > 1 or start < req.num_prompt_tokens
             prompt_history, output_history = req.penalty_history() if is_new else (None, None)
             scheduled.append(ScheduledRequest(
                 request_id=req_id,
@@ -319,8 +355,9 @@ class Scheduler:
                 sampling_params=req.sampling_params if is_new else None,
                 prompt_token_ids=prompt_history,
                 output_token_ids=output_history,
+                draft_token_ids=drafts,
             ))
-            req.num_computed_tokens = end
+            req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
             if is_prefill:
                 num_prefill += n
                 req.metrics.prefill_tokens += n
@@ -355,8 +392,11 @@ class Scheduler:
             req.metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
+            tokens = result.results[sr.request_id].token_ids
+            if sr.draft_token_ids:
+                tokens = self._verified(req, sr, tokens)
             kept = 0
-            for token in result.results[sr.request_id].token_ids:
+            for token in tokens:
                 kept += 1
                 req.output_token_ids.append(token)
                 req.metrics.token_times.append(now)
@@ -364,10 +404,27 @@ class Scheduler:
                     req.metrics.first_token_time = now
                 reason = self._stop_reason(req, token)
                 if reason is not None:
+                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
+                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
             touched.append((req, kept))
+            if sr.draft_token_ids and not req.is_finished:
+                self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
+
+    def _verified(self, req: Request, sr: ScheduledRequest, tokens: Sequence[int]) -> Sequence[int]:
+        """A verified draft step: the executor returned the accepted drafts and one more token.
+        Rolls num_computed_tokens back to the verified tokens (the KV of rejected drafts is void)."""
+        num_drafted = len(sr.draft_token_ids)
+        if not 1 <= len(tokens) <= num_drafted + 1 or list(tokens[:-1]) != list(sr.draft_token_ids[:len(tokens) - 1]):
+            raise ValueError(f"{sr.request_id}: the executor returned {list(tokens)} for drafts "
+                             f"{list(sr.draft_token_ids)} (expected the accepted drafts and one more token)")
+        num_accepted = len(tokens) - 1
+        req.num_computed_tokens = sr.start_position + 1 + num_accepted
+        assert self.spec is not None
+        self.spec.accepted(sr.request_id, num_drafted, num_accepted)
+        return tokens
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         # a stop token that is also the last allowed one reports "stop", as vLLM does

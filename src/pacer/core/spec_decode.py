@@ -1,0 +1,185 @@
+"""Speculative decoding as a scheduling decision: who drafts, how many tokens. Pure Python.
+
+A decoding request may be scheduled 1 + d tokens: its last token plus d drafted ones, all
+inside the step's token budget (drafts are planned last, from what the budget has left once
+decodes and prefill chunks are placed: never on top of it, and never by preempting anyone).
+The executor verifies them in the same packed forward and returns the accepted drafts plus
+one more token; `accepted(...)` rolls `num_computed_tokens` back to the verified tokens and
+the KV manager frees any block only the rejected drafts used (`kept_blocks` is the rule the
+executors apply to their mirrored block tables too).
+
+Policies (`speculative_policy`):
+- `static`: d = k whenever the drafter has k tokens (vLLM's behaviour).
+- `adaptive`: per request and step, add draft j (j = 1..k) while its expected tokens per
+  second beat the step's: alpha^j / cost(one more token) > expected tokens / step time, where
+  alpha is the request's recent per-token acceptance rate and the costs come from the
+  `StepCostModel` the simulator uses. While a step is memory-bound a token is nearly free and
+  drafts pay; once it is compute-bound a token costs full price and speculation fades out.
+  (The marginal cost is `token_cost_s`: one more decode-like token in this step.)
+
+Speculation is off for requests with penalties or structured outputs (their per-token state
+would have to advance along unverified drafts); logprobs work (one per emitted token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pacer.core.drafters import NgramDrafter, make_drafter
+from pacer.core.spec_config import SpeculativeConfig
+from pacer.core.step_cost import StepCostModel, StepShape
+from pacer.request import Request
+
+__all__ = ["SpecDecoder", "SpecStats", "kept_blocks", "PRIOR_ACCEPTANCE"]
+
+PRIOR_ACCEPTANCE = 0.5   # a request's acceptance rate before it has verified any draft
+_EWMA = 0.3              # weight of the newest step in a request's acceptance counts
+
+
+def kept_blocks(num_verified_tokens: int, block_size: int) -> int:
+    """Blocks a request keeps after verification: those holding verified tokens (the rest held
+    only rejected drafts). The scheduler and every executor apply this same rule."""
+    return -(-num_verified_tokens // block_size)
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Monotonic counters with vLLM's meanings (spec_decode_num_drafts: steps that drafted)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per drafting step (accepted drafts + the verified one), vLLM's."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": list(self.accepted_per_pos),
+                "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length}
+
+
+class _Acceptance:
+    __slots__ = ("accepted", "trials")
+
+    def __init__(self) -> None:
+        self.accepted = PRIOR_ACCEPTANCE   # decayed counts: a per-token (geometric) acceptance estimate
+        self.trials = 1.0
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.trials
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        # each accepted draft is a success; the first rejected one (if any) the only failure
+        trials = num_accepted + (1 if num_accepted < num_drafted else 0)
+        self.accepted = (1 - _EWMA) * self.accepted + _EWMA * num_accepted
+        self.trials = (1 - _EWMA) * self.trials + _EWMA * trials
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCandidate:
+    request: Request
+    start: int                 # num_computed_tokens before this step (the last token's position)
+    drafts: list[int]          # what the drafter proposed (up to k)
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, policy: str, cost_model: StepCostModel | None) -> None:
+        if policy == "adaptive" and cost_model is None:
+            raise ValueError("speculative_policy='adaptive' needs a step cost model (cost_model=...; the Engine "
+                             "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
+        self.config = config
+        self.policy = policy
+        self.cost_model = cost_model
+        self.drafter: NgramDrafter = make_drafter(config.method, config.prompt_lookup_min, config.prompt_lookup_max,
+                                                  config.suffix_max_cached_requests)
+        self.stats = SpecStats(accepted_per_pos=[0] * config.k)
+        self._acceptance: dict[str, _Acceptance] = {}
+
+    @staticmethod
+    def eligible(req: Request) -> bool:
+        sp = req.sampling_params
+        return not sp.has_penalties and sp.structured_outputs is None
+
+    def acceptance_rate(self, request_id: str) -> float:
+        acc = self._acceptance.get(request_id)
+        return PRIOR_ACCEPTANCE if acc is None else acc.rate
+
+    def propose(self, req: Request, start: int) -> DraftCandidate | None:
+        """The drafter's proposal for a request decoding its last token this step."""
+        sp = req.sampling_params
+        room = min(self.config.k, sp.max_tokens - req.num_output_tokens - 1)
+        if room <= 0 or not self.eligible(req):
+            return None
+        drafts = self.drafter.propose(req.request_id, req.tenant, req.prompt_token_ids, req.output_token_ids, room)
+        return DraftCandidate(req, start, drafts) if drafts else None
+
+    def choose(self, candidates: list[DraftCandidate], shape: StepShape, num_sampled: int,
+               tokens_left: int) -> dict[str, int]:
+        """Draft lengths per request id (0s left out), within `tokens_left` tokens."""
+        if self.policy == "static" or self.cost_model is None:
+            out: dict[str, int] = {}
+            for c in candidates:
+                d = min(len(c.drafts), tokens_left)
+                if d > 0:
+                    out[c.request.request_id] = d
+                    tokens_left -= d
+            return out
+        return self._choose_adaptive(candidates, shape, num_sampled, tokens_left, self.cost_model)
+
+    def _choose_adaptive(self, candidates: list[DraftCandidate], shape: StepShape, num_sampled: int,
+                         tokens_left: int, cost: StepCostModel) -> dict[str, int]:
+        step_s = cost.predict_step_s(shape)
+        expected = float(num_sampled)
+        out: dict[str, int] = {}
+        ranked = sorted(candidates, key=lambda c: -self.acceptance_rate(c.request.request_id))
+        for c in ranked:
+            alpha = self.acceptance_rate(c.request.request_id)
+            gain = 1.0
+            for j in range(len(c.drafts)):
+                if tokens_left <= 0:
+                    return out
+                gain *= alpha
+                ctx = c.start + j + 2
+                extra_s = cost.token_cost_s(shape, ctx)
+                # draft j pays when its expected tokens per second beat the step's
+                if step_s > 0 and gain * step_s <= expected * max(extra_s, 0.0):
+                    break
+                shape = shape.with_decode(ctx)
+                step_s += max(extra_s, 0.0)
+                expected += gain
+                tokens_left -= 1
+                out[c.request.request_id] = j + 1
+        return out
+
+    def accepted(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """Record a verification: `num_accepted` of `num_drafted` drafts held."""
+        if num_drafted <= 0:
+            return
+        acc = self._acceptance.get(request_id)
+        if acc is None:
+            acc = self._acceptance[request_id] = _Acceptance()
+        acc.observe(num_drafted, num_accepted)
+        st = self.stats
+        st.num_drafts += 1
+        st.num_draft_tokens += num_drafted
+        st.num_accepted_tokens += num_accepted
+        for pos in range(min(num_accepted, len(st.accepted_per_pos))):
+            st.accepted_per_pos[pos] += 1
+
+    def finish(self, req: Request) -> None:
+        self._acceptance.pop(req.request_id, None)
+        self.drafter.finish(req.request_id, req.tenant, req.output_token_ids)
+
+    def drop(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._acceptance.pop(rid, None)
