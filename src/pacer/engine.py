@@ -103,10 +103,14 @@ class Engine:
 
         executor, ckpt, num_blocks = build_model_executor(config)
         cost_model = None
-        if config.scheduler.scheduling_policy == "slo":
+        sc = config.scheduler
+        adaptive_spec = sc.speculative_config is not None and sc.speculative_policy == "adaptive"
+        if sc.scheduling_policy == "slo" or adaptive_spec:
             from pacer.sim.step_model import engine_step_cost_model
 
-            cost_model = engine_step_cost_model(config, ckpt.arch)
+            cost_model = engine_step_cost_model(config, ckpt.arch,
+                                                "scheduling_policy=slo" if sc.scheduling_policy == "slo"
+                                                else "speculative_policy=adaptive")
         return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
                    ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
 

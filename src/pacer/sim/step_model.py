@@ -80,7 +80,7 @@ class SchedulerCostModel:
         self.num_observed += 1
 
 
-def engine_step_cost_model(config: Any, arch: Any) -> SchedulerCostModel:
+def engine_step_cost_model(config: Any, arch: Any, why: str = "scheduling_policy=slo") -> SchedulerCostModel:
     """The real engine's predictor: this machine's calibration (`pacer sim calibrate`, else the
     fit shipped with pacer) for the model, refitted online; says so in the log."""
     from pacer.sim.profiles import calibration_path, get_hardware, get_model, model_from_hf_config
@@ -101,6 +101,6 @@ def engine_step_cost_model(config: Any, arch: Any) -> SchedulerCostModel:
     base = make_cost_model(hw, model, dtype, 1, config.cache.block_size)
     source = (str(calibration_path()) if calibration_path().is_file() else "the fit shipped with pacer") if on_cpu \
         else "the h100-sxm roofline"
-    log.warning("scheduling_policy=slo: predicting step times with %s (%s), refitted online from measured "
-                "steps; run `pacer sim calibrate` for a fit of this machine", base.name, source)
+    log.warning("%s: predicting step times with %s (%s), refitted online from measured "
+                "steps; run `pacer sim calibrate` for a fit of this machine", why, base.name, source)
     return SchedulerCostModel(base, refit=True)
