@@ -54,6 +54,12 @@ class StepStats:
     num_swap_in_blocks: int = 0
     token_budget: int = 0                          # the budget the scheduler chose for this step
     budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
+    # speculative decoding this step (vLLM's spec_decode counters): rows that drafted, drafted and
+    # accepted tokens, and accepted tokens by draft position
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def total_s(self) -> float:
@@ -92,6 +98,7 @@ class Engine:
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
+        self._spec_seen: tuple[int, int, int, tuple[int, ...]] = (0, 0, 0, ())   # spec totals at the last StepStats
         self.total_generation_tokens = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
@@ -446,12 +453,29 @@ class Engine:
             update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
             num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
             num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
-            token_budget=out.token_budget, budget_reason=out.budget_reason,
+            token_budget=out.token_budget, budget_reason=out.budget_reason, **self._spec_step(),
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
+
+    def _spec_step(self) -> dict[str, Any]:
+        """This step's speculative-decoding counts (deltas of the scheduler's totals)."""
+        spec = self.scheduler.spec
+        if spec is None:
+            return {}
+        st = spec.stats
+        now = (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, tuple(st.accepted_per_pos))
+        seen, self._spec_seen = self._spec_seen, now
+        per_pos = tuple(a - (seen[3][i] if i < len(seen[3]) else 0) for i, a in enumerate(now[3]))
+        return {"num_drafts": now[0] - seen[0], "num_draft_tokens": now[1] - seen[1],
+                "num_accepted_tokens": now[2] - seen[2], "accepted_per_pos": per_pos}
+
+    def spec_decode_stats(self) -> dict[str, Any] | None:
+        """Speculative-decoding totals (vLLM's counters, acceptance rate, mean accepted length);
+        None when speculation is off."""
+        return None if self.scheduler.spec is None else self.scheduler.spec.stats.as_dict()
 
     def cache_stats(self) -> dict[str, Any]:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for

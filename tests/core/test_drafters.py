@@ -12,7 +12,10 @@ def naive_propose(tokens: list[int], n_min: int, n_max: int, k: int) -> list[int
         suffix = tokens[len(tokens) - n:]
         for end in range(len(tokens) - 1, n - 1, -1):
             if tokens[end - n:end] == suffix:
-                return tokens[end:end + k]
+                seq = list(tokens)
+                while len(seq) < len(tokens) + k and end + len(seq) - len(tokens) < len(seq):
+                    seq.append(seq[end + len(seq) - len(tokens)])
+                return seq[len(tokens):] if end + k > len(tokens) else tokens[end:end + k]
     return []
 
 
@@ -56,3 +59,4 @@ def test_index_latest_occurrence():
     idx.extend([1, 2, 3, 1, 2, 4, 1, 2])
     assert idx.match([1, 2]) == (2, 5)
     assert idx.continuation(5, 3) == [4, 1, 2]
+    assert idx.continuation(7, 4) == [2, 2, 2, 2]   # past the end the match copies on

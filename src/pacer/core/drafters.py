@@ -2,7 +2,8 @@
 
 Both look up the request's last n tokens (n from `prompt_lookup_max` down to
 `prompt_lookup_min`) among earlier n-grams and propose the tokens that followed the most
-recent earlier occurrence. `NgramIndex` keeps, per n, "n-gram -> latest end position" over a
+recent earlier occurrence (continuing the copy past the end when the match overlaps it).
+`NgramIndex` keeps, per n, "n-gram -> latest end position" over a
 token sequence and is extended incrementally as the request grows, so a proposal costs
 O(n range) dict look-ups, not a scan of the context.
 
@@ -53,7 +54,14 @@ class NgramIndex:
         return 0, 0
 
     def continuation(self, end: int, k: int) -> list[int]:
-        return self.tokens[end:end + k]
+        """The k tokens after position `end`; past the sequence's end the match repeats
+        itself (a run or a period copies on), so a draft is not cut short by overlap."""
+        toks = self.tokens
+        draft = toks[end:end + k]
+        length = len(toks)
+        while len(draft) < k and end < length:
+            draft.append(draft[end + len(draft) - length])
+        return draft
 
 
 class Drafter(Protocol):

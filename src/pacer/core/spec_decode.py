@@ -23,8 +23,9 @@ would have to advance along unverified drafts); logprobs work (one per emitted t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.core.drafters import NgramDrafter, make_drafter
 from pacer.core.spec_config import SpeculativeConfig
@@ -61,7 +62,18 @@ class SpecStats:
         """Tokens emitted per drafting step (accepted drafts + the verified one), vLLM's."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
-    def as_dict(self) -> dict[str, object]:
+    @classmethod
+    def sum(cls, totals: Mapping[str, Any], step: Any) -> SpecStats:
+        """`totals` (an `as_dict()`) plus one StepStats' spec counts."""
+        per_pos = list(totals["accepted_per_pos"])
+        for i, n in enumerate(step.accepted_per_pos):
+            if i == len(per_pos):
+                per_pos.append(0)
+            per_pos[i] += n
+        return cls(totals["num_drafts"] + step.num_drafts, totals["num_draft_tokens"] + step.num_draft_tokens,
+                   totals["num_accepted_tokens"] + step.num_accepted_tokens, per_pos)
+
+    def as_dict(self) -> dict[str, Any]:
         return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": list(self.accepted_per_pos),
                 "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length}

@@ -108,6 +108,9 @@ class Service:
         from pacer.structured.metrics import StructuredOutputsCollector
 
         self.metrics.registry.register(StructuredOutputsCollector(engine, self.metrics.name, self.model_name))
+        from pacer.server.spec_metrics import SpecDecodeCollector
+
+        self.metrics.registry.register(SpecDecodeCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         self.loop.failure_listeners.append(self._on_failure)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
