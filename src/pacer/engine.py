@@ -60,6 +60,7 @@ class StepStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: tuple[int, ...] = ()
+    num_spec_rejections: int = 0   # drafting rows whose drafts did not all hold
 
     @property
     def total_s(self) -> float:
@@ -98,7 +99,7 @@ class Engine:
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
-        self._spec_seen: tuple[int, int, int, tuple[int, ...]] = (0, 0, 0, ())   # spec totals at the last StepStats
+        self._spec_seen: tuple[int, int, int, tuple[int, ...], int] = (0, 0, 0, (), 0)   # spec totals, last StepStats
         self.total_generation_tokens = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
@@ -466,11 +467,13 @@ class Engine:
         if spec is None:
             return {}
         st = spec.stats
-        now = (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, tuple(st.accepted_per_pos))
+        now = (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, tuple(st.accepted_per_pos),
+               st.num_rejections)
         seen, self._spec_seen = self._spec_seen, now
         per_pos = tuple(a - (seen[3][i] if i < len(seen[3]) else 0) for i, a in enumerate(now[3]))
         return {"num_drafts": now[0] - seen[0], "num_draft_tokens": now[1] - seen[1],
-                "num_accepted_tokens": now[2] - seen[2], "accepted_per_pos": per_pos}
+                "num_accepted_tokens": now[2] - seen[2], "accepted_per_pos": per_pos,
+                "num_spec_rejections": now[4] - seen[4]}
 
     def spec_decode_stats(self) -> dict[str, Any] | None:
         """Speculative-decoding totals (vLLM's counters, acceptance rate, mean accepted length);

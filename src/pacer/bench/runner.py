@@ -92,7 +92,7 @@ class InprocessStats:
         self.num_preempted = 0
         self.max_kv_usage = 0.0
         self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                                     "accepted_per_pos": []}
+                                     "accepted_per_pos": [], "num_rejections": 0}
 
     def add(self, stats: Any) -> None:
         self.num_steps += 1

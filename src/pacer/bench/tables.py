@@ -85,7 +85,8 @@ def report_table(report: Report, title: str | None = None) -> Group:
 def spec_decode_line(spec: dict[str, Any]) -> str:
     """'speculative decoding: acceptance rate 71.2%, mean accepted length 3.10 (...)'."""
     per_pos = ", ".join(str(n) for n in spec.get("accepted_per_pos", []))
-    return (f"speculative decoding: acceptance rate {spec['acceptance_rate']:.1%}, mean accepted length "
+    return (f"speculative decoding: acceptance rate {spec['acceptance_rate']:.1%} (per token "
+            f"{spec['per_token_acceptance']:.1%}), mean accepted length "
             f"{spec['mean_accepted_length']:.2f} ({spec['num_drafts']} drafts, {spec['num_draft_tokens']} draft "
             f"tokens, {spec['num_accepted_tokens']} accepted; by position: {per_pos})")
 

@@ -34,8 +34,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = _DEFAULT_LOOKUP
     prompt_lookup_max: int = _DEFAULT_LOOKUP
     suffix_max_cached_requests: int = 64   # suffix: recent outputs kept per tenant (vLLM's name)
-    # the simulator's acceptance model: each draft token is accepted with this probability,
-    # a rate measured on the real engine (`pacer bench` reports it); None: the sim's default
+    # the simulator's acceptance model: each draft holds with this probability given that the ones
+    # before it held (the per-token rate `pacer bench` reports beside vLLM's acceptance rate);
+    # None: the simulator's default
     acceptance_rate: float | None = None
 
     @property

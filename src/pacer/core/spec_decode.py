@@ -52,10 +52,19 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    num_rejections: int = 0   # drafting rows whose drafts did not all hold (pacer's, for the per-token rate)
 
     @property
     def acceptance_rate(self) -> float:
+        """vLLM's: accepted / drafted tokens."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def per_token_acceptance(self) -> float:
+        """The chance a draft holds given the ones before it did: accepted / (accepted +
+        rejections). The simulator's acceptance model takes this rate."""
+        tried = self.num_accepted_tokens + self.num_rejections
+        return self.num_accepted_tokens / tried if tried else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -71,12 +80,14 @@ class SpecStats:
                 per_pos.append(0)
             per_pos[i] += n
         return cls(totals["num_drafts"] + step.num_drafts, totals["num_draft_tokens"] + step.num_draft_tokens,
-                   totals["num_accepted_tokens"] + step.num_accepted_tokens, per_pos)
+                   totals["num_accepted_tokens"] + step.num_accepted_tokens, per_pos,
+                   totals["num_rejections"] + step.num_spec_rejections)
 
     def as_dict(self) -> dict[str, Any]:
         return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": list(self.accepted_per_pos),
-                "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length}
+                "num_rejections": self.num_rejections, "acceptance_rate": self.acceptance_rate,
+                "per_token_acceptance": self.per_token_acceptance, "mean_accepted_length": self.mean_accepted_length}
 
 
 class _Acceptance:
@@ -185,6 +196,7 @@ class SpecDecoder:
         st.num_drafts += 1
         st.num_draft_tokens += num_drafted
         st.num_accepted_tokens += num_accepted
+        st.num_rejections += num_accepted < num_drafted
         for pos in range(min(num_accepted, len(st.accepted_per_pos))):
             st.accepted_per_pos[pos] += 1
 
