@@ -81,7 +81,7 @@ def test_greedy_matches_hf_with_speculation_under_chunking_and_preemption(base, 
     assert max(s.num_prefill_tokens + s.num_decode_tokens for s in steps) <= 32
 
 
-def test_logprobs_and_seeded_sampling_equal_those_without_speculation(base, prompts_expected):
+def test_logprobs_seeded_sampling_and_stop_strings_equal_those_without_speculation(base, prompts_expected):
     prompts = prompts_expected[0][-2:]
     runs = []
     for spec in (None, NGRAM):
@@ -89,8 +89,10 @@ def test_logprobs_and_seeded_sampling_equal_those_without_speculation(base, prom
         eng = engine_over(base, num_kv_blocks=64, **kw)
         greedy = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True, logprobs=2))
         seeded = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0.8, seed=11, ignore_eos=True))
-        runs.append((greedy, seeded, eng.spec_decode_stats()))
-    (g0, s0, _), (g1, s1, stats) = runs
+        stopped = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0, stop=[" the", ","]))
+        runs.append((greedy, seeded, stopped, eng.spec_decode_stats()))
+    (g0, s0, t0, _), (g1, s1, t1, stats) = runs
+    assert [(o.text, o.finish_reason) for o in t0] == [(o.text, o.finish_reason) for o in t1]   # stop strings
     assert stats is not None and stats["num_accepted_tokens"] > 0
     for a, b in zip(g0, g1):
         assert a.token_ids == b.token_ids and len(b.logprobs) == NEW
