@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +115,24 @@ def test_lpm_serves_the_longest_cached_prefix_first() -> None:
         finals = run(eng, ex)
         order = sorted(finals, key=lambda rid: finals[rid].metrics.first_scheduled_time)
         assert order[0] == first, policy
+
+
+@pytest.mark.parametrize("isolation, first", [("shared", "warm"), ("isolated", "cold"), ("partitioned", "cold")])
+def test_lpm_orders_by_the_requests_own_tenants_cache(isolation: str, first: str) -> None:
+    # tenant A caches a prefix; tenant B then sends a cold prompt and one that starts with A's
+    # prefix. Unless tenants share, lpm must not see A's blocks: B's order is arrival order, so
+    # B cannot learn (from its own TTFTs) what A has cached
+    eng, ex = make_engine(scheduling_policy="lpm", max_num_seqs=1, num_blocks=64, block_size=4,
+                          tenant_isolation=isolation)
+    shared = list(range(1, 33))
+    eng.add_request(shared, GREEDY, request_id="seed", tenant="A")
+    run(eng, ex)
+    eng.add_request(list(range(100, 140)), GREEDY, request_id="cold", tenant="B")
+    eng.add_request(shared + [90, 91, 92], GREEDY, request_id="warm", tenant="B")
+    finals = run(eng, ex)
+    order = sorted(finals, key=lambda rid: finals[rid].metrics.first_scheduled_time)
+    assert order[0] == first, isolation
+    assert (finals["warm"].num_cached_tokens > 0) == (isolation == "shared")
 
 
 POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")

@@ -152,3 +152,15 @@ def test_seeded_rows_draw_the_same_distribution():
     tokens = Sampler(0).sample(LOGITS.expand(N, -1).contiguous(), rows).token_ids
     assert_distribution(torch.bincount(torch.tensor(tokens), minlength=V).tolist(),
                         reference(LOGITS.tolist(), 0.9, 6))
+
+
+def test_one_seeded_request_draws_afresh_at_every_output_index():
+    # a seeded request's successive tokens are independent draws from the distribution (its
+    # noise is seeded by seed and output index), not one draw repeated at every position
+    p = SamplingParams(temperature=0.9, top_k=6, seed=1234)
+    rows = [SamplingRow(p, i) for i in range(N)]
+    tokens = Sampler(0).sample(LOGITS.expand(N, -1).contiguous(), rows).token_ids
+    assert_distribution(torch.bincount(torch.tensor(tokens), minlength=V).tolist(),
+                        reference(LOGITS.tolist(), 0.9, 6))
+    again = Sampler(99).sample(LOGITS.expand(N, -1).contiguous(), rows).token_ids
+    assert again == tokens   # and the same seed gives the same tokens whatever the sampler's own generator
