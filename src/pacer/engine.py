@@ -421,6 +421,9 @@ class Engine:
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         tracked = self._tracked[req.request_id]
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
+        if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
+            self.scheduler.drop_output_tail(req, num_new - len(new_ids))
+            num_new = len(new_ids)
         self.total_generation_tokens += num_new
         if stop is not None:
             req.stop_reason = stop

@@ -426,6 +426,13 @@ class Scheduler:
         self.spec.accepted(sr.request_id, num_drafted, num_accepted)
         return tokens
 
+    def drop_output_tail(self, req: Request, num_tokens: int) -> None:
+        """Drop the newest `num_tokens` outputs of a request about to finish (a stop string
+        ended it inside a multi-token step), and the KV claim past them."""
+        del req.output_token_ids[len(req.output_token_ids) - num_tokens:]
+        del req.metrics.token_times[len(req.metrics.token_times) - num_tokens:]
+        req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         # a stop token that is also the last allowed one reports "stop", as vLLM does
         sp = req.sampling_params
