@@ -143,6 +143,13 @@ def test_adaptive_follows_the_acceptance_rate():
     shape = StepShape().with_decode(50).with_decode(50)
     chosen = spec.choose([DraftCandidate(r, 49, [1, 2, 3, 4]) for r in reqs.values()], shape, 2, 100)
     assert chosen.get("good") == 4 and "bad" not in chosen
+    low = spec.acceptance_rate("bad")
+    for _ in range(60):   # steps without drafts let the estimate drift back, so it is tried again
+        if "bad" in spec.choose([DraftCandidate(reqs["bad"], 49, [1, 2])], StepShape().with_decode(50), 1, 100):
+            break
+    else:
+        raise AssertionError("a request that stopped drafting is never tried again")
+    assert spec.acceptance_rate("bad") > low
 
 
 def test_penalties_and_structured_requests_are_not_drafted():

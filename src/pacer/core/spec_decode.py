@@ -36,6 +36,8 @@ __all__ = ["SpecDecoder", "SpecStats", "kept_blocks", "PRIOR_ACCEPTANCE"]
 
 PRIOR_ACCEPTANCE = 0.5   # a request's acceptance rate before it has verified any draft
 _EWMA = 0.3              # weight of the newest step in a request's acceptance counts
+_RELAX = 0.02            # per step without drafts, the estimate drifts this far back to the prior,
+                         # so a request whose text turns repetitive later is tried again
 
 
 def kept_blocks(num_verified_tokens: int, block_size: int) -> int:
@@ -101,6 +103,9 @@ class _Acceptance:
     def rate(self) -> float:
         return self.accepted / self.trials
 
+    def relax(self) -> None:
+        self.accepted += _RELAX * (PRIOR_ACCEPTANCE * self.trials - self.accepted)
+
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         # each accepted draft is a success; the first rejected one (if any) the only failure
         trials = num_accepted + (1 if num_accepted < num_drafted else 0)
@@ -157,7 +162,12 @@ class SpecDecoder:
                     out[c.request.request_id] = d
                     tokens_left -= d
             return out
-        return self._choose_adaptive(candidates, shape, num_sampled, tokens_left, self.cost_model)
+        chosen = self._choose_adaptive(candidates, shape, num_sampled, tokens_left, self.cost_model)
+        for c in candidates:
+            acc = self._acceptance.get(c.request.request_id)
+            if acc is not None and c.request.request_id not in chosen:
+                acc.relax()
+        return chosen
 
     def _choose_adaptive(self, candidates: list[DraftCandidate], shape: StepShape, num_sampled: int,
                          tokens_left: int, cost: StepCostModel) -> dict[str, int]:
