@@ -157,3 +157,27 @@ def test_penalties_and_structured_requests_are_not_drafted():
     add_requests(eng, 1, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, presence_penalty=0.5))
     run(eng, ex)
     assert not any(sr.draft_token_ids for out in ex.steps for sr in out.scheduled)
+
+
+def test_kv_events_never_store_a_block_holding_unverified_drafts():
+    """Every stored block's tokens, chained from its parent, are a prefix of a request's final
+    tokens: no block with a rejected draft ever reaches the prefix cache or its events."""
+    from pacer.core.block_events import BlockStoredEvent
+
+    rng = random.Random(3)
+    eng, ex = make_engine(num_blocks=40, block_size=4, max_len=64, speculative_config=NGRAM,
+                          speculative_policy="static", max_num_batched_tokens=12, model=copy_model,
+                          accept=lambda rid, drafts: rng.randint(0, len(drafts)))
+    stored: list[BlockStoredEvent] = []
+    eng.add_kv_event_sink(lambda now, events: stored.extend(e for e in events if isinstance(e, BlockStoredEvent)))
+    prompts = add_requests(eng, 4, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), shared_prefix=8)
+    finals = run(eng, ex)
+    sequences = [prompts[rid] + finals[rid].token_ids for rid in prompts]
+    prefixes: dict[int, list[int]] = {}
+    for ev in stored:
+        prefix = list(prefixes[ev.parent_block_hash]) if ev.parent_block_hash is not None else []
+        for i, h in enumerate(ev.block_hashes):
+            prefix += list(ev.token_ids[i * ev.block_size:(i + 1) * ev.block_size])
+            prefixes[h] = list(prefix)
+            assert any(seq[:len(prefix)] == prefix for seq in sequences), "a stored block holds tokens no request has"
+    assert len(prefixes) > 10 and eng.scheduler.spec.stats.num_draft_tokens > eng.scheduler.spec.stats.num_accepted_tokens
