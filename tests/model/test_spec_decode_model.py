@@ -59,7 +59,7 @@ def top2_gap(model: torch.nn.Module, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("policy", ["static", "adaptive"])
+@pytest.mark.parametrize("policy", ["static", pytest.param("adaptive", marks=pytest.mark.slow)])
 def test_greedy_matches_hf_with_speculation_under_chunking_and_preemption(base, hf_default, prompts_expected, policy):
     prompts, expected = prompts_expected
     eng = engine_over(base, max_num_batched_tokens=32, num_kv_blocks=14, block_size=16, enable_prefix_caching=False,
