@@ -37,11 +37,13 @@ def free_after(eng) -> int:
     return eng.kv.pool.num_free_blocks + (eng.kv.cache.num_evictable_blocks if eng.kv.cache else 0)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), method=st.sampled_from(["ngram", "suffix"]),
        policy=st.sampled_from(["static", "adaptive"]), mode=st.sampled_from(["recompute", "swap"]),
-       caching=st.booleans(), budget=st.integers(6, 24), num_blocks=st.integers(14, 30))
-def test_rollback_keeps_every_kv_invariant(seed, method, policy, mode, caching, budget, num_blocks):
+       caching=st.booleans(), budget=st.integers(6, 24), num_blocks=st.integers(14, 30),
+       scheduling=st.sampled_from(["fcfs", "priority", "slo"]), chunked=st.booleans())
+def test_rollback_keeps_every_kv_invariant(seed, method, policy, mode, caching, budget, num_blocks, scheduling,
+                                           chunked):
     """Random acceptances: after every step the block pool, prefix cache and ref counts are
     consistent (run() checks), the fake executor finds each request's KV equal to its own
     tokens (so no rejected draft's KV survives and no cached block holds one), and at the
@@ -50,11 +52,13 @@ def test_rollback_keeps_every_kv_invariant(seed, method, policy, mode, caching, 
     spec = {**NGRAM, "method": method}
     eng, ex = make_engine(num_blocks=num_blocks, block_size=4, max_len=64, speculative_config=spec,
                           speculative_policy=policy, preemption_mode=mode, num_cpu_blocks=32,
-                          enable_prefix_caching=caching, max_num_batched_tokens=budget,
+                          enable_prefix_caching=caching, max_num_batched_tokens=budget if chunked else 64,
+                          scheduling_policy=scheduling, enable_chunked_prefill=chunked,
                           model=copy_model, accept=lambda rid, drafts: rng.randint(0, len(drafts)))
     params = SamplingParams(max_tokens=rng.randint(5, 30), temperature=0, ignore_eos=True)
-    add_requests(eng, rng.randint(1, 5), params, shared_prefix=8)
+    prompts = add_requests(eng, rng.randint(1, 5), params, shared_prefix=8)
     finals = run(eng, ex)
+    assert set(finals) == set(prompts)
     assert all(len(o.token_ids) == params.max_tokens for o in finals.values())
     assert any(sr.draft_token_ids for out in ex.steps for sr in out.scheduled), "nothing was drafted"
     assert free_after(eng) == eng.kv.num_blocks
