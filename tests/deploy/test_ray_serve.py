@@ -7,6 +7,7 @@ The deployment test is slow (Ray start-up plus two model loads, ~1-2 min here): 
 import argparse
 import json
 import socket
+import threading
 
 import httpx
 import openai
@@ -15,7 +16,7 @@ import pytest
 from pacer.cli import main
 from pacer.deploy.ray_app import aggregate_metrics
 from pacer.server.cli import add_serve_args
-from tests.server.conftest import MODEL
+from tests.server.conftest import MODEL, wait_for
 
 SYSTEM = ("You are the support assistant of a bicycle shop. Be brief and friendly, mention the warranty "
           "when a part breaks, and suggest a workshop visit for anything involving brakes. ") * 2
@@ -93,6 +94,45 @@ def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deploym
 
     metrics = httpx.get(deployment + "/metrics")
     assert metrics.status_code == 200 and "pacer_ingress_requests_waiting 0" in metrics.text
+    for rank in ("0", "1"):   # every replica's own series, labelled with its rank
+        assert f'pacer_num_requests_running{{replica="{rank}",' in metrics.text, metrics.text[-2000:]
+
+
+
+def _running_somewhere(base_url: str) -> bool:
+    text = httpx.get(base_url + "/metrics").text
+    return any(line.split("{")[0].endswith("num_requests_running") and not line.endswith(" 0.0")
+               for line in text.splitlines())
+
+
+@pytest.mark.slow
+def test_a_dead_replica_fails_its_requests_with_503_and_ray_serve_replaces_it(deployment):
+    # runs after the routing test (module order): it kills every replica of the deployment
+    import ray
+
+    result: dict[str, httpx.Response] = {}
+
+    def long_request() -> None:
+        result["r"] = httpx.post(deployment + "/v1/completions", timeout=300, json={
+            "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000, "ignore_eos": True})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    wait_for(lambda: _running_somewhere(deployment), 60, "the long request to run on a replica")
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "PacerReplica" in a["name"]]
+    assert len(replicas) == 2, replicas
+    for a in replicas:
+        ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=True)
+    t.join(120)
+    assert not t.is_alive(), "the request of a dead replica hung"
+    r = result["r"]
+    assert r.status_code == 503 and "replica" in r.json()["error"]["message"], r.text
+
+    def answered() -> bool:
+        r = httpx.post(deployment + "/v1/completions", timeout=300,
+                       json={"model": MODEL, "prompt": "Hello", "max_tokens": 2})
+        return r.status_code == 200
+    wait_for(answered, 300, "Ray Serve to replace the dead replicas")
 
 
 def test_asgi_bridge_streams_and_reports_disconnects():

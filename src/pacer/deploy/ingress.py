@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
-from pacer.deploy.ray_app import LIVE_STATS, aggregate_metrics
+from pacer.deploy.ray_app import aggregate_metrics, live_stats
 from pacer.deploy.routers import request_namespace
 from pacer.server import errors
 from pacer.server.router_api import FAIRNESS_HEADER
@@ -121,7 +121,7 @@ class PacerIngress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        text = aggregate_metrics(dict(LIVE_STATS))
+        text = aggregate_metrics(dict(live_stats()))
         text += ("# HELP pacer_ingress_requests_waiting Requests forwarded whose response has not started.\n"
                  "# TYPE pacer_ingress_requests_waiting gauge\n"
                  f"pacer_ingress_requests_waiting {self.num_waiting}\n"

@@ -16,11 +16,13 @@ OpenAI-compatible ingress.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -28,11 +30,19 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from pacer.deploy.kv_index import BlockIndex, from_wire
 from pacer.deploy.routers import Cluster, RouteRequest, make_router
 
-__all__ = ["PacerReplica", "PacerRequestRouter", "LIVE_STATS"]
+__all__ = ["PacerReplica", "PacerRequestRouter", "LIVE_STATS", "live_stats"]
 
 log = logging.getLogger("pacer.deploy")
 LIVE_STATS: dict[str, dict[str, Any]] = {}   # replica id -> its latest routing stats (read by the ingress)
+
+
+def live_stats() -> dict[str, dict[str, Any]]:
+    """This process's LIVE_STATS, looked up through sys.modules: Ray Serve ships the router
+    class by value, so a module global the router names directly is a copy the ingress never
+    sees."""
+    return cast(dict[str, dict[str, Any]], importlib.import_module(__name__).LIVE_STATS)
 REPLICA_HEADER = "x-pacer-replica"
+STATS_REFRESH_S = 1.0   # how often the router re-reads the replicas' routing stats without a request
 
 
 # ---------------------------------------------------------------------- replica
@@ -147,18 +157,26 @@ class PacerRequestRouter(RequestRouter):
         self._subscribed: dict[str, str] = {}        # replica id -> endpoint it is subscribed to
         self._subscribers: dict[str, Any] = {}
         self._stop = threading.Event()
+        self._sync_lock = threading.Lock()
         self._thread = threading.Thread(target=self._consume_events, name="pacer-kv-subscriber", daemon=True)
         self._thread.start()
 
     def _sync_replicas(self, replicas: list[RunningReplica]) -> list[str]:
+        """The replicas' latest routing stats into LIVE_STATS (the ingress's /metrics reads them)
+        and a KV event subscription per replica; called per routed request and every second."""
+        with self._sync_lock:
+            return self._sync_replicas_locked(replicas)
+
+    def _sync_replicas_locked(self, replicas: list[RunningReplica]) -> list[str]:
         from pacer.kv_events import KVEventSubscriber, connect_address
 
         ids = []
+        live = live_stats()
         for r in replicas:
             rid = r.replica_id.unique_id
             ids.append(rid)
             stats = r.routing_stats or {}
-            LIVE_STATS[rid] = stats
+            live[rid] = stats
             endpoint = stats.get("kv_endpoint")
             if endpoint and self._subscribed.get(rid) != endpoint:
                 replay = stats.get("kv_replay_endpoint")
@@ -168,14 +186,18 @@ class PacerRequestRouter(RequestRouter):
                     self._subscribers[rid] = sub
                     self._index.drop_replica(rid)   # a replaced replica starts from nothing
                 self._subscribed[rid] = endpoint
-        for gone in set(LIVE_STATS) - set(ids):
-            LIVE_STATS.pop(gone, None)
+        for gone in set(live) - set(ids):
+            live.pop(gone, None)
             with self._lock:
                 self._index.drop_replica(gone)
         return ids
 
     def _consume_events(self) -> None:
+        last_sync = 0.0
         while not self._stop.is_set():
+            if time.monotonic() - last_sync >= STATS_REFRESH_S:   # fresh /metrics between requests too
+                last_sync = time.monotonic()
+                self._sync_replicas(list(self.curr_replicas.values()))
             with self._lock:
                 subs = list(self._subscribers.items())
             if not subs:
@@ -194,7 +216,8 @@ class PacerRequestRouter(RequestRouter):
         route = pending_request.args[0] if pending_request is not None and pending_request.args else None
         if not isinstance(route, dict):
             return [candidate_replicas]
-        self._cluster.replica_ids = sorted(ids, key=lambda rid: (LIVE_STATS.get(rid, {}).get("rank", 0), rid))
+        live = live_stats()
+        self._cluster.replica_ids = sorted(ids, key=lambda rid: (live.get(rid, {}).get("rank", 0), rid))
         self._cluster.load = {rid: self._in_flight.get(rid, 0) for rid in ids}
         req = RouteRequest(route["request_id"], route.get("token_ids", []), route.get("tenant", "default"),
                            route.get("owner", ""), route.get("request_class", "chat"))
