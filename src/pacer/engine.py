@@ -99,7 +99,6 @@ class Engine:
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
         self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
-        self._spec_seen: tuple[int, int, int, tuple[int, ...], int] = (0, 0, 0, (), 0)   # spec totals, last StepStats
         self.total_generation_tokens = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
@@ -457,26 +456,13 @@ class Engine:
             update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
             num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
             num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
-            token_budget=out.token_budget, budget_reason=out.budget_reason, **self._spec_step(),
+            token_budget=out.token_budget, budget_reason=out.budget_reason,
+            **(self.scheduler.spec.take_step_counts() if self.scheduler.spec is not None else {}),
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
-
-    def _spec_step(self) -> dict[str, Any]:
-        """This step's speculative-decoding counts (deltas of the scheduler's totals)."""
-        spec = self.scheduler.spec
-        if spec is None:
-            return {}
-        st = spec.stats
-        now = (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, tuple(st.accepted_per_pos),
-               st.num_rejections)
-        seen, self._spec_seen = self._spec_seen, now
-        per_pos = tuple(a - (seen[3][i] if i < len(seen[3]) else 0) for i, a in enumerate(now[3]))
-        return {"num_drafts": now[0] - seen[0], "num_draft_tokens": now[1] - seen[1],
-                "num_accepted_tokens": now[2] - seen[2], "accepted_per_pos": per_pos,
-                "num_spec_rejections": now[4] - seen[4]}
 
     def spec_decode_stats(self) -> dict[str, Any] | None:
         """Speculative-decoding totals (vLLM's counters, acceptance rate, mean accepted length);

@@ -24,8 +24,6 @@ finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
@@ -33,7 +31,7 @@ from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
 from pacer.core.slo_policy import SloPolicy
 from pacer.core.spec_decode import SpecDecoder
-from pacer.core.step_cost import StepCostModel, StepShape
+from pacer.core.step_cost import StepCostModel
 from pacer.request import FinishReason, Request, RequestStatus
 
 __all__ = ["Scheduler"]
@@ -196,28 +194,13 @@ class Scheduler:
 
     def _plan_drafts(self, step: _Step, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
-        shape, candidates, num_sampled = StepShape(), [], 0
-        for rid, n in step.num_tokens.items():
-            req = self.requests[rid]
-            start = req.num_computed_tokens
-            sample = start + n == req.num_tokens
-            shape = shape.with_chunk(n, start, sample)
-            num_sampled += sample
-            if n == 1 and sample and step.budget.tokens_left > 0:
-                cand = spec.propose(req, start)
-                if cand is not None:
-                    candidates.append(cand)
-        if not candidates:
-            return
-        for rid, d in spec.choose(candidates, shape, num_sampled, step.budget.tokens_left).items():
-            req = self.requests[rid]
-            blocks = self.kv.allocate_slots(req, 1 + d)   # blocks past the one token's, or None: no drafts
-            if blocks is None:
-                continue
-            step.new_blocks[rid].extend(blocks)
-            step.drafts[rid] = next(c.drafts[:d] for c in candidates if c.request is req)
-            step.num_tokens[rid] += d
-            step.budget.tokens_left -= d
+        for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
+            blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
+            if blocks is not None:
+                step.new_blocks[rid].extend(blocks)
+                step.drafts[rid] = drafts
+                step.num_tokens[rid] += len(drafts)
+                step.budget.tokens_left -= len(drafts)
 
     def _budget_by_itl(self, policy: SloPolicy, step: _Step, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
@@ -393,8 +376,8 @@ class Scheduler:
             if not sr.sample:
                 continue
             tokens = result.results[sr.request_id].token_ids
-            if sr.draft_token_ids:
-                tokens = self._verified(req, sr, tokens)
+            if sr.draft_token_ids and self.spec is not None:
+                tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
             kept = 0
             for token in tokens:
                 kept += 1
@@ -412,19 +395,6 @@ class Scheduler:
             if sr.draft_token_ids and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
-
-    def _verified(self, req: Request, sr: ScheduledRequest, tokens: Sequence[int]) -> Sequence[int]:
-        """A verified draft step: the executor returned the accepted drafts and one more token.
-        Rolls num_computed_tokens back to the verified tokens (the KV of rejected drafts is void)."""
-        num_drafted = len(sr.draft_token_ids)
-        if not 1 <= len(tokens) <= num_drafted + 1 or list(tokens[:-1]) != list(sr.draft_token_ids[:len(tokens) - 1]):
-            raise ValueError(f"{sr.request_id}: the executor returned {list(tokens)} for drafts "
-                             f"{list(sr.draft_token_ids)} (expected the accepted drafts and one more token)")
-        num_accepted = len(tokens) - 1
-        req.num_computed_tokens = sr.start_position + 1 + num_accepted
-        assert self.spec is not None
-        self.spec.accepted(sr.request_id, num_drafted, num_accepted)
-        return tokens
 
     def drop_output_tail(self, req: Request, num_tokens: int) -> None:
         """Drop the newest `num_tokens` outputs of a request about to finish (a stop string

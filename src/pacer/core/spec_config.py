@@ -90,11 +90,8 @@ def parse_speculative_config(value: SpeculativeConfig | Mapping[str, Any] | str 
         raise ValueError("speculative_config.num_speculative_tokens is required (k >= 1 drafts per step)")
     lo = _int_key(value, "prompt_lookup_min", 1)
     hi = _int_key(value, "prompt_lookup_max", 1)
-    if lo is None and hi is None:
-        lo = hi = _DEFAULT_LOOKUP
-    lo = hi if lo is None else lo
-    hi = lo if hi is None else hi
-    assert lo is not None and hi is not None
+    lo = lo if lo is not None else hi if hi is not None else _DEFAULT_LOOKUP
+    hi = hi if hi is not None else lo
     if lo > hi:
         raise ValueError(f"speculative_config.prompt_lookup_min={lo} is larger than prompt_lookup_max={hi}")
     cached = _int_key(value, "suffix_max_cached_requests", 0)

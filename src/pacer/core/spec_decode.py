@@ -23,11 +23,12 @@ would have to advance along unverified drafts); logprobs work (one per emitted t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.core.drafters import NgramDrafter, make_drafter
+from pacer.core.outputs import ScheduledRequest
 from pacer.core.spec_config import SpeculativeConfig
 from pacer.core.step_cost import StepCostModel, StepShape
 from pacer.request import Request
@@ -132,6 +133,7 @@ class SpecDecoder:
                                                   config.suffix_max_cached_requests)
         self.stats = SpecStats(accepted_per_pos=[0] * config.k)
         self._acceptance: dict[str, _Acceptance] = {}
+        self._seen = SpecStats(accepted_per_pos=[0] * config.k)   # totals at the last take_step_counts
 
     @staticmethod
     def eligible(req: Request) -> bool:
@@ -194,6 +196,39 @@ class SpecDecoder:
                 out[c.request.request_id] = j + 1
         return out
 
+    def plan(self, scheduled: Mapping[str, int], requests: Mapping[str, Request],
+             tokens_left: int) -> dict[str, list[int]]:
+        """Drafts per request id for a step whose rows are `scheduled` (request id -> tokens),
+        within `tokens_left`: for the rows that decode their last token."""
+        shape, candidates, num_sampled = StepShape(), [], 0
+        for rid, n in scheduled.items():
+            req = requests[rid]
+            start = req.num_computed_tokens
+            sample = start + n == req.num_tokens
+            shape = shape.with_chunk(n, start, sample)
+            num_sampled += sample
+            if n == 1 and sample and tokens_left > 0:
+                cand = self.propose(req, start)
+                if cand is not None:
+                    candidates.append(cand)
+        if not candidates:
+            return {}
+        by_id = {c.request.request_id: c for c in candidates}
+        return {rid: by_id[rid].drafts[:d] for rid, d in self.choose(candidates, shape, num_sampled, tokens_left).items()}
+
+    def verified(self, req: Request, sr: ScheduledRequest, tokens: Sequence[int]) -> Sequence[int]:
+        """A verified draft step: the executor returned the accepted drafts and one more token.
+        Rolls `num_computed_tokens` back to the verified tokens (the rejected drafts' KV is void;
+        the KV manager's `trim_to_computed` frees blocks only they used) and counts them."""
+        num_drafted = len(sr.draft_token_ids)
+        if not 1 <= len(tokens) <= num_drafted + 1 or list(tokens[:-1]) != list(sr.draft_token_ids[:len(tokens) - 1]):
+            raise ValueError(f"{sr.request_id}: the executor returned {list(tokens)} for drafts "
+                             f"{list(sr.draft_token_ids)} (expected the accepted drafts and one more token)")
+        num_accepted = len(tokens) - 1
+        req.num_computed_tokens = sr.start_position + 1 + num_accepted
+        self.accepted(sr.request_id, num_drafted, num_accepted)
+        return tokens
+
     def accepted(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         """Record a verification: `num_accepted` of `num_drafted` drafts held."""
         if num_drafted <= 0:
@@ -209,6 +244,18 @@ class SpecDecoder:
         st.num_rejections += num_accepted < num_drafted
         for pos in range(min(num_accepted, len(st.accepted_per_pos))):
             st.accepted_per_pos[pos] += 1
+
+    def take_step_counts(self) -> dict[str, Any]:
+        """The counts since the last call, under StepStats' field names (one step's)."""
+        now, seen = self.stats, self._seen
+        counts = {"num_drafts": now.num_drafts - seen.num_drafts,
+                  "num_draft_tokens": now.num_draft_tokens - seen.num_draft_tokens,
+                  "num_accepted_tokens": now.num_accepted_tokens - seen.num_accepted_tokens,
+                  "accepted_per_pos": tuple(a - b for a, b in zip(now.accepted_per_pos, seen.accepted_per_pos)),
+                  "num_spec_rejections": now.num_rejections - seen.num_rejections}
+        self._seen = SpecStats(now.num_drafts, now.num_draft_tokens, now.num_accepted_tokens,
+                               list(now.accepted_per_pos), now.num_rejections)
+        return counts
 
     def finish(self, req: Request) -> None:
         self._acceptance.pop(req.request_id, None)
