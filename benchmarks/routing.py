@@ -134,8 +134,8 @@ def run_real(args: argparse.Namespace) -> None:
 def _run_router(name, engines, workers, done, trace, params, index, lock, concurrency) -> dict:
     router = make_router(name, len(engines))
     ids = [w.name for w in workers]
-    cluster = Cluster(ids, {i: 0 for i in ids}, index, engines[0].kv.block_size)
-    before = [(e.kv.stats.hit_tokens, e.kv.stats.queried_tokens) for e in engines]
+    cluster = Cluster(ids, {i: 0 for i in ids}, index, engines[0].config.cache.block_size)
+    before = [(s.prefix_cache_hit_tokens, s.prefix_cache_queried_tokens) for s in (e.snapshot() for e in engines)]
     routed = {i: 0 for i in ids}
     ttfts, out_tokens, nxt, in_flight = [], 0, 0, 0
     t0 = time.perf_counter()
@@ -157,8 +157,9 @@ def _run_router(name, engines, workers, done, trace, params, index, lock, concur
         ttfts.append(out.metrics.ttft)
         out_tokens += len(out.token_ids)
     wall = time.perf_counter() - t0
-    hits = sum(e.kv.stats.hit_tokens - b[0] for e, b in zip(engines, before))
-    queried = sum(e.kv.stats.queried_tokens - b[1] for e, b in zip(engines, before))
+    after = [e.snapshot() for e in engines]   # every request is done: the engines are idle
+    hits = sum(s.prefix_cache_hit_tokens - b[0] for s, b in zip(after, before))
+    queried = sum(s.prefix_cache_queried_tokens - b[1] for s, b in zip(after, before))
     total = sum(routed.values())
     return {"hit_rate": hits / max(queried, 1), "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 99),
             "tok_s": out_tokens / wall, "wall": wall,

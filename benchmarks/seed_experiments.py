@@ -47,15 +47,15 @@ def run(hw: str, model: str, *, n: int, rate: float = math.inf, input_len: int |
     specs = generate_requests(wl, make_arrivals(rate), seed=seed, num_requests=n, max_model_len=m.max_model_len)
     res = simulate(eng, ex, clock, specs)
     s = dict(build_report(res.records).summary[OVERALL])
-    decode_s = sum(r.cost.time_s for r in ex.records if not r.num_prefill_tokens)
-    decode_tokens = sum(r.num_decode_tokens for r in ex.records if not r.num_prefill_tokens)
-    decode_steps = [r for r in ex.records if not r.num_prefill_tokens]
-    prefill_steps = [r for r in ex.records if r.num_prefill_tokens]
+    decode_steps = [st for st in res.steps if not st.num_prefill_tokens]
+    prefill_steps = [st for st in res.steps if st.num_prefill_tokens]
+    decode_s = sum(st.forward_s for st in decode_steps)
+    decode_tokens = sum(st.num_decode_tokens for st in decode_steps)
     s.update(decode_tok_s=decode_tokens / decode_s if decode_s else 0.0, preempt=res.num_preemptions,
              kv_blocks=res.num_kv_blocks, wall=res.wall_s, steps=res.num_steps,
-             decode_step_s=max((r.cost.time_s for r in decode_steps), default=0.0),
+             decode_step_s=max((st.forward_s for st in decode_steps), default=0.0),
              num_prefill_steps=len(prefill_steps),
-             prefill_step_s=max((r.cost.time_s for r in prefill_steps), default=0.0),
+             prefill_step_s=max((st.forward_s for st in prefill_steps), default=0.0),
              kv_gb=res.num_kv_blocks * cfg.cache.block_size * m.kv_bytes_per_token(cfg.model.dtype, tp) / 1e9)
     return s
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,17 @@ def base() -> Iterator[Engine]:
     torch.set_num_threads(threads)
 
 
-def make(base: Engine, **kw: Any) -> Engine:
-    """A fresh engine (own KV, own config) over the already loaded model."""
+def make(base: Engine, wrap: Callable[[Any], Any] | None = None, **kw: Any) -> Engine:
+    """A fresh engine (own KV, own config) over the already loaded model; `wrap` wraps its
+    executor (a test's fault injector: an engine's executor is never swapped)."""
     cfg = EngineConfig.from_kwargs(**kw)
     if cfg.cache.num_kv_blocks is None and cfg.cache.kv_cache_memory is None:
         cfg.cache.num_kv_blocks = 256
-    executor = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
-    return Engine(cfg, executor, base.tokenizer, executor.num_blocks, base.max_model_len, base.eos_token_ids,
+    executor: Any = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
+    num_blocks = executor.num_blocks
+    if wrap is not None:
+        executor = wrap(executor)
+    return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)
 
 

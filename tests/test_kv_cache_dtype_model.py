@@ -10,7 +10,7 @@ import torch
 from pacer.config import EngineConfig
 from pacer.core.outputs import SchedulerOutput
 from pacer.engine import Engine
-from pacer.executor.model_executor import ModelExecutor
+from pacer.model.executor import ModelExecutor
 from pacer.model.kv_calibrate import forward_stream, stream_nll
 from pacer.request import SamplingParams
 from tests.conftest import make

@@ -102,9 +102,9 @@ def test_logprobs_are_log_softmax_of_the_model_logits(base: Engine) -> None:
 def test_a_failed_step_retries_penalised_requests_with_their_history(base: Engine) -> None:
     params = [PENALISED[0], PENALISED[1], SamplingParams(max_tokens=4, temperature=0)]
     want = generate(make(base, num_kv_blocks=256), PROMPTS[:2], params[:2])
-    engine = make(base, num_kv_blocks=256)
     poison = base.tokenizer.encode(" Zzyzx")[-1]
-    engine.executor = faulty = FaultyExecutor(engine.executor, poison)
+    engine = make(base, lambda inner: FaultyExecutor(inner, poison), num_kv_blocks=256)
+    faulty = engine.executor
     got = generate(engine, [*PROMPTS[:2], "Say Zzyzx"], params)
     assert faulty.num_failures >= 2 and got[2].finish_reason == "error"   # the step, then the poisoned one alone
     assert [o.token_ids for o in got[:2]] == [o.token_ids for o in want]

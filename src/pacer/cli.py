@@ -9,10 +9,22 @@ from typing import Any
 
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "SUBCOMMANDS"]
 
-# name -> (add_arguments, run); rooms register here so `pacer --help` lists everything.
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+AddArgs = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+# Every subcommand, explicitly: name -> (module, its add-arguments function, its run function).
+# Modules are imported when the command line is built; a room whose optional dependencies are
+# missing is left out of `pacer --help` rather than failing the others.
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "generate": ("pacer.cli", "_add_generate", "_run_generate"),
+    "serve": ("pacer.server.cli", "add_serve_args", "run_serve"),
+    "bench": ("pacer.bench.cli", "add_args", "run"),
+    "sim": ("pacer.sim.cli", "add_args", "run"),
+    "tune": ("pacer.tune", "add_args", "run"),
+    "diagnose": ("pacer.diagnose.cli", "add_args", "run"),
+}
 
 
 def _add_generate(p: argparse.ArgumentParser) -> None:
@@ -72,36 +84,34 @@ def _print_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[in
         print(f"  {show(t):>16} {lp.get(t, float('nan')):8.3f}" + (f"   top: {top}" if top else ""))
 
 
-COMMANDS["generate"] = (_add_generate, _run_generate)
-
-
-def _load_optional_commands() -> None:
+def _load_commands() -> dict[str, tuple[AddArgs, Run]]:
     import importlib
 
-    for mod in ("pacer.server.cli", "pacer.bench.cli", "pacer.sim.cli", "pacer.tune", "pacer.diagnose"):
+    commands: dict[str, tuple[AddArgs, Run]] = {}
+    for name, (mod, add_name, run_name) in SUBCOMMANDS.items():
         try:
-            importlib.import_module(mod)
+            module = importlib.import_module(mod)
         except ModuleNotFoundError as e:
-            if e.name != mod and not (e.name and mod.startswith(e.name)):
-                raise
+            if e.name == mod or (e.name and mod.startswith(e.name + ".")):
+                continue   # that room is not installed here
+            raise
+        commands[name] = (getattr(module, add_name), getattr(module, run_name))
+    return commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _load_optional_commands()
+    commands = _load_commands()
     parser = argparse.ArgumentParser(prog="pacer", description="pacer: batching is a scheduler policy.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (add_args, _) in COMMANDS.items():
+    for name, (add_args, _) in commands.items():
         add_args(sub.add_parser(name))
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command][1](args)
+        return commands[args.command][1](args)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"pacer {args.command}: error: {e}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    # `python -m pacer.cli`: run the imported module's main, whose COMMANDS the rooms register into
-    from pacer.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -17,12 +17,21 @@ class Clock(Protocol):
         """Seconds on a monotonic scale; only differences are meaningful."""
         ...
 
+    def wait_until(self, t: float) -> None:
+        """Return once `now() >= t`: the wall clock sleeps, a virtual clock jumps."""
+        ...
+
 
 class WallClock:
     """Monotonic wall clock (time.perf_counter)."""
 
     def now(self) -> float:
         return time.perf_counter()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
 
 
 class VirtualClock:
@@ -38,6 +47,11 @@ class VirtualClock:
         if seconds < 0:
             raise ValueError(f"VirtualClock.advance: seconds must be >= 0, got {seconds}")
         self._now += seconds
+
+    def wait_until(self, t: float) -> None:
+        """Jump to `t` (no-op when already past it)."""
+        if t > self._now:
+            self._now = float(t)
 
     def set(self, t: float) -> None:
         if t < self._now:

@@ -18,12 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SchedulerConfig", "CacheConfig", "ModelConfig", "StructuredOutputsConfig", "EngineConfig", "parse_memory_size",
-    "SCHEDULING_POLICIES",
+    "SCHEDULING_POLICIES", "PREEMPTION_MODES", "EVICTION_POLICIES", "TENANT_ISOLATION_MODES", "DTYPES",
+    "KV_CACHE_DTYPES",
 ]
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
+# Every choice list, spelled once: validation here, the CLI, the core and the model runner read these.
 SCHEDULING_POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
+EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
+TENANT_ISOLATION_MODES = ("shared", "isolated", "partitioned")
+DTYPES = ("float32", "bfloat16", "float16")   # model dtypes; "auto" picks one per device
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
@@ -192,11 +197,11 @@ class CacheConfig:
         _positive_int("block_size", self.block_size)
         if self.num_cpu_blocks is not None:
             _non_negative_int("num_cpu_blocks", self.num_cpu_blocks)
-        _choice("eviction_policy", self.eviction_policy, ("lru", "weighted-lru", "ttl"))
+        _choice("eviction_policy", self.eviction_policy, EVICTION_POLICIES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if not isinstance(self.calculate_kv_scales, bool):
             raise TypeError(f"calculate_kv_scales must be a bool, got {self.calculate_kv_scales!r}")
-        _choice("tenant_isolation", self.tenant_isolation, ("shared", "isolated", "partitioned"))
+        _choice("tenant_isolation", self.tenant_isolation, TENANT_ISOLATION_MODES)
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.cache_ttl is not None:
@@ -264,7 +269,7 @@ class ModelConfig:
     )
 
     def validate(self) -> None:
-        _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        _choice("dtype", self.dtype, ("auto", *DTYPES))
         if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.num_threads is not None:

@@ -13,58 +13,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.core.block_events import BlockEvent
 from pacer.core.kv_manager import KVCacheManager
-from pacer.core.offload import tier_stats
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
-from pacer.core.slo import ClassRules, Slo, canonical_class, slo_from_request
+from pacer.core.slo import ClassRules, Slo
 from pacer.core.step_cost import StepCostModel, StepShape
+from pacer.engine_inputs import check_request_args, resolve_slo, tokenize_prompt
+from pacer.engine_retry import execute_each
+from pacer.engine_stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.output_processor import RequestOutput, TrackedRequest
-from pacer.request import FinishReason, Request, RequestStatus, SamplingParams
+from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
 
-__all__ = ["Engine", "RequestOutput", "StepStats", "Executor"]
+__all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor"]
 
 log = logging.getLogger("pacer.engine")
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    step_id: int
-    time: float
-    num_running: int
-    num_waiting: int
-    batch_size: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_preempted: int
-    kv_usage: float
-    schedule_s: float
-    prepare_s: float
-    forward_s: float
-    sample_s: float
-    update_s: float
-    num_cached_tokens: int = 0    # prefix-cache hit tokens of the requests admitted this step
-    num_swap_out_blocks: int = 0  # KV blocks copied to / from the CPU tier this step
-    num_swap_in_blocks: int = 0
-    token_budget: int = 0                          # the budget the scheduler chose for this step
-    budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
-    # speculative decoding this step (vLLM's spec_decode counters): rows that drafted, drafted and
-    # accepted tokens, and accepted tokens by draft position
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: tuple[int, ...] = ()
-    num_spec_rejections: int = 0   # drafting rows whose drafts did not all hold
-
-    @property
-    def total_s(self) -> float:
-        return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
 
 
 class Engine:
@@ -83,7 +50,7 @@ class Engine:
         self._refit = refit_cost_model and cost_model is not None
         self.slo_set = self.scheduler_config.slo_set()
         self.class_rules = ClassRules()
-        self.executor = executor
+        self._executor = executor   # fixed: wrap it when building the engine, never swap it
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
@@ -97,9 +64,8 @@ class Engine:
         self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
         self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
         self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
-        self.total_prompt_tokens = 0
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
-        self.total_generation_tokens = 0
+        self._num_steps = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
 
     # ------------------------------------------------------------------ construction
@@ -126,6 +92,15 @@ class Engine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
 
     @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @property
+    def num_steps(self) -> int:
+        """Steps that ran (scheduled work); an idle step does not count."""
+        return self._num_steps
+
+    @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
 
@@ -133,14 +108,10 @@ class Engine:
     def structured_outputs(self) -> Any:
         """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
         if self._structured is None:
-            if self.tokenizer is None:
-                raise ValueError("structured_outputs needs a model with a tokenizer")
-            from pacer.structured.manager import StructuredOutputManager
+            from pacer.structured.runtime import default_manager
 
-            cfg = self.config.structured
-            self.install_structured_outputs(StructuredOutputManager(
-                self.tokenizer, self.vocab_size or self.tokenizer.vocab_size, self.eos_token_ids,
-                timeout=cfg.structured_outputs_timeout, num_workers=cfg.structured_outputs_workers))
+            self.install_structured_outputs(default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                            self.config.structured))
         return self._structured.manager
 
     def install_structured_outputs(self, manager: Any) -> None:
@@ -166,35 +137,16 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer; pass token ids")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            # set(map(type)) / min / max run in C: the per-token check was ~10% of a simulation
-            if set(map(type, ids)) - {int} and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-                raise TypeError("prompt token ids must be integers")
-            if self.vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
-                raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if not ids:
-            raise ValueError("prompt must not be empty (0 tokens)")
-        return ids
+        return tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
 
-    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        total = num_prompt_tokens + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len={self.max_model_len}"
-            )
-        if total > self.kv.capacity_tokens:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the KV cache capacity ({self.kv.capacity_tokens} tokens)"
-            )
+    @property
+    def max_context_tokens(self) -> int:
+        """The most tokens (prompt + output) one request may have: max_model_len or the whole KV cache."""
+        return min(self.max_model_len, self.kv.capacity_tokens)
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int, field: str = "prompt") -> None:
+        """Raises ContextLengthError (naming `field`) when such a request can never run."""
+        check_context_length(num_prompt_tokens, max_tokens, self.max_model_len, self.kv.capacity_tokens, field)
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
@@ -206,21 +158,11 @@ class Engine:
         the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
         such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top.
         `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise ValueError(f"n must be 1 for Engine.add_request (one sequence per request), got n={params.n}; "
-                             f"LLM.generate and the server expand n > 1 into n requests")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an integer, got {priority!r}")
-        if not isinstance(tenant, str) or not tenant:
-            raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        params = check_request_args(params, priority, tenant, cache_salt)
         ids = self.tokenize_prompt(prompt)
-        self.validate(len(ids), params)
-        rclass, targets = self.resolve_slo(len(ids), params, request_class, slo)
+        self.check_fits(len(ids), params.max_tokens)
+        rclass, targets = resolve_slo(self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
+                                      len(ids), params.max_tokens, request_class, slo)
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
@@ -251,18 +193,6 @@ class Engine:
             raise
         self._inbox.append(("add_structured", (tracked, future)))
         return request_id
-
-    def resolve_slo(self, num_prompt_tokens: int, params: SamplingParams, request_class: str | None,
-                    slo: Slo | Mapping[str, Any] | None) -> tuple[str, Slo]:
-        """(class, targets): the class's targets from the `slo` config with the request's own on top."""
-        if request_class is None:
-            rclass = self.class_rules.classify(num_prompt_tokens, params.max_tokens, False)
-        elif isinstance(request_class, str) and request_class:
-            rclass = canonical_class(request_class)
-        else:
-            raise ValueError(f"request_class must be a non-empty string, got {request_class!r}")
-        own = slo if isinstance(slo, Slo) else slo_from_request(slo)
-        return rclass, self.slo_set.for_class(rclass).merged(own, self.scheduler_config.allow_tighter_slo)
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
@@ -335,7 +265,7 @@ class Engine:
             outputs.append(self._finish_output(self._tracked[rid], [], ""))
         if sched_out.is_empty:
             if sched_out.finished_ids or sched_out.preempted_ids:
-                self.executor.execute(sched_out)
+                self._executor.execute(sched_out)
             self._publish_kv_events()
             if not outputs and self.num_waiting_for_grammar:
                 self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
@@ -343,10 +273,10 @@ class Engine:
         if self._structured is not None:
             sched_out = self._structured.with_masks(sched_out)
         try:
-            result = self.executor.execute(sched_out)
+            result = self._executor.execute(sched_out)
         except Exception:
             log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
-            result = self._execute_isolated(sched_out)
+            result = execute_each(self._executor, sched_out, self.scheduler.requests, self.kv.block_table)
         t2 = time.perf_counter()
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
@@ -380,32 +310,6 @@ class Engine:
                 for sink in self._kv_event_sinks:
                     sink(self.clock.now(), events)
 
-    def _execute_isolated(self, out: SchedulerOutput) -> ModelOutput:
-        """After a failed execute: run each request of the step alone (whole block table, as if
-        new to the executor) so that one bad request fails alone: those that fail again get an
-        error result. A step with KV swaps is not retried (its copies may have half run): all
-        its requests fail."""
-        results: dict[str, RequestResult] = {}
-        for sr in out.scheduled:
-            req = self.scheduler.requests.get(sr.request_id)
-            if req is None or out.swap_out or out.swap_in:
-                results[sr.request_id] = RequestResult(error="its step failed with KV swaps in flight")
-                continue
-            prompt_history, output_history = req.penalty_history()
-            alone = replace(sr, is_new=True, block_ids=list(self.kv.block_table(sr.request_id)),
-                            sampling_params=req.sampling_params, prompt_token_ids=prompt_history,
-                            output_token_ids=output_history)
-            single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
-                                     num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
-                                     num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
-                                     token_masks=out.token_masks)
-            try:
-                results.update(self.executor.execute(single).results)
-            except Exception as e:
-                log.exception("request %s failed alone; finishing it with an error", sr.request_id)
-                results[sr.request_id] = RequestResult(error=f"{type(e).__name__}: {e}")
-        return ModelOutput(results)
-
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
         for sr in out.scheduled:
@@ -423,7 +327,6 @@ class Engine:
         if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
             self.scheduler.drop_output_tail(req, num_new - len(new_ids))
             num_new = len(new_ids)
-        self.total_generation_tokens += num_new
         if stop is not None:
             req.stop_reason = stop
             self.scheduler.finish_request(req, FinishReason.STOP)
@@ -438,7 +341,6 @@ class Engine:
         self._tracked.pop(rid, None)
         if self._structured is not None:
             self._structured.release(rid)
-        self.total_prompt_tokens += tracked.req.num_prompt_tokens
         with self._id_lock:
             self._live_ids.discard(rid)
         return out
@@ -460,6 +362,7 @@ class Engine:
             **(self.scheduler.spec.take_step_counts() if self.scheduler.spec is not None else {}),
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
+        self._num_steps += 1
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
@@ -469,35 +372,16 @@ class Engine:
         None when speculation is off."""
         return None if self.scheduler.spec is None else self.scheduler.spec.stats.as_dict()
 
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state now, as one frozen record (the one view the server, the simulator
+        and reports read). Call it from the stepping thread, between steps."""
+        return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
+                           block_bytes=self._executor.kv_block_bytes or 0)
+
     def cache_stats(self) -> dict[str, Any]:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
-        /metrics and reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
-        kv, st = self.kv, self.kv.stats
-        block_bytes = self.executor.kv_block_bytes or 0
-        cpu = kv.cpu_pool
-        return {
-            "prefix_caching": kv.cache is not None,
-            "num_blocks": kv.num_blocks,
-            "free_blocks": kv.pool.num_free_blocks,
-            "cached_blocks": kv.num_cached_blocks,
-            "evictable_blocks": kv.cache.num_evictable_blocks if kv.cache else 0,
-            "pinned_prefixes": len(kv.pins),
-            "kv_usage": kv.usage,
-            "prefix_cache_queried_tokens": st.queried_tokens,
-            "prefix_cache_hit_tokens": st.hit_tokens,
-            "prefix_cache_hit_rate": st.hit_rate,
-            "evicted_blocks": dict(st.evicted_blocks),
-            "swap_out_requests": st.swap_out_requests,
-            "swap_in_requests": st.swap_in_requests,
-            "swap_out_bytes": st.swap_out_blocks * block_bytes,
-            "swap_in_bytes": st.swap_in_blocks * block_bytes,
-            "swap_fallbacks": st.swap_fallbacks,
-            "cpu_blocks": cpu.num_blocks if cpu else 0,
-            "cpu_blocks_used": cpu.num_used_blocks if cpu else 0,
-            "tiers": tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes),
-            "preemptions": {"recompute": self.scheduler.num_preemptions - self.scheduler.num_swap_preemptions,
-                            "swap": self.scheduler.num_swap_preemptions},
-        }
+        reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
+        return self.snapshot().cache_stats()
 
     def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

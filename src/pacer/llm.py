@@ -58,7 +58,7 @@ class LLM:
         for p, sp in zip(prompt_list, params):   # validate all before queueing any
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-            self.engine.validate(len(self.engine.tokenize_prompt(p)), sp)
+            self.engine.check_fits(len(self.engine.tokenize_prompt(p)), sp.max_tokens)
         groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te) for j in range(sp.n)]
                   for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
         ids = [rid for g in groups for rid in g]

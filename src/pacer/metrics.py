@@ -53,7 +53,10 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pacer.engine_stats import StepStats
 
 from pacer.core.slo import REQUEST_CLASSES, ClassRules
 
@@ -223,6 +226,8 @@ class ServingMetrics:
                                  labels, registry=reg)
         self.kv_usage = Gauge(self.name("kv_cache_usage_perc"), "KV-cache usage, 0..1 (1 = full).",
                               labels, registry=reg)
+        self.iteration_tokens = Histogram(self.name("iteration_tokens_total"), "Tokens scheduled per engine step.",
+                                          labels, buckets=_LENGTH_BUCKETS, registry=reg)
         counters = {
             "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
             "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
@@ -277,6 +282,10 @@ class ServingMetrics:
         for name, delta in deltas.items():
             if delta > 0:
                 self.counters[name].labels(m).inc(delta)
+
+    def on_step(self, stats: StepStats) -> None:
+        """Each engine step's `StepStats` (called on the engine's thread)."""
+        self.iteration_tokens.labels(self.model_name).observe(stats.num_prefill_tokens + stats.num_decode_tokens)
 
     def on_tokens(self, num_tokens: int) -> None:
         if num_tokens:

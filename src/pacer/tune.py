@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pacer.cli import COMMANDS
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_args", "run", "TuneResult", "parse_int_list"]
@@ -192,5 +191,3 @@ def _run_grid(args: argparse.Namespace) -> int:
              if args.find_max_rate else f" (goodput {best.goodput:.2f} req/s)"))
     return 0
 
-
-COMMANDS["tune"] = (add_args, run)

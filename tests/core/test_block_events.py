@@ -69,9 +69,8 @@ def test_consumer_of_the_stream_holds_exactly_the_cached_blocks(ops, isolation, 
                           tenant=op[2] if kind == "admit" else "a", cache_salt=op[3] if kind == "admit" else None)
             if kind == "prewarm":
                 kv.mark_prewarm(req.request_id, public=True, pin=False)
-            req.num_computed_tokens = kv.match_prefix(req)
-            if kv.allocate_slots(req, req.num_remaining_tokens) is None:
-                kv.cancel_match(req)
+            found = kv.lookup_prefix(req)   # committed with the allocation, or nothing changes
+            if kv.allocate_slots(req, req.num_tokens - (found.num_tokens if found else 0), found) is None:
                 continue
             req.num_computed_tokens = req.num_tokens
             if kind == "prewarm":
@@ -110,9 +109,10 @@ def test_tenants_and_salts_make_distinct_blocks_and_routers_compute_the_same_has
     for tenant, salt in [("a", None), ("b", None), ("a", "s"), ("a", None)]:
         req = Request(f"{tenant}{salt}{len(stored)}", tokens, SamplingParams(max_tokens=1), arrival_time=0.0,
                       tenant=tenant, cache_salt=salt)
-        hit = kv.match_prefix(req)
+        found = kv.lookup_prefix(req)
+        hit = found.num_tokens if found else 0
         assert hit == (6 if (tenant, salt) in stored else 0)   # a copy is shared only within its namespace
-        kv.allocate_slots(req, req.num_tokens - hit)
+        kv.allocate_slots(req, req.num_tokens - hit, found)
         req.num_computed_tokens = req.num_tokens
         kv.free(req)
         events = [e for e in kv.take_events() if isinstance(e, BlockStoredEvent)]
@@ -135,8 +135,8 @@ def test_router_index_matches_within_the_tenant_and_public_prefixes():
     pre = Request("p", system + [9], SamplingParams(max_tokens=1), arrival_time=0.0, tenant="a")
     kv.mark_prewarm("p", public=True, pin=False)
     for req in [pre, Request("x", system + [5, 6, 7, 8, 0], SamplingParams(max_tokens=1), 0.0, tenant="a")]:
-        req.num_computed_tokens = kv.match_prefix(req)
-        kv.allocate_slots(req, req.num_remaining_tokens)
+        found = kv.lookup_prefix(req)
+        kv.allocate_slots(req, req.num_tokens - (found.num_tokens if found else 0), found)
         req.num_computed_tokens = req.num_tokens
         kv.free(req)
     index = BlockIndex(strict=True)

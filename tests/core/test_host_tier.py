@@ -123,8 +123,9 @@ def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
 
     def admit(rid: str) -> int:
         req = Request(rid, tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
-        req.num_computed_tokens = hit = kv.match_prefix(req)
-        assert kv.allocate_slots(req, req.num_remaining_tokens) is not None
+        found = kv.lookup_prefix(req)
+        hit = found.num_tokens if found else 0
+        assert kv.allocate_slots(req, req.num_tokens - hit, found) is not None
         req.num_computed_tokens = req.num_tokens
         kv.free(req)
         kv.check_invariants()
@@ -140,3 +141,45 @@ def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
     assert out == [] and sorted(s for s, _ in ins) == [0, 1, 2] and host.stats.promotions == 3
     assert kv.stats.hit_tokens == 6 and host.stats.hit_tokens == 6
     assert admit("r2") == 6 and kv.take_swap_ops() == ([], [])     # now a device hit: no copy
+
+
+def test_a_request_preempted_in_the_step_of_its_promotion_leaves_no_copy_into_a_freed_block() -> None:
+    from pacer.core.kv_manager import KVCacheManager
+    from pacer.core.prefix_cache import PrefixCache
+    from pacer.request import Request, SamplingParams
+
+    clock = VirtualClock()
+    host = HostKVTier(16, BS, clock.now)
+    kv = KVCacheManager(8, BS, PrefixCache(BS, clock.now), host_tier=host)
+    tokens = [1, 2, 3, 1, 2, 2, 3]
+    first = Request("r0", tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
+    assert kv.allocate_slots(first, first.num_tokens) is not None
+    first.num_computed_tokens = first.num_tokens
+    kv.free(first)
+    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    kv.take_swap_ops()                                                               # the demotions ran
+
+    def promote(rid: str) -> Request:
+        req = Request(rid, tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
+        hit = kv.lookup_prefix(req)
+        assert hit is not None and len(hit.promoted) == 3                            # all from the host tier
+        assert kv.allocate_slots(req, req.num_tokens - hit.num_tokens, hit) is not None
+        req.num_computed_tokens = hit.num_tokens
+        return req
+
+    swapped = promote("r1")
+    assert not kv.swap_out(swapped)              # its KV arrives only with this step's copies: recompute
+    kv.free(swapped)                             # (the scheduler's fallback) the tree keeps the promoted blocks
+    out, ins = kv.take_swap_ops()
+    kept = {b for n in kv.cache.iter_nodes() for b in n.block_ids}                  # type: ignore[union-attr]
+    assert out == [] and len(ins) == 3 and {d for _, d in ins} == kept             # each still filled
+    kv.check_invariants()
+
+    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    kv.take_swap_ops()
+    dup = promote("r2")
+    dup.num_computed_tokens = 0                  # nothing computed: the tree adopts none of its blocks
+    kv.free(dup)
+    assert kv.take_swap_ops() == ([], [])        # no copy lands in blocks handed back to the pool
+    assert host.stats.promotions == 3            # and the dropped promotions are not counted
+    kv.check_invariants()

@@ -68,10 +68,12 @@ def test_tree_ref_counts_locks_and_pins_under_random_operations(ops, policy, iso
             n += 1
             if kind == "prewarm":
                 kv.mark_prewarm(req.request_id, public=True)
-            req.num_computed_tokens = kv.match_prefix(req)
-            assert req.num_computed_tokens % BS == 0 and req.num_computed_tokens < len(tokens)
-            if kv.allocate_slots(req, req.num_remaining_tokens) is None:
-                kv.cancel_match(req)
+            hit = kv.lookup_prefix(req)
+            assert hit is not None and hit.num_tokens % BS == 0 and hit.num_tokens < len(tokens)
+            free_before, tables_before = kv.pool.num_free_blocks, dict(kv.block_tables)
+            if kv.allocate_slots(req, len(tokens) - hit.num_tokens, hit) is None:
+                # a failed admission changes nothing: no references were taken by the look-up
+                assert kv.pool.num_free_blocks == free_before and kv.block_tables == tables_before
                 continue
             req.num_computed_tokens = req.num_tokens
             if kind == "prewarm":

@@ -2,8 +2,8 @@
 log-softmax on the same sequences, for the logit parity tests.
 
 `capture(engine)` swaps the executor's model for a proxy whose forward asks the real model for
-logits at every packed row (not only the rows that sample) and records them, and wraps the
-executor to see each step's SchedulerOutput; rows are mapped back to (request, position) by
+logits at every packed row (not only the rows that sample) and records them, and listens to
+each step's SchedulerOutput (`Engine.schedule_listeners`; the engine's executor is never swapped); rows are mapped back to (request, position) by
 the packed layout that `pacer.model.attention` documents (single-token rows first, then the
 prefill chunks, each in scheduled order), which is checked against the recorded input ids
 and positions. The engine's own outputs are unchanged: the sampler sees the rows it asked for.
@@ -35,19 +35,6 @@ class _AllRowsModel:
         return getattr(self.inner, name)
 
 
-class _RecordingExecutor:
-    def __init__(self, inner: Any, log: _Capture) -> None:
-        self.inner = inner
-        self.log = log
-
-    def execute(self, out: Any) -> Any:
-        self.log.pending = out
-        return self.inner.execute(out)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 @dataclass
 class _Capture:
     pending: Any = None
@@ -55,6 +42,9 @@ class _Capture:
     rows: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
     num_steps: int = 0
     num_mixed_steps: int = 0
+
+    def on_schedule(self, out: Any) -> None:
+        self.pending = out
 
     def record(self, input_ids: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> None:
         out, self.pending = self.pending, None
@@ -77,7 +67,7 @@ def capture(engine: Any) -> _Capture:
     log = _Capture()
     executor = engine.executor
     executor.model = _AllRowsModel(executor.model, log)
-    engine.executor = _RecordingExecutor(executor, log)
+    engine.schedule_listeners.append(log.on_schedule)
     return log
 
 

@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
+from pacer.config import EngineConfig
+from pacer.engine import Engine
 from pacer.llm import LLM
+from pacer.model.executor import ModelExecutor
 from pacer.request import SamplingParams
 from pacer.server.cli import add_serve_args, build_service
 
@@ -82,6 +85,16 @@ def llm() -> LLM:
 
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+
+
+def wrapped_engine(llm: LLM, wrap: Callable[[Any], Any], num_blocks: int = 512) -> Engine:
+    """A fresh engine over the session's loaded model whose executor is `wrap(ModelExecutor)`
+    (an engine's executor is fixed when it is built: tests wrap it, never swap it)."""
+    base = llm.engine
+    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks)
+    executor = wrap(ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size))
+    return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
+                  vocab_size=base.vocab_size)
 
 
 class GatedExecutor:

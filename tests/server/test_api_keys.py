@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pacer.metrics import read_request_log
-from tests.server.conftest import MODEL, GatedExecutor, serve, wait_for
+from tests.server.conftest import MODEL, GatedExecutor, serve, wait_for, wrapped_engine
 
 METRICS_KEY = "metrics-secret"
 KEYS = {"keys": [
@@ -31,9 +31,8 @@ KEYS = {"keys": [
 
 @pytest.fixture(scope="module")
 def gated(llm, tmp_path_factory):
-    engine = llm.engine
-    original = engine.executor
-    engine.executor = gate = GatedExecutor(original)
+    engine = wrapped_engine(llm, GatedExecutor)
+    gate = engine.executor
     tmp = tmp_path_factory.mktemp("keys")
     keys, log = tmp / "keys.json", tmp / "requests.jsonl"
     keys.write_text(json.dumps(KEYS))
@@ -45,7 +44,6 @@ def gated(llm, tmp_path_factory):
             gate.open()
     finally:
         gate.open()
-        engine.executor = original
 
 
 def _client(served, key, cls=openai.OpenAI):

@@ -4,10 +4,12 @@ fails the requests in flight without killing the thread, and repeated failures s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections import deque
 from types import SimpleNamespace
 
+from pacer.engine_stats import EngineSnapshot
 from pacer.request import RequestMetrics, SamplingParams
 from pacer.server.engine_loop import EngineLoop, Route
 
@@ -22,9 +24,13 @@ class FakeEngine:
         self.live: dict[str, int] = {}
         self.fail_next = 0
         self.num_steps = 0
-        self.scheduler = SimpleNamespace(num_running=0, num_waiting=0, num_preemptions=0)
-        pool = SimpleNamespace(num_free_blocks=8)
-        self.kv = SimpleNamespace(num_blocks=8, pool=pool, usage=0.0, num_available_blocks=lambda: 8)
+
+    def snapshot(self) -> EngineSnapshot:
+        counts = dict.fromkeys(f.name for f in dataclasses.fields(EngineSnapshot))
+        counts.update({k: 0 for k, v in counts.items() if v is None})
+        counts.update(num_running=len(self.live), num_steps=self.num_steps, kv_usage=0.0, prefix_caching=False,
+                      evicted_blocks={})
+        return EngineSnapshot(**counts)
 
     def add_request(self, prompt, params, *, request_id, priority, tenant, **engine_fields):
         self.inbox.append(("add", request_id))
@@ -115,4 +121,4 @@ def test_failing_step_fails_in_flight_and_recovers():
     failed, first, alive_after_one, second, loop = asyncio.run(go())
     assert failed[0] == "a" and alive_after_one
     assert second[-1][1].finish_reason == "length"      # the loop kept serving
-    assert not loop.alive and isinstance(loop.error, RuntimeError) and not loop.state.alive
+    assert not loop.alive and isinstance(loop.error, RuntimeError) and loop.state.num_steps > 0

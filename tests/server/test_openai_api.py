@@ -211,6 +211,9 @@ def test_metrics_parse_and_move(served, client):
     assert moved("pacer_inter_token_latency_seconds_count") == n_out - 1
     assert moved("pacer_request_refused_total", reason="context_length_exceeded") == 1
     assert moved("pacer_prefix_cache_queries_total") >= r.usage.prompt_tokens
+    # one StepStats per step feeds the step histogram: a step per output token, each token scheduled once
+    assert moved("pacer_iteration_tokens_total_count") >= n_out
+    assert moved("pacer_iteration_tokens_total_sum") >= n_out
     for gauge in ("pacer_num_requests_running", "pacer_num_requests_waiting", "pacer_kv_cache_usage_perc"):
         assert any(n == gauge for n, _ in after), gauge
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pacer.request import SamplingParams
-from tests.server.conftest import MODEL, FaultyExecutor, GatedExecutor, serve, wait_for
+from tests.server.conftest import MODEL, FaultyExecutor, GatedExecutor, serve, wait_for, wrapped_engine
 
 
 def _state(served):
@@ -116,16 +116,14 @@ def test_non_streaming_client_disconnect_aborts(served, n):
 
 @pytest.fixture
 def gated(llm):
-    engine = llm.engine
-    original = engine.executor
-    engine.executor = gate = GatedExecutor(original)
+    engine = wrapped_engine(llm, GatedExecutor)
+    gate = engine.executor
     try:
         with serve(engine, "--max-waiting", "4", "--scheduling-policy", "priority") as s:
             yield s, gate
             gate.open()
     finally:
         gate.open()
-        engine.executor = original
 
 
 def test_overload_sheds_low_priority_first(gated):
@@ -171,35 +169,32 @@ def test_executor_failure_fails_only_that_request(llm):
     prompts = ["The capital of France is", "1, 2, 3, 4,", "Roses are red,"]
     assert not any(poison in tok.encode(p) for p in prompts)
     refs = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0))]
-    original = engine.executor
-    engine.executor = faulty = FaultyExecutor(original, poison)
-    try:
-        with serve(engine) as served:
-            async def go():
-                async with httpx.AsyncClient(base_url=served.v1, timeout=120) as client:
-                    good = [client.post("/completions", json={"model": MODEL, "prompt": p, "max_tokens": 8,
-                                                              "temperature": 0}) for p in prompts]
-                    bad = client.post("/completions", json={"model": MODEL, "prompt": "Say Zzyzx", "max_tokens": 8})
-                    bad_stream = client.post("/chat/completions", json={
-                        "model": MODEL, "messages": [{"role": "user", "content": "Zzyzx"}], "stream": True})
-                    return await asyncio.gather(bad, bad_stream, *good)
+    engine = wrapped_engine(llm, lambda inner: FaultyExecutor(inner, poison))
+    faulty = engine.executor
+    with serve(engine) as served:
+        async def go():
+            async with httpx.AsyncClient(base_url=served.v1, timeout=120) as client:
+                good = [client.post("/completions", json={"model": MODEL, "prompt": p, "max_tokens": 8,
+                                                          "temperature": 0}) for p in prompts]
+                bad = client.post("/completions", json={"model": MODEL, "prompt": "Say Zzyzx", "max_tokens": 8})
+                bad_stream = client.post("/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "Zzyzx"}], "stream": True})
+                return await asyncio.gather(bad, bad_stream, *good)
 
-            bad, bad_stream, *good = asyncio.run(go())
-            assert faulty.num_failures >= 2
-            for r in (bad, bad_stream):
-                assert r.status_code == 500
-                assert r.json()["error"]["type"] == "server_error"
-            assert [r.json()["choices"][0]["text"] for r in good] == refs
-            assert httpx.get(served.base_url + "/health").status_code == 200
-            wait_for(lambda: _idle(served), 30, "idle after the failure")
-            assert _metric(served, "pacer_request_success_total", finished_reason="error") == 2
-            # a failed request's KV is never adopted by the prefix cache (it may be garbage)
-            cached = _state(served)["engine"]["num_cached_blocks"]
-            long_prompt = " ".join(f"word{i}" for i in range(60)) + " Zzyzx"
-            r = httpx.post(served.v1 + "/completions", json={"model": MODEL, "prompt": long_prompt, "max_tokens": 2},
-                           timeout=60)
+        bad, bad_stream, *good = asyncio.run(go())
+        assert faulty.num_failures >= 2
+        for r in (bad, bad_stream):
             assert r.status_code == 500
-            wait_for(lambda: _idle(served), 30, "idle after the failure")
-            assert _state(served)["engine"]["num_cached_blocks"] == cached
-    finally:
-        engine.executor = original
+            assert r.json()["error"]["type"] == "server_error"
+        assert [r.json()["choices"][0]["text"] for r in good] == refs
+        assert httpx.get(served.base_url + "/health").status_code == 200
+        wait_for(lambda: _idle(served), 30, "idle after the failure")
+        assert _metric(served, "pacer_request_success_total", finished_reason="error") == 2
+        # a failed request's KV is never adopted by the prefix cache (it may be garbage)
+        cached = _state(served)["engine"]["num_cached_blocks"]
+        long_prompt = " ".join(f"word{i}" for i in range(60)) + " Zzyzx"
+        r = httpx.post(served.v1 + "/completions", json={"model": MODEL, "prompt": long_prompt, "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 500
+        wait_for(lambda: _idle(served), 30, "idle after the failure")
+        assert _state(served)["engine"]["num_cached_blocks"] == cached

@@ -38,7 +38,7 @@ def test_same_trace_same_steps_as_the_real_engine(real_engine):
     model = dataclasses.replace(get_model(None), max_model_len=real_engine.max_model_len)
     engine, ex, clock = build_sim_engine(cfg, get_hardware("cpu-local"), model)
     result = simulate(engine, ex, clock, specs)
-    sim_steps = [(r.batch_size, r.num_prefill_tokens, r.num_decode_tokens) for r in ex.records]
+    sim_steps = [(s.batch_size, s.num_prefill_tokens, s.num_decode_tokens) for s in result.steps]
 
     assert sim_steps == real_steps
     assert [r.output_tokens for r in result.records] == [r.output_tokens for r in real_records]

@@ -15,13 +15,13 @@ from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.engine import Engine
-from pacer.executor.sim_executor import SimExecutor
 from pacer.sim.cost_model import RooflineCostModel
+from pacer.sim.executor import SimExecutor
 from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.simulator import SimRequest, build_sim_engine, simulate
 
 ROOT = pathlib.Path(pacer.__file__).parent
-SIM_FILES = [*sorted((ROOT / "sim").glob("*.py")), ROOT / "executor" / "sim_executor.py"]
+SIM_FILES = sorted((ROOT / "sim").glob("*.py"))
 A100, L8B = get_hardware("a100-80g"), get_model("llama-3-8b")
 
 
@@ -62,16 +62,6 @@ def test_no_sim_only_scheduler_path_in_the_source():
                         assert t.value.attr not in ("scheduler", "kv"), f"{path.name} patches {ast.unparse(t)}"
 
 
-class _Recorder(SimExecutor):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.outputs: list[SchedulerOutput] = []
-
-    def execute(self, out):
-        self.outputs.append(out)
-        return super().execute(out)
-
-
 def _steps(outputs):
     return [[(s.request_id, s.start_position, s.num_tokens, s.sample) for s in o.scheduled] for o in outputs]
 
@@ -82,22 +72,23 @@ def test_simulated_steps_equal_a_hand_driven_engine():
     cfg = EngineConfig.from_kwargs(max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=40,
                                    enable_prefix_caching=False)   # shared prompt prefixes would relieve the KV
     cm = RooflineCostModel(A100, L8B, "bfloat16")
-    engine, _, clock = build_sim_engine(cfg, A100, L8B)
-    sim_rec = _Recorder(cm, clock)
-    engine.executor = sim_rec
-    simulate(engine, sim_rec, clock, specs)
+    engine, ex, clock = build_sim_engine(cfg, A100, L8B, cost_model=cm)
+    sim_outputs: list[SchedulerOutput] = []
+    engine.schedule_listeners.append(sim_outputs.append)
+    simulate(engine, ex, clock, specs)
 
     ref_clock = VirtualClock()
-    ref_rec = _Recorder(cm, ref_clock)
-    ref = Engine(cfg, ref_rec, None, num_kv_blocks=40, model_max_len=L8B.max_model_len, clock=ref_clock,
-                 vocab_size=L8B.vocab_size)
+    ref = Engine(cfg, SimExecutor(cm, ref_clock), None, num_kv_blocks=40, model_max_len=L8B.max_model_len,
+                 clock=ref_clock, vocab_size=L8B.vocab_size)
+    ref_outputs: list[SchedulerOutput] = []
+    ref.schedule_listeners.append(ref_outputs.append)
     from pacer.request import SamplingParams
 
-    for i, s in enumerate(specs):
+    for s in specs:
         ref.add_request(s.prompt_token_ids, SamplingParams(max_tokens=s.output_tokens, ignore_eos=True,
-                                                           temperature=0.0), request_id=f"sim-{i}", arrival_time=0.0)
+                                                           temperature=0.0), arrival_time=0.0)
     ref.run_until_done()
-    assert _steps(sim_rec.outputs) == _steps(ref_rec.outputs)
+    assert _steps(sim_outputs) == _steps(ref_outputs)
     assert engine.scheduler.num_preemptions == ref.scheduler.num_preemptions > 0   # KV is tight: preemption ran
     assert clock.now() == ref_clock.now()
 
@@ -120,7 +111,7 @@ def test_outputs_are_forced_to_the_workload_lengths_and_all_finish():
     assert [r.output_tokens for r in res.records] == [s.output_tokens for s in specs]
     assert [r.prompt_tokens for r in res.records] == [len(s.prompt_token_ids) for s in specs]
     assert not engine.has_unfinished_requests()
-    assert res.num_steps == len(ex.records) and res.busy_s <= res.sim_duration_s + 1e-9
+    assert res.num_steps == len(res.steps) == len(ex.costs) and res.busy_s <= res.sim_duration_s + 1e-9
 
 
 def test_lone_request_ttft_is_its_prefill_step_and_idle_time_is_skipped():
@@ -128,7 +119,7 @@ def test_lone_request_ttft_is_its_prefill_step_and_idle_time_is_skipped():
     specs = [SimRequest("a", 0.0, list(range(1, 513)), 4), SimRequest("b", 100.0, list(range(1000, 1512)), 4)]
     res = simulate(engine, ex, clock, specs)
     a, b = res.records
-    assert abs(a.ttft - ex.records[0].cost.time_s) < 1e-12
+    assert abs(a.ttft - ex.costs[res.steps[0].step_id].time_s) < 1e-12
     assert b.arrival_time == 100.0 and abs(b.ttft - a.ttft) < 1e-9   # the clock jumped over the idle gap
     assert res.num_steps == 8
 
@@ -137,7 +128,7 @@ def test_arrival_during_a_step_waits_for_the_next_step():
     engine, ex, clock = _engine()
     specs = [SimRequest("a", 0.0, list(range(1, 2049)), 2), SimRequest("b", 0.001, list(range(1, 17)), 2)]
     res = simulate(engine, ex, clock, specs)
-    first_step = ex.records[0].cost.time_s
+    first_step = res.steps[0].forward_s
     assert first_step > 0.001
     b = res.records[1]
     assert b.first_scheduled_time >= first_step   # scheduled only after the running step ended
@@ -168,7 +159,7 @@ def test_swap_preemption_runs_through_the_simulator_and_costs_time():
     res_swap, ex_swap = run("swap")
     res_rec, _ = run("recompute")
     assert res_swap.num_preemptions > 0 and len(res_swap.records) == 8
-    assert sum(r.cost.comm_s for r in ex_swap.records) > 0   # swap copies were costed
+    assert sum(c.comm_s for c in ex_swap.costs.values()) > 0   # swap copies were costed
     assert all(r.output_tokens == 60 for r in res_swap.records)
     assert res_rec.num_preemptions > 0
 

@@ -1,7 +1,7 @@
 """`pacer bench`: run a workload against an OpenAI-compatible server or an in-process engine,
 print the report, keep it as JSON and PNG plots; `pacer bench compare A.json B.json`.
 
-Registers itself in `pacer.cli.COMMANDS`. Glue only: workloads, drivers and reports live in
+Listed in `pacer.cli.SUBCOMMANDS`. Glue only: workloads, drivers and reports live in
 their own modules.
 """
 
@@ -24,7 +24,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import pacer.cli
 from pacer.bench.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
 from pacer.bench.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
 from pacer.bench.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
@@ -209,12 +208,13 @@ class _Bench:
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         with self._progress(total) as on_done:
             if self.mode == "inprocess":
+                from pacer.bench.drive import ARRIVAL_NOTE
                 from pacer.bench.runner import run_inprocess
 
                 records, _, stats = run_inprocess(
                     specs, self.engine, endpoint=args.endpoint, temperature=args.temperature,
                     concurrency=args.concurrency, closed_loop=closed, duration=args.duration, on_done=on_done)
-                extra: dict[str, Any] = {"engine_steps": stats.as_dict()}
+                extra: dict[str, Any] = {"engine_steps": stats.as_dict(), "arrival": ARRIVAL_NOTE}
                 if stats.spec_decode() is not None:
                     extra["spec_decode"] = stats.spec_decode()
             else:
@@ -313,5 +313,3 @@ def _tokenizer_at(path: str) -> TokenizerLike | None:
 
     return Tokenizer.load(path)
 
-
-pacer.cli.COMMANDS["bench"] = (add_args, run)

@@ -2,9 +2,10 @@
 
 Two drivers with the same contract (specs in, records and the run's start time out):
 `run_http` (asyncio; open loop sends each request at its arrival time as its own task,
-closed loop keeps `concurrency` workers busy) and `run_inprocess` (a synchronous loop over an
-in-process `Engine`: add the requests whose arrival time has come, step, collect; timestamps
-are the engine's own, so there is no network or client noise). Neither knows about reports.
+closed loop keeps `concurrency` workers busy) and `run_inprocess` (the one in-process driver,
+`pacer.bench.drive`, on an `Engine`; timestamps are the engine's own, so there is no network
+or client noise). Both stamp an arrival when the client hands the request over. Neither
+knows about reports.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pacer.bench.report import STATUS_ERROR, STATUS_OK, STATUS_REJECTED, RequestRecord
+from pacer.bench.drive import drive
+from pacer.bench.report import RequestRecord
 from pacer.bench.workloads import RequestSpec
+from pacer.request import SamplingParams
+
+if TYPE_CHECKING:
+    from pacer.engine import Engine, StepStats
 
 __all__ = ["Sender", "run_http", "run_inprocess", "InprocessStats"]
 
@@ -94,7 +100,7 @@ class InprocessStats:
         self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                                      "accepted_per_pos": [], "num_rejections": 0}
 
-    def add(self, stats: Any) -> None:
+    def add(self, stats: StepStats) -> None:
         self.num_steps += 1
         self.busy_s += stats.total_s
         self.num_prefill_tokens += stats.num_prefill_tokens
@@ -119,84 +125,32 @@ class InprocessStats:
                 "max_kv_usage": self.max_kv_usage}
 
 
-def run_inprocess(specs: Iterable[RequestSpec], engine: Any, *, endpoint: str = "completions",
+def run_inprocess(specs: Iterable[RequestSpec], engine: Engine, *, endpoint: str = "completions",
                   temperature: float = 0.0, concurrency: int | None = None, closed_loop: bool = False,
                   duration: float | None = None, on_done: OnDone | None = None,
                   ) -> tuple[list[RequestRecord], float, InprocessStats]:
-    """Run specs on `engine` (a `pacer.engine.Engine`) in this thread. A request is added at the
-    first step boundary after its arrival time, with that arrival time, so time spent waiting
-    for a running step counts in its TTFT as it would on a server."""
-    from pacer.request import SamplingParams
-
+    """Run specs on `engine` in this thread through the one driver (`pacer.bench.drive`):
+    records in hand-off order, the run's start on the engine clock, and per-step totals."""
     stats = InprocessStats()
     engine.stats_listeners.append(stats.add)
-    clock = engine.clock
-    t0 = clock.now()
-    it = iter(specs)
-    pending: RequestSpec | None = next(it, None)
-    by_id: dict[str, RequestSpec] = {}
-    records: dict[str, RequestRecord] = {}
+    t0 = engine.clock.now()
     order: list[str] = []
-    in_flight = 0
+    records: dict[str, RequestRecord] = {}
 
-    def add(spec: RequestSpec, arrival: float) -> None:
-        nonlocal in_flight
+    def prepare(spec: RequestSpec) -> tuple[list[int], SamplingParams]:
         order.append(spec.request_id)
         ids = list(spec.prompt_token_ids)
         if endpoint == "chat" and engine.tokenizer is not None:
             ids = engine.tokenizer.apply_chat_template([m.as_dict() for m in spec.messages])
-        params = SamplingParams(max_tokens=spec.output_tokens, temperature=temperature, ignore_eos=spec.ignore_eos)
-        try:
-            engine.add_request(ids, params, request_id=spec.request_id, priority=spec.priority,
-                               tenant=spec.tenant, arrival_time=arrival, request_class=spec.request_class)
-        except (ValueError, TypeError) as e:
-            rec = RequestRecord(spec.request_id, spec.request_class, arrival - t0, status=STATUS_ERROR,
-                                error=str(e), finish_time=arrival - t0, prompt_tokens=len(ids))
-            records[spec.request_id] = rec
-            if on_done is not None:
-                on_done(rec)
-            return
-        by_id[spec.request_id] = spec
-        in_flight += 1
+        return ids, SamplingParams(max_tokens=spec.output_tokens, temperature=temperature,
+                                   ignore_eos=spec.ignore_eos)
 
     try:
-        while True:
-            now = clock.now()
-            if duration is not None and now - t0 > duration:
-                pending = None
-            if closed_loop:
-                while pending is not None and in_flight < (concurrency or 1):
-                    add(pending, now)
-                    pending = next(it, None)
-            else:
-                while pending is not None and t0 + (pending.arrival_time or 0.0) <= now and (
-                        concurrency is None or in_flight < concurrency):
-                    add(pending, t0 + (pending.arrival_time or 0.0))
-                    pending = next(it, None)
-            if engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished and out.request_id in by_id:
-                        spec = by_id.pop(out.request_id)
-                        in_flight -= 1
-                        rec = _record(out, spec, t0)
-                        records[spec.request_id] = rec
-                        if on_done is not None:
-                            on_done(rec)
-            elif pending is None:
-                break
-            else:
-                time.sleep(max(0.0, t0 + (pending.arrival_time or 0.0) - clock.now()))
+        for rec in drive(engine, specs, prepare, concurrency=concurrency, closed_loop=closed_loop,
+                         duration=duration, t0=t0):
+            records[rec.request_id] = rec
+            if on_done is not None:
+                on_done(rec)
     finally:
         engine.stats_listeners.remove(stats.add)
     return [records[rid] for rid in order if rid in records], t0, stats
-
-
-def _record(out: Any, spec: RequestSpec, t0: float) -> RequestRecord:
-    status = STATUS_ERROR if out.finish_reason in ("abort", "error") else STATUS_OK
-    if out.metrics.shed:
-        status = STATUS_REJECTED   # refused as hopeless (shed_hopeless), as a server's 429
-    rec = RequestRecord.from_metrics(out.metrics, request_id=spec.request_id, request_class=spec.request_class,
-                                     t0=t0, status=status, tenant=spec.tenant, priority=spec.priority,
-                                     session=spec.session)
-    rec.cached_tokens = max(rec.cached_tokens, int(out.num_cached_tokens or 0))
-    return rec

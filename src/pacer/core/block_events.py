@@ -19,6 +19,10 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pacer.core.radix_node import RadixNode
 
 __all__ = ["BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
            "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR"]
@@ -91,6 +95,13 @@ class BlockEventLog:
 
     def append(self, event: BlockEvent) -> None:
         self._events.append(event)
+
+    def record_stored(self, node: RadixNode, block_size: int) -> None:
+        """Give a cache node its blocks' hashes (chained from its parent's) and log them stored."""
+        parent = node.parent.hashes[-1] if node.parent is not None and node.parent.hashes else None
+        node.hashes = chain_hashes(parent, node.tokens, block_size, node.owner)
+        self.append(BlockStoredEvent(tuple(node.hashes), parent, tuple(node.tokens), block_size,
+                                     namespace_keys(node.owner)))
 
     def take(self) -> list[BlockEvent]:
         events, self._events = self._events, []

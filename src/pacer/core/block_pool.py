@@ -33,10 +33,6 @@ class BlockPool:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
 

@@ -25,8 +25,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pacer.config import EVICTION_POLICIES
 from pacer.core.block_pool import BlockPool, OutOfBlocksError
+
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
 
 __all__ = ["HostKVTier", "HostTierStats", "SwapSlots", "ROOT_KEY", "chain_keys"]
 
@@ -70,8 +75,8 @@ class HostKVTier:
     def __init__(self, num_blocks: int, block_size: int, now: Callable[[], float], *,
                  eviction_policy: str = "lru", ttl: float | None = None,
                  tenant_weights: Mapping[str, float] | None = None, offload: bool = True) -> None:
-        if eviction_policy not in ("lru", "weighted-lru", "ttl"):
-            raise ValueError(f"eviction_policy must be one of lru, weighted-lru, ttl; got {eviction_policy!r}")
+        if eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.offload = offload
@@ -86,6 +91,20 @@ class HostKVTier:
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
         self.stats = HostTierStats()
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, now: Callable[[], float], block_bytes: int | None) -> HostKVTier | None:
+        """The tier `kv_offloading_size` asks for (None when it is 0 or unset): `num_cpu_blocks`
+        slots when given, else kv_offloading_size GiB of `block_bytes` blocks."""
+        if not config.kv_offloading_size:
+            return None
+        num_host = config.num_cpu_blocks
+        if num_host is None:
+            if not block_bytes:
+                raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
+            num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
+        return cls(max(1, num_host), config.block_size, now, eviction_policy=config.eviction_policy,
+                   ttl=config.cache_ttl, tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching)
 
     # ------------------------------------------------------------------ sizes
 

@@ -80,10 +80,15 @@ class PrefixOffload:
         """The device blocks of a committed promotion, one per hit, in order."""
         self._in[request_id] = [(slot, dev) for (slot, _), dev in zip(self._in[request_id], device_blocks)]
 
+    def is_promoting(self, request_id: str) -> bool:
+        """Whether the request has promotions in this step (its blocks are filled by them)."""
+        return request_id in self._in
+
     def cancel(self, request_id: str, still_cached: Callable[[int], bool]) -> None:
-        """The request was not admitted after all. Its promotions are not run (nor counted),
-        except into device blocks the tree adopted meanwhile (`still_cached`): those must be
-        filled, and, held by the tree, they cannot be handed to anyone else this step."""
+        """The request lost its blocks in the step that promoted into them (preempted right
+        after admission). Its promotions are not run (nor counted), except into device blocks
+        the tree adopted (`still_cached`): those must be filled, and, held by the tree, they
+        cannot be handed to anyone else this step."""
         pairs = self._in.pop(request_id, None)
         if not pairs:
             return

@@ -17,6 +17,7 @@ import math
 from bisect import insort
 from collections.abc import Callable, Iterator
 
+from pacer.config import SCHEDULING_POLICIES
 from pacer.request import Request
 
 __all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
@@ -32,7 +33,6 @@ class Policy:
 
     name = "fcfs"
     preempts_for_waiting = False   # may a better waiting request preempt a running one?
-    starvation_free = True         # without aging
     dynamic = False                # keys change between steps: the queue re-keys every step
     default_max_queue_delay: float | None = None
 
@@ -58,7 +58,6 @@ class Policy:
 class PrioritySchedulingPolicy(Policy):
     name = "priority"
     preempts_for_waiting = True
-    starvation_free = False
 
     def key(self, r: Request) -> Key:
         return (r.priority, r.arrival_time, r.arrival_seq)
@@ -69,7 +68,6 @@ class SjfPolicy(Policy):
     without aging."""
 
     name = "sjf"
-    starvation_free = False
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
     def key(self, r: Request) -> Key:
@@ -81,7 +79,6 @@ class LpmPolicy(Policy):
     step; past LPM_MAX_QUEUE waiting requests the order falls back to fcfs."""
 
     name = "lpm"
-    starvation_free = False
     dynamic = True
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
@@ -102,7 +99,6 @@ class LpmPolicy(Policy):
 _POLICIES: dict[str, type[Policy]] = {
     "fcfs": Policy, "priority": PrioritySchedulingPolicy, "sjf": SjfPolicy, "lpm": LpmPolicy,
 }
-POLICY_NAMES = (*_POLICIES, "slo")
 
 
 def make_policy(name: str) -> Policy:
@@ -110,7 +106,7 @@ def make_policy(name: str) -> Policy:
     try:
         return _POLICIES[name]()
     except KeyError:
-        raise ValueError(f"scheduling_policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}") from None
+        raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {name!r}") from None
 
 
 class WaitingQueue:
@@ -186,6 +182,3 @@ class WaitingQueue:
         for r in taken:
             self.remove(r)
         return taken
-
-    def last(self) -> Request:
-        return self._items[-1][1]

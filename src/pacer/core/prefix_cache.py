@@ -18,23 +18,24 @@ Eviction takes blocks from the tail of the best unlocked leaf under a small key 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from pacer.config import EVICTION_POLICIES
 from pacer.core.block_events import (
+    BlockEvent,
     BlockEventLog,
     BlockRemovedEvent,
-    BlockStoredEvent,
-    chain_hashes,
-    namespace_keys,
 )
-from pacer.core.radix_node import EVICTION_KEYS, Key, PrefixMatch, RadixNode
+from pacer.core.radix_node import EVICTION_KEYS, EvictableLeaves, PrefixMatch, RadixNode
+
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
 
 __all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
 
 PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
-EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
 
 class PrefixCache:
     """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
@@ -64,8 +65,7 @@ class PrefixCache:
         self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
         self.root.lock_ref = 1  # never evicted, never a leaf candidate
         self._inflation = 0.0
-        self._leaves: dict[str, set[RadixNode]] = {}
-        self._heaps: dict[str, list[tuple[Key, int, int, RadixNode]]] = {}
+        self._leaves = EvictableLeaves(self._key)
         self.num_cached_blocks = 0
         self.num_evictable_blocks = 0
         self._cached_by_group: dict[str, int] = {}
@@ -77,15 +77,29 @@ class PrefixCache:
         # (core/offload.py) keeps a copy of them
         self.on_drop: Callable[[RadixNode, int], None] | None = None
 
-    def enable_events(self, log: BlockEventLog) -> None:
+    @classmethod
+    def from_config(cls, config: CacheConfig, now: Callable[[], float],
+                    group_of: Callable[[str], str] | None = None) -> PrefixCache:
+        """The cache a CacheConfig describes (the ttl policy's TTL defaults to 30 minutes)."""
+        ttl = config.cache_ttl
+        if ttl is None and config.eviction_policy == "ttl":
+            ttl = 1800.0
+        return cls(config.block_size, now, config.eviction_policy, tenant_weights=config.tenant_weights, ttl=ttl,
+                   group_of=group_of)
+
+    def enable_events(self) -> BlockEventLog:
         """Record a BlockStoredEvent per adopted run of blocks and a BlockRemovedEvent per
-        dropped one from now on; blocks cached already are reported as stored first."""
-        self.events = log
-        stack = list(self.root.children.values())
-        while stack:   # parents before children, so each event's parent hash is known
-            node = stack.pop()
-            self._record_stored(node)
-            stack.extend(node.children.values())
+        dropped one from now on (blocks cached already are reported as stored first); returns
+        the log (the same one when already recording)."""
+        if self.events is None:
+            self.events = BlockEventLog()
+            for node in self.iter_nodes():   # parents before children, so each event's parent hash is known
+                self.events.record_stored(node, self.block_size)
+        return self.events
+
+    def take_events(self) -> list[BlockEvent]:
+        """The store/remove events since the last call, in order (empty when not recording)."""
+        return self.events.take() if self.events is not None else []
 
     # ------------------------------------------------------------------ queries
 
@@ -100,10 +114,6 @@ class PrefixCache:
     @property
     def num_protected_blocks(self) -> int:
         return self.num_cached_blocks - self.num_evictable_blocks
-
-    @property
-    def num_pinned_nodes(self) -> int:
-        return len(self._pinned)
 
     def iter_nodes(self) -> Iterator[RadixNode]:
         stack = list(self.root.children.values())
@@ -211,23 +221,16 @@ class PrefixCache:
         child = RadixNode(next(self._ids), parent, owner, group, tokens, block_ids)
         child.key = (owner, tuple(tokens[:self.block_size]))
         parent.children[child.key] = child
-        self._set_leaf_candidate(parent, False)
+        self._leaves.update(parent, False)
         n = len(block_ids)
         self.num_cached_blocks += n
         self.num_evictable_blocks += n
         self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
         self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
-        self._set_leaf_candidate(child, True)
+        self._leaves.update(child, True)
         if self.events is not None:
-            self._record_stored(child)
+            self.events.record_stored(child, self.block_size)
         return child
-
-    def _record_stored(self, node: RadixNode) -> None:
-        assert self.events is not None and node.parent is not None
-        parent = node.parent.hashes[-1] if node.parent.hashes else None
-        node.hashes = chain_hashes(parent, node.tokens, self.block_size, node.owner)
-        self.events.append(BlockStoredEvent(tuple(node.hashes), parent, tuple(node.tokens), self.block_size,
-                                            namespace_keys(node.owner)))
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Cut `node` after k blocks; returns the new upper part (the matched prefix).
@@ -257,7 +260,7 @@ class PrefixCache:
             node.tick = next(self._ticks)
             node.priority = max(node.priority, floor)
             if node.is_leaf_candidate:
-                self._push(node)
+                self._leaves.push(node)
             node = node.parent
 
     # ------------------------------------------------------------------ lock / pin
@@ -268,9 +271,20 @@ class PrefixCache:
         while node is not None and node.parent is not None:
             if node.lock_ref == 0:
                 self._move_evictable(node, -len(node.block_ids))
-                self._set_leaf_candidate(node, False)
+                self._leaves.update(node, False)
             node.lock_ref += 1
             node = node.parent
+
+    def evictable_on_path(self, handle: PrefixMatch, groups: Sequence[str] | None = None) -> int:
+        """Blocks of the handle's path that eviction (of `groups`) could take now: what
+        `lock(handle)` would protect."""
+        n = 0
+        node: RadixNode | None = handle.node
+        while node is not None and node.parent is not None and node.lock_ref == 0:   # locks reach the root
+            if groups is None or node.group in groups:
+                n += len(node.block_ids)
+            node = node.parent
+        return n
 
     def unlock(self, handle: PrefixMatch) -> None:
         node: RadixNode | None = handle.node
@@ -281,7 +295,7 @@ class PrefixCache:
             if node.lock_ref == 0:
                 self._move_evictable(node, len(node.block_ids))
                 if not node.children:
-                    self._set_leaf_candidate(node, True)
+                    self._leaves.update(node, True)
             node = node.parent
 
     def pin(self, handle: PrefixMatch) -> None:
@@ -309,48 +323,13 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ eviction
 
-    def _set_leaf_candidate(self, node: RadixNode, on: bool) -> None:
-        on = on and node.parent is not None and node.lock_ref == 0 and not node.children
-        if on == node.is_leaf_candidate:
-            return
-        node.is_leaf_candidate = on
-        leaves = self._leaves.setdefault(node.group, set())
-        if on:
-            leaves.add(node)
-            self._push(node)
-        else:
-            leaves.discard(node)
-
-    def _push(self, node: RadixNode) -> None:
-        node.version += 1
-        heap = self._heaps.setdefault(node.group, [])
-        heapq.heappush(heap, (self._key(node), node.id, node.version, node))
-        if len(heap) > 4 * len(self._leaves.get(node.group, ())) + 64:
-            live = [(self._key(n), n.id, n.version, n) for n in self._leaves[node.group]]
-            heapq.heapify(live)
-            self._heaps[node.group] = live
-
-    def _peek(self, group: str) -> RadixNode | None:
-        heap = self._heaps.get(group)
-        while heap:
-            _, _, version, node = heap[0]
-            if node.is_leaf_candidate and node.version == version:
-                return node
-            heapq.heappop(heap)
-        return None
-
     def evict(self, n: int, groups: Sequence[str] | None = None) -> list[int]:
         """Drop up to n blocks from unlocked, unpinned leaves (tail blocks first) of the
         given eviction groups (all when None), best key first. Returns the dropped block ids;
         the caller releases the cache's reference on each."""
-        scope = list(self._heaps) if groups is None else list(groups)
         freed: list[int] = []
         while len(freed) < n:
-            best: RadixNode | None = None
-            for g in scope:
-                cand = self._peek(g)
-                if cand is not None and (best is None or self._key(cand) < self._key(best)):
-                    best = cand
+            best = self._leaves.best(groups)
             if best is None:
                 break
             if self.policy == "weighted-lru":
@@ -373,11 +352,11 @@ class PrefixCache:
         self._cached_by_group[node.group] -= take
         self._move_evictable(node, -take)
         if not node.block_ids:
-            self._set_leaf_candidate(node, False)
+            self._leaves.update(node, False)
             parent = node.parent
             if parent is not None:
                 del parent.children[node.key]
-                self._set_leaf_candidate(parent, True)
+                self._leaves.update(parent, True)
         return dropped
 
     def expire(self) -> list[int]:
@@ -391,7 +370,7 @@ class PrefixCache:
         self._next_expiry_scan = now + self.ttl / 10
         deadline = now - self.ttl
         freed: list[int] = []
-        stack = [n for leaves in self._leaves.values() for n in leaves if n.last_access < deadline]
+        stack = [n for n in self._leaves if n.last_access < deadline]
         while stack:
             node = stack.pop()
             if not node.is_leaf_candidate or node.last_access >= deadline:
@@ -405,38 +384,8 @@ class PrefixCache:
     # ------------------------------------------------------------------ checks
 
     def check_invariants(self) -> None:
-        """Counts match the tree; lock refs cover locks below; leaf sets exact; owners nest."""
-        cached = evictable = 0
-        by_group: dict[str, int] = {}
-        self._check_children(self.root)
-        for node in self.iter_nodes():
-            n = len(node.block_ids)
-            if n == 0 or len(node.tokens) != n * self.block_size:
-                raise AssertionError(f"node {node.id}: {n} blocks, {len(node.tokens)} tokens")
-            cached += n
-            by_group[node.group] = by_group.get(node.group, 0) + n
-            child_locks = sum(c.lock_ref for c in node.children.values())
-            if node.lock_ref < child_locks:
-                raise AssertionError(f"node {node.id}: lock_ref {node.lock_ref} < children's {child_locks}")
-            if node.lock_ref == 0:
-                evictable += n
-            want_leaf = node.lock_ref == 0 and not node.children
-            if node.is_leaf_candidate != want_leaf or (node in self._leaves.get(node.group, ())) != want_leaf:
-                raise AssertionError(f"node {node.id}: leaf-set membership wrong")
-            self._check_children(node)
-        if (cached, evictable) != (self.num_cached_blocks, self.num_evictable_blocks):
-            raise AssertionError(f"counts ({self.num_cached_blocks}, {self.num_evictable_blocks}) != tree "
-                                 f"({cached}, {evictable})")
-        for g, n in self._cached_by_group.items():
-            if by_group.get(g, 0) != n:
-                raise AssertionError(f"group {g!r}: cached count {n} != tree {by_group.get(g, 0)}")
-        for node_id, (node, count) in self._pinned.items():
-            if node.lock_ref < count:
-                raise AssertionError(f"pinned node {node_id} is not locked")
+        """Counts match the tree; lock refs cover locks below; leaf sets exact; owners nest
+        (see `kv_checks.check_prefix_cache`)."""
+        from pacer.core.kv_checks import check_prefix_cache
 
-    def _check_children(self, node: RadixNode) -> None:
-        for key, child in node.children.items():
-            if child.parent is not node or child.key != key or key != (child.owner, tuple(child.tokens[:self.block_size])):
-                raise AssertionError(f"node {child.id}: bad child key")
-            if node.owner != PUBLIC and child.owner != node.owner:
-                raise AssertionError(f"node {child.id}: owner {child.owner!r} under {node.owner!r}")
+        check_prefix_cache(self)

@@ -1,11 +1,13 @@
-"""The prefix cache's tree node and match handle, and the eviction keys it orders leaves by."""
+"""The prefix cache's tree node and match handle, the eviction keys it orders leaves by, and
+its index of evictable leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RadixNode", "PrefixMatch", "EVICTION_KEYS", "Key"]
+__all__ = ["RadixNode", "PrefixMatch", "EVICTION_KEYS", "Key", "EvictableLeaves"]
 
 Key = tuple[float, int]
 
@@ -56,3 +58,62 @@ def _weighted_key(node: RadixNode) -> Key:
 
 
 EVICTION_KEYS: dict[str, Callable[[RadixNode], Key]] = {"lru": _lru_key, "ttl": _lru_key, "weighted-lru": _weighted_key}
+
+
+class EvictableLeaves:
+    """Per eviction group, the eviction candidates (unlocked, childless, non-root nodes), each
+    with a lazily invalidated heap by the eviction key: a node re-keyed or dropped leaves a
+    stale item behind, skipped by its version (and the heap is rebuilt when mostly stale)."""
+
+    def __init__(self, key: Callable[[RadixNode], Key]) -> None:
+        self.key = key
+        self._leaves: dict[str, set[RadixNode]] = {}
+        self._heaps: dict[str, list[tuple[Key, int, int, RadixNode]]] = {}
+
+    def update(self, node: RadixNode, on: bool) -> None:
+        """Add `node` to (on, when it qualifies) or remove it from its group's candidates."""
+        on = on and node.parent is not None and node.lock_ref == 0 and not node.children
+        if on == node.is_leaf_candidate:
+            return
+        node.is_leaf_candidate = on
+        leaves = self._leaves.setdefault(node.group, set())
+        if on:
+            leaves.add(node)
+            self.push(node)
+        else:
+            leaves.discard(node)
+
+    def push(self, node: RadixNode) -> None:
+        """(Re-)key a candidate, e.g. after a touch."""
+        node.version += 1
+        heap = self._heaps.setdefault(node.group, [])
+        heapq.heappush(heap, (self.key(node), node.id, node.version, node))
+        if len(heap) > 4 * len(self._leaves.get(node.group, ())) + 64:
+            live = [(self.key(n), n.id, n.version, n) for n in self._leaves[node.group]]
+            heapq.heapify(live)
+            self._heaps[node.group] = live
+
+    def best(self, groups: Sequence[str] | None) -> RadixNode | None:
+        """The candidate with the smallest key among `groups` (all when None)."""
+        best: RadixNode | None = None
+        for g in (list(self._heaps) if groups is None else groups):
+            cand = self._peek(g)
+            if cand is not None and (best is None or self.key(cand) < self.key(best)):
+                best = cand
+        return best
+
+    def _peek(self, group: str) -> RadixNode | None:
+        heap = self._heaps.get(group)
+        while heap:
+            _, _, version, node = heap[0]
+            if node.is_leaf_candidate and node.version == version:
+                return node
+            heapq.heappop(heap)
+        return None
+
+    def __contains__(self, node: RadixNode) -> bool:
+        return node in self._leaves.get(node.group, ())
+
+    def __iter__(self) -> Iterator[RadixNode]:
+        for leaves in self._leaves.values():
+            yield from leaves

@@ -32,7 +32,7 @@ from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
 from pacer.core.slo_policy import SloPolicy
 from pacer.core.spec_decode import SpecDecoder
 from pacer.core.step_cost import StepCostModel
-from pacer.request import FinishReason, Request, RequestStatus
+from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 
 __all__ = ["Scheduler"]
 
@@ -116,19 +116,11 @@ class Scheduler:
     # ------------------------------------------------------------------ admission / exit
 
     def add_request(self, req: Request) -> None:
-        """Queue a validated request. Raises ValueError if it can never fit."""
+        """Queue a validated request. Raises ContextLengthError if it can never fit."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
-        if req.max_total_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({req.num_prompt_tokens} tokens) plus max_tokens ({req.sampling_params.max_tokens}) "
-                f"= {req.max_total_tokens} exceeds max_model_len={self.max_model_len}"
-            )
-        if req.max_total_tokens > self.kv.capacity_tokens:
-            raise ValueError(
-                f"prompt ({req.num_prompt_tokens} tokens) plus max_tokens ({req.sampling_params.max_tokens}) "
-                f"= {req.max_total_tokens} exceeds the whole KV cache ({self.kv.capacity_tokens} tokens)"
-            )
+        check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
+                             self.kv.capacity_tokens)
         self.requests[req.request_id] = req
         req.status = RequestStatus.WAITING
         self.waiting.add(req)
@@ -258,34 +250,27 @@ class Scheduler:
                 if self._make_room_for(step, req):
                     continue
                 return
-            matched = req.num_computed_tokens == 0  # new, or resuming after recompute preemption
-            if matched:
-                req.num_computed_tokens = self.kv.match_prefix(req)
-                if req.metrics.preemptions == 0 and req.num_output_tokens == 0:
-                    req.num_cached_tokens = req.metrics.cached_tokens = req.num_computed_tokens
-            n = req.num_remaining_tokens
+            # new, or resuming after recompute preemption: look up its cached prefix (no refs yet)
+            hit = self.kv.lookup_prefix(req) if req.num_computed_tokens == 0 else None
+            computed = req.num_computed_tokens if hit is None else hit.num_tokens
+            n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:
-                self._cancel_match(req, matched)
                 return
             n = min(n, step.budget.tokens_left, self._prefill_cap)
-            blocks = self.kv.allocate_slots(req, n)
+            blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
             if blocks is None:
-                self._cancel_match(req, matched)
                 if self._make_room_for(step, req):
                     continue
                 return
+            req.num_computed_tokens = computed
+            if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
+                req.num_cached_tokens = req.metrics.cached_tokens = computed
             self.waiting.pop()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = self.clock.now()
             step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
-
-    def _cancel_match(self, req: Request, matched: bool) -> None:
-        """A waiting request holds no device blocks: give back a prefix hit it cannot use yet."""
-        if matched:
-            self.kv.cancel_match(req)
-            req.num_computed_tokens = 0
 
     def _make_room_for(self, step: _Step, head: Request) -> bool:
         """Priority policy: preempt the worst running request if `head` outranks it.

@@ -47,7 +47,6 @@ class StepBudget:
 
 class SloPolicy(Policy):
     name = "slo"
-    starvation_free = False
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,

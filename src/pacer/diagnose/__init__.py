@@ -12,7 +12,6 @@ the next experiment (with `--what-if` on the simulator). Rooms:
   whatif.py     --what-if; render.py tables and --json; plots.py --plots; cli.py the command
 """
 
-from pacer.diagnose import cli as _cli  # noqa: F401  (registers `pacer diagnose`)
 from pacer.diagnose.analysis import ClassReport, analyze
 from pacer.diagnose.decompose import Parts, decompose
 from pacer.diagnose.records import Record, Source

@@ -7,7 +7,6 @@ import argparse
 import json
 from typing import Any
 
-from pacer.cli import COMMANDS
 from pacer.core.slo import ClassRules
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
@@ -149,5 +148,3 @@ def _is_profile(model: str | None) -> bool:
     """Whether --model names a simulator profile (a built-in name or an HF config), not a .gguf file."""
     return model is not None and not str(model).endswith(".gguf")
 
-
-COMMANDS["diagnose"] = (add_args, run)

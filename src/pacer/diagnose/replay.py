@@ -75,7 +75,7 @@ class SimTarget:
 
     def kv_tokens(self, kwargs: dict[str, Any]) -> int:
         engine, _, _ = self._build(kwargs)
-        return engine.kv.num_blocks * engine.config.cache.block_size
+        return engine.snapshot().num_blocks * engine.config.cache.block_size
 
     def _build(self, kwargs: dict[str, Any]) -> Any:
         from pacer.config import EngineConfig
@@ -99,7 +99,7 @@ class SimTarget:
         engine, executor, clock = self._build(kwargs)
         result = simulate(engine, executor, clock, specs)
         summary = build_report(result.records, slo=slo).summary[OVERALL]
-        return Replay(label, result.records, dict(summary), engine.kv.num_blocks, engine.config.cache.block_size)
+        return Replay(label, result.records, dict(summary), engine.snapshot().num_blocks, engine.config.cache.block_size)
 
 
 def run_real(label: str, engine: Any, specs: Sequence[RequestSpec], slo: SloSet | None = None) -> Replay:
@@ -108,7 +108,7 @@ def run_real(label: str, engine: Any, specs: Sequence[RequestSpec], slo: SloSet 
 
     records, _, _ = run_inprocess(specs, engine)
     summary = build_report(records, slo=slo).summary[OVERALL]
-    return Replay(label, records, dict(summary), engine.kv.num_blocks, engine.config.cache.block_size)
+    return Replay(label, records, dict(summary), engine.snapshot().num_blocks, engine.config.cache.block_size)
 
 
 def fmt_ms(v: Any) -> str:

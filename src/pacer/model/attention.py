@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from pacer.model.kv_quant import KVFormat, dequantize, quantize, store_rows
 
-__all__ = ["AttentionMetadata", "PrefillSeq", "paged_attention", "write_kv"]
+__all__ = ["AttentionMetadata", "PrefillSeq", "ChunkSpan", "build_metadata", "paged_attention", "write_kv"]
 
 
 @dataclass(slots=True)
@@ -44,6 +44,51 @@ class AttentionMetadata:
     prefills: list[PrefillSeq]
     # C++ path: (q_starts, q_lens, start_positions, padded block tables) of `prefills`, one row each
     prefill_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpan:
+    """A multi-token row of the packed batch, as the executor lays it out."""
+
+    q_start: int
+    q_len: int
+    start_pos: int
+    block_table: list[int]   # the request's blocks up to the chunk's end
+
+
+def build_metadata(slot_mapping: list[int], single_tables: list[list[int]], single_context_lens: list[int],
+                   chunks: list[ChunkSpan], block_size: int, device: torch.device | str,
+                   use_kernel: bool) -> AttentionMetadata:
+    """The step's tensors in the layout its backend reads: the C++ kernels take padded block
+    tables and context lengths; the torch path takes a visibility mask for the single rows and
+    one block table per chunk."""
+    single_block_tables = single_mask = lens = None
+    if single_tables:
+        single_block_tables = _padded(single_tables, device)
+        lens = torch.tensor(single_context_lens, device=device)
+        if not use_kernel:
+            positions = torch.arange(single_block_tables.shape[1] * block_size, device=device).unsqueeze(0)
+            single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
+    prefills = [PrefillSeq(c.q_start, c.q_len, c.start_pos,
+                           None if use_kernel else torch.tensor(c.block_table, device=device)) for c in chunks]
+    prefill_batch = None
+    if chunks and use_kernel:
+        prefill_batch = (torch.tensor([c.q_start for c in chunks], device=device),
+                         torch.tensor([c.q_len for c in chunks], device=device),
+                         torch.tensor([c.start_pos for c in chunks], device=device),
+                         _padded([c.block_table for c in chunks], device))
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slot_mapping, device=device), num_single=len(single_tables),
+        single_block_tables=single_block_tables, single_mask=single_mask, single_context_lens=lens,
+        prefills=prefills, prefill_batch=prefill_batch,
+    )
+
+
+def _padded(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """Block tables of different lengths as one [rows, longest] tensor, padded with block 0
+    (never read: each row's context length bounds what a kernel or mask looks at)."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from pacer.config import CacheConfig, EngineConfig
-from pacer.executor.model_executor import ModelExecutor
+from pacer.config import DTYPES, CacheConfig, EngineConfig
+from pacer.model.executor import ModelExecutor
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.loader import Checkpoint, load_checkpoint
@@ -20,7 +20,7 @@ __all__ = ["build_model_executor", "executor_for", "resolve_dtype", "kv_capacity
 
 log = logging.getLogger("pacer.model")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:

@@ -1,4 +1,4 @@
-"""`pacer serve`: the OpenAI-compatible server on uvicorn. Registers itself in `pacer.cli.COMMANDS`.
+"""`pacer serve`: the OpenAI-compatible server on uvicorn (listed in `pacer.cli.SUBCOMMANDS`).
 
 SIGTERM / Ctrl-C: stop accepting connections, let in-flight requests finish for up to
 `--drain-timeout` seconds, then cancel (abort) what is left and exit.
@@ -12,7 +12,6 @@ import os
 import sys
 from typing import Any
 
-from pacer.cli import COMMANDS
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_serve_args", "run_serve", "build_service", "DEFAULT_MODEL_NAME"]
@@ -116,7 +115,7 @@ def attach_kv_events(service: Any, config_json: str | None, replica_index: int =
     config = parse_kv_events_config(config_json)
     if not config.enabled:
         return None
-    if service.engine.kv.cache is None:
+    if not service.engine.snapshot().prefix_caching:
         raise ValueError("--kv-events-config needs prefix caching (drop --no-enable-prefix-caching)")
     publisher = KVEventPublisher(config, replica_index)
 
@@ -233,5 +232,3 @@ def run_serve(args: argparse.Namespace) -> int:
                 timeout_graceful_shutdown=max(args.drain_timeout, 0.001))
     return 0
 
-
-COMMANDS["serve"] = (add_serve_args, run_serve)

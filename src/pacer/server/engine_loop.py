@@ -5,7 +5,7 @@ variable otherwise (no polling). Each step's outputs go to the event loop in one
 `call_soon_threadsafe` callback, which routes every `RequestOutput` to the asyncio queue of
 the HTTP request it belongs to and tells the listeners (metrics, admission, request log).
 HTTP handlers never touch the engine except through the thread-safe `add_request` and
-`abort_request`. After every step the thread publishes an `EngineState` snapshot, which
+`abort_request`. After every step the thread publishes the engine's `snapshot()`, which
 `/metrics` and `/debug/state` read without locking.
 """
 
@@ -18,30 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pacer.engine import Engine, RequestOutput
+from pacer.engine import Engine, EngineSnapshot, RequestOutput
 from pacer.request import SamplingParams
 
-__all__ = ["EngineLoop", "EngineState", "Route"]
+__all__ = ["EngineLoop", "Route"]
 
 log = logging.getLogger("pacer.server")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineState:
-    """What the stepping thread saw after its latest step."""
-
-    num_running: int
-    num_waiting: int
-    num_blocks: int
-    num_free_blocks: int
-    num_available_blocks: int   # free plus evictable prefix-cache blocks
-    kv_usage: float
-    num_preemptions: int
-    num_steps: int
-    num_cached_blocks: int = 0
-    prefix_cache_queries: int | None = None   # tokens looked up / found, engine-level;
-    prefix_cache_hits: int | None = None      # None: the engine does not count them
-    alive: bool = True
 
 
 @dataclass(slots=True)
@@ -62,7 +44,7 @@ class EngineLoop:
         self.max_consecutive_failures = max_consecutive_failures
         self.listeners: list[OutputListener] = []      # called on the event loop, before routing
         self.failure_listeners: list[Callable[[list[str], BaseException], None]] = []
-        self.state = self._snapshot(0)
+        self.state: EngineSnapshot = engine.snapshot()   # replaced (never mutated) after each step
         self.error: BaseException | None = None        # set when the loop gave up
         self._cv = threading.Condition()
         self._stopping = False
@@ -71,7 +53,6 @@ class EngineLoop:
         self._routes: dict[str, Route] = {}             # event-loop thread only
         self._live_lock = threading.Lock()
         self._live: set[str] = set()                    # ids the engine may still emit for
-        self._num_steps = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,11 +129,9 @@ class EngineLoop:
                 self._fail_in_flight(e)
                 if failures >= self.max_consecutive_failures:
                     self.error = e
-                    self.state = self._snapshot(self._num_steps, alive=False)
                     return
                 continue
-            self._num_steps += 1
-            self.state = self._snapshot(self._num_steps)
+            self.state = self.engine.snapshot()
             if outputs:
                 self._call(self._dispatch, outputs)
 
@@ -169,19 +148,6 @@ class EngineLoop:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:   # event loop closed during shutdown
             pass
-
-    def _snapshot(self, num_steps: int, alive: bool = True) -> EngineState:
-        sched, kv = self.engine.scheduler, self.engine.kv
-        cache_stats = getattr(self.engine, "cache_stats", None)
-        stats: dict[str, Any] = cache_stats() if cache_stats is not None else {}
-        return EngineState(
-            num_running=sched.num_running, num_waiting=sched.num_waiting, num_blocks=kv.num_blocks,
-            num_free_blocks=kv.pool.num_free_blocks, num_available_blocks=kv.num_available_blocks(),
-            kv_usage=kv.usage, num_preemptions=sched.num_preemptions, num_steps=num_steps,
-            num_cached_blocks=stats.get("cached_blocks", 0),
-            prefix_cache_queries=stats.get("prefix_cache_queried_tokens"),
-            prefix_cache_hits=stats.get("prefix_cache_hit_tokens"), alive=alive,
-        )
 
     # ------------------------------------------------------------------ event loop side
 

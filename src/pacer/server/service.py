@@ -19,7 +19,7 @@ from pacer.core.admission import AdmissionController
 from pacer.core.slo import SLO_KEYS, ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
 from pacer.metrics import RequestLogWriter, ServingMetrics, make_log_record
-from pacer.request import SamplingParams
+from pacer.request import ContextLengthError, SamplingParams
 from pacer.server import errors
 from pacer.server.auth import Access, APIKey, bound_slo_targets
 from pacer.server.engine_loop import EngineLoop, Route
@@ -112,11 +112,13 @@ class Service:
 
         self.metrics.registry.register(SpecDecodeCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
+        engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
         self.kv_publisher: Any = None                  # pacer.kv_events.KVEventPublisher when enabled
-        self.metrics.set_cache_config(block_size=engine.kv.block_size, num_gpu_blocks=engine.kv.num_blocks,
-                                      enable_prefix_caching=engine.kv.cache is not None)
+        snap = engine.snapshot()
+        self.metrics.set_cache_config(block_size=engine.config.cache.block_size, num_gpu_blocks=snap.num_blocks,
+                                      enable_prefix_caching=snap.prefix_caching)
 
     def start(self) -> None:
         self.loop.start(asyncio.get_running_loop())
@@ -138,12 +140,10 @@ class Service:
         self.loop.stop()
         for close in self.closers:
             close()
+        if self.metrics.on_step in self.engine.stats_listeners:
+            self.engine.stats_listeners.remove(self.metrics.on_step)
         if self.request_log is not None:
             self.request_log.close()
-
-    @property
-    def limit_tokens(self) -> int:
-        return min(self.engine.max_model_len, self.engine.kv.capacity_tokens)
 
     # ------------------------------------------------------------------ submitting
 
@@ -237,17 +237,16 @@ class Service:
 
     def _params(self, parsed: ParsedRequest, num_prompt_tokens: int) -> SamplingParams:
         param = "messages" if parsed.endpoint == "chat" else "prompt"
-        room = self.limit_tokens - num_prompt_tokens
         max_tokens = parsed.max_tokens
-        if max_tokens is None:
-            max_tokens = 16 if parsed.endpoint == "completions" else room
-        if max_tokens > room or room < 1:
-            self.metrics.on_refused("context_length_exceeded", parsed.tenant)
-            self.admission.refuse("context_length_exceeded")
-            raise bad_request(param, f"This model's maximum context length is {self.limit_tokens} tokens. "
-                                     f"However, you requested {num_prompt_tokens + max_tokens} tokens "
-                                     f"({num_prompt_tokens} in the {param}, {max_tokens} for the completion).",
-                              "context_length_exceeded")
+        if max_tokens is None:   # chat: whatever room the context leaves (at least 1, or the check refuses)
+            max_tokens = 16 if parsed.endpoint == "completions" else max(
+                1, self.engine.max_context_tokens - num_prompt_tokens)
+        try:
+            self.engine.check_fits(num_prompt_tokens, max_tokens, param)
+        except ContextLengthError as e:
+            self.metrics.on_refused(e.code, parsed.tenant)
+            self.admission.refuse(e.code)
+            raise bad_request(e.field, str(e), e.code) from None
         try:
             return SamplingParams(max_tokens=max_tokens, **parsed.sampling)
         except (ValueError, TypeError) as e:
@@ -353,9 +352,8 @@ class Service:
     # ------------------------------------------------------------------ introspection
 
     def debug_state(self) -> dict[str, Any]:
-        s = self.loop.state
         return {
-            "engine": {f: getattr(s, f) for f in s.__dataclass_fields__},
+            "engine": {**self.loop.state.as_dict(), "alive": self.loop.alive},
             "server": {"num_in_flight": self.loop.num_routes, "num_admission_waiting": self.admission.num_waiting,
                        "draining": self.draining, "refused": dict(self.admission.num_refused)},
         }
@@ -363,14 +361,14 @@ class Service:
     def update_gauges(self) -> None:
         s = self.loop.state
         self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
-                                      s.prefix_cache_queries, s.prefix_cache_hits)
+                                      s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens)
 
 
 def _engine_error(e: Exception, parsed: ParsedRequest) -> APIError:
     """Map an engine/SamplingParams validation error to a 400 naming its field."""
     msg = str(e)
-    if "exceeds" in msg and ("max_model_len" in msg or "KV cache" in msg):
-        return bad_request("messages" if parsed.endpoint == "chat" else "prompt", msg, "context_length_exceeded")
+    if isinstance(e, ContextLengthError):
+        return bad_request("messages" if parsed.endpoint == "chat" else "prompt", msg, e.code)
     first = msg.split(" ", 1)[0]
     param = first if first in _SAMPLING_FIELDS else None
     return bad_request(param, msg)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pacer.bench.options import DEFAULT_NUM_PROMPTS
-from pacer.cli import COMMANDS
 from pacer.engine_args import add_engine_args, engine_kwargs_from_args
 
 __all__ = ["add_args", "run", "add_workload_args", "build_specs"]
@@ -67,11 +66,13 @@ def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int
 def _meta(args: argparse.Namespace, kwargs: dict[str, Any], workload: str, arrivals: str, rate: float | None,
           n: int) -> dict[str, Any]:
     """Keys of `pacer bench`'s meta, plus what was simulated."""
+    from pacer.bench.drive import ARRIVAL_NOTE
+
     return {"target": "sim", "engine": "sim", "model": args.model, "workload": workload, "arrivals": arrivals,
             "request_rate": rate if rate is None or math.isfinite(rate) else "inf", "burstiness": args.burstiness, "concurrency": args.concurrency,
             "num_prompts": n, "duration": args.duration, "seed": args.seed,
             "engine_args": json.loads(json.dumps(kwargs, default=str)), "argv": sys.argv[1:],
-            "hardware": args.hardware, "tp": args.tp}
+            "hardware": args.hardware, "tp": args.tp, "arrival": ARRIVAL_NOTE}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -140,7 +141,7 @@ def _run_sim(args: argparse.Namespace) -> int:
               f"{result.speedup:.1f} simulated s per wall s ({result.num_steps} steps, "
               f"{result.num_steps / max(result.wall_s, 1e-9):.0f} steps/s, {result.num_preemptions} preemptions, "
               f"{result.num_kv_blocks} KV blocks, {result.cost_model})")
-        for line in utilisation_summary(executor.records):
+        for line in utilisation_summary(result.steps, executor.costs):
             print(line)
         if len(rates) > 1:
             s = report.summary[OVERALL]
@@ -265,5 +266,3 @@ def run(args: argparse.Namespace) -> int:
     handlers = {"run": _run_sim, "calibrate": _run_calibrate, "validate": _run_validate}
     return handlers[args.mode](args)
 
-
-COMMANDS["sim"] = (add_args, run)

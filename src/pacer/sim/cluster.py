@@ -24,8 +24,8 @@ from pacer.core.block_events import BlockEvent
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.routers import Cluster, Router, RouteRequest, request_namespace
 from pacer.engine import Engine
-from pacer.executor.sim_executor import SimExecutor
 from pacer.request import SamplingParams
+from pacer.sim.executor import SimExecutor
 from pacer.sim.simulator import TraceRequest, build_sim_engine
 
 __all__ = ["Replica", "ClusterResult", "build_cluster", "simulate_cluster"]
@@ -54,8 +54,9 @@ class ClusterResult:
         return [r.num_routed / total for r in self.replicas]
 
     def hit_rate(self) -> float:
-        queried = sum(r.engine.kv.stats.queried_tokens for r in self.replicas)
-        hits = sum(r.engine.kv.stats.hit_tokens for r in self.replicas)
+        snaps = [r.engine.snapshot() for r in self.replicas]
+        queried = sum(s.prefix_cache_queried_tokens for s in snaps)
+        hits = sum(s.prefix_cache_hit_tokens for s in snaps)
         return hits / queried if queried else 0.0
 
 
@@ -74,7 +75,7 @@ def build_cluster(num_replicas: int, config: EngineConfig, hw: Any, model: Any, 
     for i in range(num_replicas):
         engine, executor, clock = build_sim_engine(config, hw, model, keep_records=False, **engine_kwargs)
         rid = f"replica-{i}"
-        if engine.kv.cache is not None:
+        if engine.snapshot().prefix_caching:
             engine.add_kv_event_sink(_index_sink(index, rid))
         replicas.append(Replica(rid, engine, executor, clock))
     return replicas
@@ -127,7 +128,8 @@ class _ClusterLoop:
         self.nxt += 1
         req = self.requests[i]
         for r in self.replicas:
-            self.cluster.load[r.replica_id] = r.engine.scheduler.num_waiting + r.engine.scheduler.num_running
+            snap = r.engine.snapshot()
+            self.cluster.load[r.replica_id] = snap.num_waiting + snap.num_running
         owner = request_namespace(req.tenant, None, self.isolation)
         route = RouteRequest(req.request_id, req.prompt_token_ids, req.tenant, owner, req.request_class)
         choice = self.by_id[self.router.choose(route, self.cluster)]

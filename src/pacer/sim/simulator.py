@@ -1,55 +1,38 @@
-"""Simulator event loop: arrivals on a virtual clock, the real Engine with a SimExecutor.
+"""The simulator: arrivals on a virtual clock, the real Engine with a SimExecutor.
 
-The loop is the same one a serving front end runs: before every engine step, the requests
-whose arrival time has passed are added (stamped with their own arrival time, so a request
-that arrived in the middle of a step waits for the next one, as it would on real hardware);
-when the engine is idle the clock jumps to the next arrival. Scheduling, KV bookkeeping,
-preemption and stop rules are the real `Engine`, `Scheduler` and `KVCacheManager`: there is
-no simulator copy of them. Deterministic: arrivals are ordered by (time, index), and nothing
-reads the wall clock except the speed report.
+Requests are fed by the one driver (`pacer.bench.drive`) that `pacer bench --engine
+inprocess` also runs: a request arrives when its client hands it over, the engine sees it at
+the next step boundary, and when the engine is idle the virtual clock jumps to the next
+arrival. Scheduling, KV bookkeeping, preemption and stop rules are the real `Engine`,
+`Scheduler` and `KVCacheManager`: there is no simulator copy of them. Deterministic:
+arrivals are ordered by (time, index), and nothing reads the wall clock except the speed
+report. What the reports say of the engine comes from its `StepStats` and `snapshot()`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from pacer.bench.report import STATUS_OK, STATUS_REJECTED, RequestRecord
+from pacer.bench.drive import DriveSpec, drive
+from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.engine import Engine
-from pacer.executor.sim_executor import SimExecutor, SimStepRecord
+from pacer.engine import Engine, StepStats
 from pacer.request import SamplingParams
-from pacer.sim.cost_model import CostModel, make_cost_model
+from pacer.sim.cost_model import CostModel, StepCost, make_cost_model
+from pacer.sim.executor import SimExecutor
 from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
 from pacer.sim.step_model import SchedulerCostModel
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
            "write_chrome_trace", "utilisation_summary"]
 
-
-class TraceRequest(Protocol):
-    """What the simulator needs of a request; `pacer.bench.workloads.RequestSpec` is one."""
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def request_class(self) -> str: ...
-    @property
-    def prompt_token_ids(self) -> Sequence[int]: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def arrival_time(self) -> float | None: ...   # None: closed loop (sent when a slot frees)
-    @property
-    def priority(self) -> int: ...
-    @property
-    def tenant(self) -> str: ...
+TraceRequest = DriveSpec   # what the simulator needs of a request; `pacer.bench.workloads.RequestSpec` is one
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +46,7 @@ class SimRequest:
     request_class: str = "default"
     priority: int = 0
     tenant: str = "default"
+    session: str | None = None
 
 
 @dataclass(slots=True)
@@ -76,6 +60,7 @@ class SimResult:
     num_kv_blocks: int
     cost_model: str
     executor: SimExecutor
+    steps: list[StepStats] = field(default_factory=list)   # the engine's own, one per step (keep_records)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -120,87 +105,50 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
              concurrency: int | None = None) -> SimResult:
     """Run the trace to completion and return one record per request, in trace order.
 
-    Open loop: each request arrives at its `arrival_time`. `concurrency` caps requests in
-    flight (a request is sent when a slot frees, and its arrival is the send time, as a client
-    measures it); requests with `arrival_time` None (closed loop) are all ready at the start.
+    Open loop: each request arrives at its `arrival_time`; `concurrency` caps requests in
+    flight (a request is handed over when a slot frees, and that is its arrival, as a client
+    measures it). Requests with `arrival_time` None (closed loop) are all ready at the start.
     """
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if concurrency is None and any(r.arrival_time is None for r in requests):
         raise ValueError("requests without an arrival_time (closed loop) need a concurrency")
+    steps: list[StepStats] = []
+    if executor.keep_records:
+        engine.stats_listeners.append(steps.append)
     t0 = clock.now()
-    ready = [t0 + (r.arrival_time or 0.0) for r in requests]
-    pending: deque[int] = deque(sorted(range(len(requests)), key=lambda i: (ready[i], i)))
-    backlog: deque[int] = deque()         # arrived, waiting for a concurrency slot
-    index_of: dict[str, int] = {}
-    records: list[RequestRecord | None] = [None] * len(requests)
-    limit = concurrency or len(requests) or 1
-    in_flight = 0
-    idle_steps = 0
     wall0 = time.perf_counter()
-    while pending or backlog or in_flight:
-        now = clock.now()
-        while pending and ready[pending[0]] <= now:
-            backlog.append(pending.popleft())
-        while backlog and in_flight < limit:
-            i = backlog.popleft()
-            index_of[_add(engine, requests[i], i, ready[i] if concurrency is None else now)] = i
-            in_flight += 1
-        if not in_flight:
-            clock.set(ready[pending[0]])
-            continue
-        t_before = clock.now()
-        for out in engine.step():
-            if out.finished:
-                i = index_of.pop(out.request_id)
-                r = requests[i]
-                records[i] = RequestRecord.from_metrics(
-                    out.metrics, request_id=r.request_id, request_class=r.request_class, t0=t0,
-                    tenant=r.tenant, priority=r.priority,
-                    status=STATUS_REJECTED if out.metrics.shed else STATUS_OK)
-                in_flight -= 1
-        if clock.now() > t_before:
-            idle_steps = 0
-            continue
-        idle_steps += 1            # nothing ran: only possible while requests are being admitted
-        if idle_steps > 3:
-            if not pending:
-                raise RuntimeError(f"simulation stalled at t={clock.now():.3f}s with {in_flight} in flight")
-            clock.set(max(clock.now(), ready[pending[0]]))
+    try:
+        done = {rec.request_id: rec for rec in drive(engine, requests, _prepare, concurrency=concurrency, t0=t0)}
+    finally:
+        if executor.keep_records:
+            engine.stats_listeners.remove(steps.append)
     wall = time.perf_counter() - wall0
-    done = [r for r in records if r is not None]
-    return SimResult(records=done, sim_duration_s=clock.now() - t0, wall_s=wall,
-                     num_steps=executor.num_steps, busy_s=executor.busy_s,
-                     num_preemptions=engine.scheduler.num_preemptions, num_kv_blocks=engine.kv.num_blocks,
-                     cost_model=executor.cost_model.name, executor=executor)
+    snap = engine.snapshot()
+    return SimResult(records=[done[r.request_id] for r in requests if r.request_id in done],
+                     sim_duration_s=clock.now() - t0, wall_s=wall, num_steps=executor.num_steps,
+                     busy_s=executor.busy_s, num_preemptions=snap.num_preemptions, num_kv_blocks=snap.num_blocks,
+                     cost_model=executor.cost_model.name, executor=executor, steps=steps)
 
 
-def _add(engine: Engine, r: TraceRequest, index: int, arrival: float) -> str:
-    params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
-    return engine.add_request(r.prompt_token_ids, params, request_id=f"sim-{index}", priority=r.priority,
-                              tenant=r.tenant, arrival_time=arrival, request_class=r.request_class)
+def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
+    """Outputs are forced to the trace's lengths (a simulator samples no real tokens)."""
+    return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
 
 
-def _kind(r: SimStepRecord) -> str:
-    if r.num_prefill_tokens and r.num_decode_tokens:
-        return "mixed"
-    return "prefill" if r.num_prefill_tokens else "decode"
-
-
-def utilisation_summary(records: Sequence[SimStepRecord]) -> list[str]:
+def utilisation_summary(steps: Sequence[StepStats], costs: Mapping[int, StepCost]) -> list[str]:
     """Time-weighted compute and bandwidth utilisation by step kind (what GPU counters blur)."""
-    total = sum(r.cost.time_s for r in records)
+    pairs = [(s, costs[s.step_id]) for s in steps if s.step_id in costs]
+    total = sum(c.time_s for _, c in pairs)
     if total <= 0:
         return []
     lines = []
     for kind in ("prefill", "decode", "mixed"):
-        rs = [r for r in records if _kind(r) == kind]
-        t = sum(r.cost.time_s for r in rs)
-        if not rs or t <= 0:
+        cs = [c for s, c in pairs if s.kind == kind]
+        t = sum(c.time_s for c in cs)
+        if not cs or t <= 0:
             continue
-        cu = sum(r.cost.compute_util * r.cost.time_s for r in rs) / t
-        bu = sum(r.cost.bandwidth_util * r.cost.time_s for r in rs) / t
-        lines.append(f"{kind:8s} steps: {len(rs):7d}, {t / total * 100:5.1f}% of device time, "
+        cu = sum(c.compute_util * c.time_s for c in cs) / t
+        bu = sum(c.bandwidth_util * c.time_s for c in cs) / t
+        lines.append(f"{kind:8s} steps: {len(cs):7d}, {t / total * 100:5.1f}% of device time, "
                      f"est. compute {cu * 100:5.1f}% / bandwidth {bu * 100:5.1f}% of peak "
                      f"({'compute' if cu >= bu else 'memory'}-bound)")
     return lines
@@ -209,14 +157,17 @@ def utilisation_summary(records: Sequence[SimStepRecord]) -> list[str]:
 def write_chrome_trace(result: SimResult, path: str | Path) -> None:
     """One complete event per simulated step (chrome://tracing, Perfetto)."""
     events = []
-    for r in result.executor.records:
-        c = r.cost
+    costs = result.executor.costs
+    for s in result.steps:
+        c = costs.get(s.step_id)
+        if c is None:
+            continue
         events.append({
-            "name": _kind(r),
-            "ph": "X", "pid": 0, "tid": 0, "ts": r.start_s * 1e6, "dur": c.time_s * 1e6,
-            "args": {"step": r.step_id, "batch": r.batch_size, "prefill_tokens": r.num_prefill_tokens,
-                     "decode_tokens": r.num_decode_tokens, "preempted": r.num_preempted,
-                    "token_budget": r.token_budget, "budget_reason": r.budget_reason,
+            "name": s.kind,
+            "ph": "X", "pid": 0, "tid": 0, "ts": (s.time - s.forward_s) * 1e6, "dur": c.time_s * 1e6,
+            "args": {"step": s.step_id, "batch": s.batch_size, "prefill_tokens": s.num_prefill_tokens,
+                     "decode_tokens": s.num_decode_tokens, "preempted": s.num_preempted,
+                     "token_budget": s.token_budget, "budget_reason": s.budget_reason,
                      "compute_util": round(c.compute_util, 4), "bandwidth_util": round(c.bandwidth_util, 4),
                      "bound": c.bound},
         })

@@ -11,12 +11,13 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
+from pacer.config import StructuredOutputsConfig
 from pacer.core.outputs import SchedulerOutput
 from pacer.request import FinishReason, Request, StructuredOutputsParams
 from pacer.structured.gate import GrammarGate
 from pacer.structured.manager import StructuredOutputManager
 
-__all__ = ["StructuredRuntime"]
+__all__ = ["StructuredRuntime", "default_manager"]
 
 log = logging.getLogger("pacer.structured")
 
@@ -67,3 +68,13 @@ class StructuredRuntime:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def default_manager(tokenizer: Any | None, vocab_size: int | None, eos_token_ids: tuple[int, ...],
+                    config: StructuredOutputsConfig) -> StructuredOutputManager:
+    """The manager an engine makes on its first constrained request (its config's timeout and workers)."""
+    if tokenizer is None:
+        raise ValueError("structured_outputs needs a model with a tokenizer")
+    return StructuredOutputManager(tokenizer, vocab_size or tokenizer.vocab_size, eos_token_ids,
+                                   timeout=config.structured_outputs_timeout,
+                                   num_workers=config.structured_outputs_workers)

@@ -12,7 +12,7 @@ import time
 import torch
 
 from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
-from pacer.model.attention import AttentionMetadata, PrefillSeq
+from pacer.model.attention import AttentionMetadata, ChunkSpan, build_metadata
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.sampler import Sampler, TokenHistory
@@ -139,8 +139,7 @@ class ModelExecutor:
             if sr.sample:
                 logits_rows.append(i)
                 sample_reqs.append(sr)
-        prefills: list[PrefillSeq] = []
-        prefill_tables: list[list[int]] = []
+        chunks: list[ChunkSpan] = []
         row = len(singles)
         for sr in multis:
             table = self._states[sr.request_id].block_table
@@ -149,45 +148,18 @@ class ModelExecutor:
             ids.extend(sr.draft_token_ids)
             pos.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            n_blocks = -(-(start + n) // bs)
-            # the C++ kernel takes all tables as one padded tensor (below); the torch path one each
-            prefills.append(PrefillSeq(row, n, start, None if self.model.kernel is not None
-                                       else torch.tensor(table[:n_blocks], device=self.device)))
-            prefill_tables.append(table[:n_blocks])
+            chunks.append(ChunkSpan(row, n, start, table[:-(-(start + n) // bs)]))
             row += n
             if sr.sample:   # drafts: the logits at the last token and at every draft
                 logits_rows.extend(range(row - 1 - len(sr.draft_token_ids), row))
                 sample_reqs.append(sr)
         dev = self.device
-        single_tables = single_mask = lens = None
-        if singles:
-            single_tables = _padded(tables, dev)
-            lens = torch.tensor(ctx_lens, device=dev)
-            if self.model.kernel is None:
-                positions = torch.arange(single_tables.shape[1] * bs, device=dev).unsqueeze(0)
-                single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
-        prefill_batch = None
-        if prefills and self.model.kernel is not None:
-            prefill_batch = (torch.tensor([p.q_start for p in prefills], device=dev),
-                             torch.tensor([p.q_len for p in prefills], device=dev),
-                             torch.tensor([p.start_pos for p in prefills], device=dev),
-                             _padded(prefill_tables, dev))
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=dev), num_single=len(singles),
-            single_block_tables=single_tables, single_mask=single_mask, single_context_lens=lens,
-            prefills=prefills, prefill_batch=prefill_batch,
-        )
+        meta = build_metadata(slots, tables, ctx_lens, chunks, bs, dev, use_kernel=self.model.kernel is not None)
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)
+
 
 
 def _as_copyable(t: torch.Tensor) -> torch.Tensor:
     """float8 has no index_copy_ on CPU; its bytes do."""
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
-
-
-def _padded(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
-    """Block tables of different lengths as one [rows, longest] tensor, padded with block 0
-    (never read: each row's context length bounds what a kernel or mask looks at)."""
-    width = max(len(t) for t in tables)
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device)

@@ -4,7 +4,8 @@ It implements the same `execute(SchedulerOutput)` contract as `ModelExecutor`: i
 token for every row that asks for one (a fixed, non-EOS id; output lengths come from the
 requests' `max_tokens` with `ignore_eos`), and moves the `VirtualClock` forward by the cost
 model's step time, so the engine stamps token times at the end of the simulated step.
-Per-step costs are kept for reports and the Chrome trace.
+Each step's cost breakdown is kept by step id (`costs`) for the utilisation summary and the
+Chrome trace, beside the engine's own `StepStats` of the same step.
 
 Speculation: a row with d drafts is priced as a chunk of 1 + d tokens (the cost model's
 `batch_features` counts them, every position through the LM head), and each draft is accepted
@@ -17,30 +18,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pacer.clock import VirtualClock
 from pacer.core.outputs import ModelOutput, RequestResult, SchedulerOutput
 from pacer.sim.cost_model import CostModel, StepCost, batch_features
 
-__all__ = ["SimExecutor", "SimStepRecord", "DEFAULT_ACCEPTANCE_RATE"]
+__all__ = ["SimExecutor", "DEFAULT_ACCEPTANCE_RATE"]
 
 # per-token acceptance of n-gram drafts measured on the default model (benchmarks/spec_decode.py,
 # the 32-request mixed workload); speculative_config's acceptance_rate overrides it
 DEFAULT_ACCEPTANCE_RATE = 0.6
-
-
-@dataclass(frozen=True, slots=True)
-class SimStepRecord:
-    step_id: int
-    start_s: float
-    batch_size: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_preempted: int
-    cost: StepCost
-    token_budget: int = 0
-    budget_reason: str = ""
 
 
 class SimExecutor:
@@ -52,7 +39,7 @@ class SimExecutor:
         self.clock = clock
         self.sample_token_id = sample_token_id
         self.keep_records = keep_records
-        self.records: list[SimStepRecord] = []
+        self.costs: dict[int, StepCost] = {}   # step id -> its cost (keep_records)
         self.busy_s = 0.0
         self.num_steps = 0
         self.acceptance_rate = DEFAULT_ACCEPTANCE_RATE if acceptance_rate is None else acceptance_rate
@@ -62,14 +49,11 @@ class SimExecutor:
         if not out.scheduled:
             return ModelOutput(forward_s=0.0)
         cost = self.cost_model.step_cost(batch_features(out))
-        start = self.clock.now()
         self.clock.advance(cost.time_s)
         self.busy_s += cost.time_s
         self.num_steps += 1
         if self.keep_records:
-            self.records.append(SimStepRecord(out.step_id, start, len(out.scheduled), out.num_prefill_tokens,
-                                              out.num_decode_tokens, len(out.preempted_ids), cost,
-                                              out.token_budget, out.budget_reason))
+            self.costs[out.step_id] = cost
         tok = self.sample_token_id
         results = {sr.request_id: RequestResult((*self._accepted(sr.draft_token_ids), tok))
                    for sr in out.scheduled if sr.sample}

@@ -1,0 +1,189 @@
+"""Sampling parameters, as vLLM's `SamplingParams` (and `StructuredOutputsParams`): plain
+Python, validated on construction (errors name the field and the limit). `pacer.request`
+re-exports them beside the `Request` they belong to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+__all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_LOGPROBS", "sample_seed"]
+
+MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """Constrain a request's output, as vLLM's `StructuredOutputsParams`: exactly one of
+    `json` (a JSON schema, as a dict or its JSON text), `regex`, `choice` (a list of strings),
+    `grammar` (Lark / llguidance EBNF) or `json_object=True` (any JSON object).
+
+    `disable_any_whitespace` (vLLM's name) keeps JSON compact (no whitespace outside strings);
+    pacer defaults it to True so a bounded schema has a bounded output (set False for
+    flexible whitespace). Validation of the types is here; whether the schema, regex or
+    grammar compiles is decided by the grammar worker (pacer.structured), after which a bad
+    one fails its request alone. `kind` names the field that was set."""
+
+    json: dict[str, object] | str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = True
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, list | tuple):
+                raise TypeError(f"structured_outputs.choice must be a list of strings, got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {', '.join(given) or 'none'}")
+        if isinstance(self.json, str):
+            try:
+                object.__setattr__(self, "json", json.loads(self.json))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json is not None and not isinstance(self.json, dict | bool):
+            raise TypeError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
+                             f"got {list(self.choice)!r}")
+        if self.json_object not in (None, True, False):
+            raise TypeError(f"structured_outputs.json_object must be a boolean, got {self.json_object!r}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise TypeError("structured_outputs.disable_any_whitespace must be a boolean")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    def spec(self) -> dict[str, object]:
+        """Plain JSON data naming the constraint: what the grammar worker compiles and the key
+        its cache is keyed by."""
+        kind = self.kind
+        value: object = True if kind == "json_object" else getattr(self, kind)
+        if kind == "choice":
+            value = list(value)  # type: ignore[call-overload]
+        return {"kind": kind, "value": value, "compact": self.disable_any_whitespace}
+
+    def cache_key(self) -> str:
+        return json.dumps(self.spec(), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one request's output (names and defaults follow vLLM / OpenAI).
+
+    Penalties follow vLLM: `presence_penalty` and `frequency_penalty` (OpenAI's definitions,
+    in [-2, 2]) subtract `presence * [count > 0] + frequency * count` from the logit of each
+    token by its count among the generated tokens; `repetition_penalty` (> 0, 1 is off)
+    divides the positive logits and multiplies the negative ones of every token seen in the
+    prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
+    token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
+    `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
+    see `for_sample`); `Engine.add_request` takes one sequence.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    n: int = 1
+    structured_outputs: StructuredOutputsParams | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("n", self.n, low=1)
+        _check_int("top_k", self.top_k, low=0)
+        _check_int("min_tokens", self.min_tokens, low=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens}, max_tokens={self.max_tokens}"
+            )
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=None)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise TypeError("structured_outputs must be StructuredOutputsParams, got "
+                            f"{type(self.structured_outputs).__name__}")
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample `index` of `n`: one sequence, and when seeded, the seed
+        `sample_seed(seed, index)`, so sample 0 equals the n=1 answer and the others differ."""
+        seed = self.seed if self.seed is None else sample_seed(self.seed, index)
+        return dataclasses.replace(self, n=1, seed=seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling needs the request's token history (prompt and output)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a seeded request with n > 1: sample 0 keeps the seed, the
+    others get distinct seeds derived from (seed, index), so the whole answer is reproducible."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _check_int(name: str, value: object, low: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
