@@ -23,17 +23,20 @@ def loadavg() -> str:
 
 
 def sim_report(*, policy: str, rate: float, hardware: str, model: str, workload: Workload, slo: list[str],
-               num_requests: int, seed: int, max_model_len: int | None = None, **engine: Any) -> Report:
-    """One simulated run of the seeded trace at `rate` under `policy` (memoised)."""
+               num_requests: int, seed: int, max_model_len: int | None = None, cost_model: Any = None,
+               **engine: Any) -> Report:
+    """One simulated run of the seeded trace at `rate` under `policy` (memoised); `cost_model`
+    replaces the hardware profile's (e.g. the real engine's corrected predictor)."""
     key = (policy, round(rate, 6), hardware, model, workload.name, tuple(slo), num_requests, seed, max_model_len,
-           tuple(sorted(engine.items())))
+           id(cost_model), tuple(sorted(engine.items())))
     if key in _CACHE:
         return _CACHE[key]
     hw, mp = get_hardware(hardware), get_model(model)
     kwargs: dict[str, Any] = {"scheduling_policy": policy, "slo": tuple(slo), **engine}
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
-    eng, ex, clock = build_sim_engine(EngineConfig.from_kwargs(**kwargs), hw, mp, keep_records=False)
+    eng, ex, clock = build_sim_engine(EngineConfig.from_kwargs(**kwargs), hw, mp, keep_records=False,
+                                      cost_model=cost_model)
     specs = generate_requests(workload, make_arrivals(rate, 1.0, None), seed=seed, num_requests=num_requests,
                               max_model_len=eng.max_model_len)
     result = simulate(eng, ex, clock, specs)
@@ -43,11 +46,11 @@ def sim_report(*, policy: str, rate: float, hardware: str, model: str, workload:
 
 
 def sim_specs_report(*, policy: str, specs: list[Any], hardware: str, model: str, slo: list[str],
-                     **engine: Any) -> Report:
+                     cost_model: Any = None, **engine: Any) -> Report:
     """The simulator's report for exactly these request specs (the real run's trace)."""
     kwargs: dict[str, Any] = {"scheduling_policy": policy, "slo": tuple(slo), **engine}
     eng, ex, clock = build_sim_engine(EngineConfig.from_kwargs(**kwargs), get_hardware(hardware), get_model(model),
-                                      keep_records=False)
+                                      keep_records=False, cost_model=cost_model)
     return build_report(simulate(eng, ex, clock, specs).records, slo=parse_slo(slo))
 
 

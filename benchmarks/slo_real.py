@@ -5,6 +5,7 @@ interleaved on one seeded trace, the simulator's attainment for the same trace, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import statistics
 from typing import Any
@@ -16,6 +17,7 @@ from pacer.bench.workloads import ClassSpec, LengthDist, RequestSpec, Workload, 
 from pacer.core.slo import parse_slo
 from pacer.engine import Engine
 from pacer.request import SamplingParams
+from pacer.sim.step_model import CorrectedCostModel
 from slo_common import class_table, loadavg, sim_specs_report
 
 # the mixed workload's classes at CPU scale (a 135M model on two shared cores)
@@ -43,8 +45,10 @@ def _median_spec(specs: list[RequestSpec], cls: str) -> RequestSpec:
 
 def calibrate_targets(args: argparse.Namespace) -> tuple[list[str], Workload]:
     """TTFT = 3x unloaded TTFT of the class's median prompt; ITL = 2x the unloaded decode step
-    at batch 8; batch e2e = 3x the unloaded e2e of its median request."""
-    eng = _engine(args, "fcfs", [])
+    at batch 8; batch e2e = 3x the unloaded e2e of its median request. One request at a time,
+    on an slo engine, whose predictor (start-up calibration + the refits of these runs) the
+    simulator then uses (`args.sim_cost_model`)."""
+    eng = _engine(args, "slo", [])
     specs = generate_requests(CPU_MIXED, make_arrivals(1.0, 1.0, None), seed=args.seed, num_requests=200,
                               tokenizer=eng.tokenizer, max_model_len=eng.max_model_len)
     unloaded: dict[str, Any] = {}
@@ -64,6 +68,9 @@ def calibrate_targets(args: argparse.Namespace) -> tuple[list[str], Workload]:
     print("unloaded: " + ", ".join(f"{c} ttft {m.ttft * 1000:.0f} ms" for c, m in unloaded.items())
           + f", batch e2e {unloaded['batch'].e2e * 1000:.0f} ms, batch-8 decode step {step8 * 1000:.1f} ms "
             f"(median of {len(decode)})")
+    args.sim_cost_model = CorrectedCostModel(eng.cost_model)
+    print(f"simulator for the real engine: cpu-local with this engine's predictor, {args.sim_cost_model.name} "
+          f"({eng.cost_model.num_observed} measured steps)")
     del eng
     gc.collect()
     return targets, CPU_MIXED
@@ -93,7 +100,7 @@ def real_reports(args: argparse.Namespace, targets: list[str], rate: float, wl: 
 
 def sim_for(args: argparse.Namespace, specs: list[RequestSpec], policy: str, targets: list[str]) -> Report:
     return sim_specs_report(policy=policy, specs=specs, hardware="cpu-local", model="smollm2-135m", slo=targets,
-                            max_model_len=args.max_model_len)
+                            max_model_len=args.max_model_len, cost_model=getattr(args, "sim_cost_model", None))
 
 
 def long_prompt_case(args: argparse.Namespace, targets: list[str]) -> None:
@@ -110,7 +117,9 @@ def long_prompt_case(args: argparse.Namespace, targets: list[str]) -> None:
         longs = generate_requests(Workload("long", (ClassSpec("rag", LengthDist(1800), LengthDist(4)),)),
                                   make_arrivals(1.0, 1.0, None), seed=args.seed + 1, num_requests=args.long_prompts,
                                   tokenizer=tok, max_model_len=args.max_model_len)
-        mixed = sorted([*specs, *(s.with_arrival((s.arrival_time or 0) + 1.0) for s in longs)],
+        longs = [dataclasses.replace(s, request_id=f"long-{i}", arrival_time=(s.arrival_time or 0) + 1.0)
+                 for i, s in enumerate(longs)]
+        mixed = sorted([*specs, *longs],
                        key=lambda s: s.arrival_time or 0.0)
         records, _, _ = run_inprocess(mixed, eng)
         reports[policy] = build_report(records, slo=parse_slo(slo))

@@ -11,15 +11,21 @@ Three parts (all by default; pick with --parts sim,real,long):
 - **real**: the in-process engine with the default model on this CPU. Targets scaled by one
   rule, measured unloaded first: TTFT = 3x the unloaded TTFT of the class's median prompt,
   ITL = 2x the unloaded decode step at batch 8, batch e2e = 3x its unloaded e2e. Rates from
-  the simulator's capacity on `cpu-local` for these targets; fcfs and slo interleaved per
-  repeat on the same trace; the simulator's attainment for the same trace beside the
-  measured one. Targets: slo goodput >= 1.3x fcfs's where fcfs meets 70-80%, and simulated
+  the simulator's capacity on `cpu-local` for these targets, simulated with the real engine's
+  own predictor (the shipped fit times the start-up calibration's and the unloaded runs'
+  corrections: `CorrectedCostModel`); fcfs and slo interleaved per repeat on the same trace;
+  the simulator's attainment for the same trace beside the measured one. Targets: slo goodput >= 1.3x fcfs's where fcfs meets 70-80%, and simulated
   attainment within 10 points of measured.
 - **long**: the "one long prompt slows every chat" case on the real engine: chats decoding
   while long prompts arrive; short chats' ITL p99 under slo vs fcfs, and throughput.
 
     PYTHONPATH=src .venv/bin/python benchmarks/slo_scheduling.py [--parts sim] [--sim-requests 600]
         [--real-requests 60] [--repeats 2] [--num-threads 1]
+
+The sim part takes ~3-6 minutes on two cores (five capacity searches of ~12 runs). A reduced
+real-engine check: `--parts real,long --real-requests 16 --repeats 1 --rate-factors 1.0
+--long-chats 4 --long-prompts 2` (~10 minutes); the full size (the defaults) ~25-40 minutes
+on a quiet 2-core machine.
 
 Numbers depend on the machine and its load (printed beside them); nothing here asserts.
 """
@@ -78,7 +84,8 @@ def part_real(args: argparse.Namespace) -> list[str]:
     print(f"-- real engine, targets by the rule (TTFT 3x unloaded median prompt, ITL 2x unloaded batch-8 "
           f"step, batch e2e 3x unloaded): {' '.join(targets)}  (load {loadavg()})")
     sim = {"hardware": "cpu-local", "model": "smollm2-135m", "workload": wl, "slo": targets,
-           "num_requests": args.real_requests, "seed": args.seed, "max_model_len": args.max_model_len}
+           "num_requests": args.real_requests, "seed": args.seed, "max_model_len": args.max_model_len,
+           "cost_model": getattr(args, "sim_cost_model", None)}
     sim_cap = capacity_search(lambda r: sim_report(policy="fcfs", rate=r, **sim), lo=0.25, target=0.75, iters=5)
     rates = [round(sim_cap * f, 3) for f in args.rate_factors]
     print(f"simulated fcfs rate for 75% attainment on cpu-local: {sim_cap:.3f} req/s -> real rates {rates}")

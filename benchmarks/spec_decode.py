@@ -69,7 +69,7 @@ def build_engines(num_blocks: int, threads: int) -> dict[str, Engine]:
             kw.update(speculative_config=SPEC, speculative_policy=mode)
         cfg = EngineConfig.from_kwargs(**kw)
         ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
-        cm = engine_step_cost_model(cfg, arch, "benchmark") if mode == "adaptive" else None
+        cm = engine_step_cost_model(cfg, arch) if mode == "adaptive" else None
         engines[mode] = Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
                                vocab_size=base.vocab_size, cost_model=cm)
     return engines

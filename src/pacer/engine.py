@@ -81,9 +81,7 @@ class Engine:
         if sc.scheduling_policy == "slo" or adaptive_spec:
             from pacer.sim.step_model import engine_step_cost_model
 
-            cost_model = engine_step_cost_model(config, ckpt.arch,
-                                                "scheduling_policy=slo" if sc.scheduling_policy == "slo"
-                                                else "speculative_policy=adaptive")
+            cost_model = engine_step_cost_model(config, ckpt.arch, executor, num_blocks)
         return cls(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
                    ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
 
@@ -156,13 +154,15 @@ class Engine:
 
         `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
         the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
-        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top.
+        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top (default:
+        `params.slo`).
         `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
         params = check_request_args(params, priority, tenant, cache_salt)
         ids = self.tokenize_prompt(prompt)
         self.check_fits(len(ids), params.max_tokens)
         rclass, targets = resolve_slo(self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
-                                      len(ids), params.max_tokens, request_class, slo)
+                                      len(ids), params.max_tokens, request_class,
+                                      params.slo if slo is None else slo)
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pacer.config import EngineConfig
+from pacer.core.slo import Slo
 from pacer.engine import Engine, RequestOutput
+from pacer.engine_inputs import resolve_slo
 from pacer.request import SamplingParams
 
 __all__ = ["LLM"]
@@ -46,21 +48,32 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priority: int | Sequence[int] | None = None,
-                 tenant: str | Sequence[str] | None = None) -> list[RequestOutput]:
+                 tenant: str | Sequence[str] | None = None,
+                 slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
+                 request_class: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; outputs in input order. With
         `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
-        (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`)."""
+        (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`).
+        `slo`: the requests' own targets (a `Slo` or {"ttft_ms": .., "itl_ms": ..}; one for all
+        or one per prompt; default `SamplingParams.slo`), on top of their class's from the
+        engine's `slo` config; `request_class` names the class (default: classified by lengths)."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
         prios = _per_prompt("priority", priority, n, 0)
         tenants = _per_prompt("tenant", tenant, n, "default")
-        for p, sp in zip(prompt_list, params):   # validate all before queueing any
+        slos = _per_prompt("slo", slo, n, None)
+        classes = _per_prompt("request_class", request_class, n, None)
+        for i, (p, sp) in enumerate(zip(prompt_list, params)):   # validate all before queueing any
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-            self.engine.check_fits(len(self.engine.tokenize_prompt(p)), sp.max_tokens)
-        groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te) for j in range(sp.n)]
-                  for p, sp, pr, te in zip(prompt_list, params, prios, tenants)]
+            num_tokens = len(self.engine.tokenize_prompt(p))
+            self.engine.check_fits(num_tokens, sp.max_tokens)
+            resolve_slo(self.engine.class_rules, self.engine.slo_set, self.engine.scheduler_config.allow_tighter_slo,
+                        num_tokens, sp.max_tokens, classes[i], sp.slo if slos[i] is None else slos[i])
+        groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te, slo=so, request_class=rc)
+                   for j in range(sp.n)]
+                  for p, sp, pr, te, so, rc in zip(prompt_list, params, prios, tenants, slos, classes)]
         ids = [rid for g in groups for rid in g]
         finals = dict(zip(ids, self._collect(ids)))
         outs = []
@@ -74,7 +87,9 @@ class LLM:
     def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              priority: int | Sequence[int] | None = None,
-             tenant: str | Sequence[str] | None = None) -> list[RequestOutput]:
+             tenant: str | Sequence[str] | None = None,
+             slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
+             request_class: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
@@ -84,7 +99,8 @@ class LLM:
         else:
             convs = list(messages)  # type: ignore[arg-type]
         prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
-        return self.generate(prompts, sampling_params, priority=priority, tenant=tenant)
+        return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
+                             request_class=request_class)
 
     def prewarm(self, prompts: Prompt | Sequence[Prompt] | Sequence[Sequence[Message]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

@@ -10,6 +10,10 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pacer.core.slo import Slo
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_LOGPROBS", "sample_seed"]
 
@@ -92,7 +96,9 @@ class SamplingParams:
     prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
     token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
     `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
-    see `for_sample`); `Engine.add_request` takes one sequence.
+    see `for_sample`); `Engine.add_request` takes one sequence. `slo` (pacer's): the request's
+    own latency targets, a `Slo` or the HTTP body's {"ttft_ms": .., "itl_ms": .., "tpot_ms": ..,
+    "e2e_ms": ..}, on top of its class's `--slo` targets (what the `slo` policy schedules by).
     """
 
     max_tokens: int = 16
@@ -110,8 +116,10 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     structured_outputs: StructuredOutputsParams | None = None
+    slo: Slo | None = None
 
     def __post_init__(self) -> None:
+        self._check_slo()
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -151,6 +159,15 @@ class SamplingParams:
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise TypeError("structured_outputs must be StructuredOutputsParams, got "
                             f"{type(self.structured_outputs).__name__}")
+
+    def _check_slo(self) -> None:
+        from pacer.core.slo import Slo, slo_from_request
+
+        if self.slo is None or isinstance(self.slo, Slo):
+            return
+        if not isinstance(self.slo, dict):
+            raise TypeError(f"slo must be a Slo or a dict such as {{'ttft_ms': 300}}, got {type(self.slo).__name__}")
+        object.__setattr__(self, "slo", slo_from_request(self.slo, "slo"))
 
     def for_sample(self, index: int) -> SamplingParams:
         """The params of sample `index` of `n`: one sequence, and when seeded, the seed

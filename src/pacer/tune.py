@@ -63,6 +63,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="take the traffic from a request log, run file or table (as pacer diagnose reads it)")
     m.add_argument("--verify", action="store_true",
                    help="run the chosen config, the runner-up and the defaults on the real engine (in-process)")
+    m.add_argument("--no-refit", dest="refit", action="store_false",
+                   help="--verify in-process: keep the hardware's saved calibration (by default the defaults run "
+                        "first and the method predicts with step times refitted on its measured steps)")
     m.add_argument("--base-url", default=None, help="--verify against this server instead (restart it with the "
                                                     "printed flags first)")
     g = p.add_argument_group("sweep")

@@ -104,6 +104,61 @@ def test_slo_preempts_the_request_with_the_most_slack() -> None:
     assert _first_victim("slo") == "batch-job"    # 60 s of e2e slack vs a 50 ms ITL target
 
 
+def _seat_case(policy: str) -> tuple[list, dict]:
+    """One seat: a batch job is decoding when a chat with a 300 ms TTFT arrives."""
+    eng, ex = make_engine(scheduling_policy=policy, max_num_seqs=1, num_blocks=64, block_size=4,
+                          slo=["chat:ttft=300ms,itl=50ms", "batch:e2e=60s"])
+    job = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    chat = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    eng.add_request(list(range(1, 9)), job, request_id="batch-job", request_class="batch")
+    for _ in range(3):
+        eng.step()
+        eng.clock.advance(0.01)
+    eng.add_request(list(range(50, 58)), chat, request_id="chat", request_class="chat")
+    finals = run(eng, ex)
+    assert finals["batch-job"].token_ids == reference_output(list(range(1, 9)), job)
+    assert finals["chat"].token_ids == reference_output(list(range(50, 58)), chat)
+    return ex.steps, finals
+
+
+def test_slo_frees_a_seat_from_the_request_with_the_most_slack() -> None:
+    steps, finals = _seat_case("slo")
+    assert [rid for s in steps for rid in s.preempted_ids] == ["batch-job"]   # once: it does not come back early
+    chat, job = finals["chat"].metrics, finals["batch-job"].metrics
+    assert chat.ttft is not None and chat.ttft < 0.3
+    assert job.first_token_time < chat.first_token_time and job.finish_time > chat.finish_time
+    fcfs_steps, fcfs = _seat_case("fcfs")
+    assert not any(s.preempted_ids for s in fcfs_steps)
+    assert fcfs["chat"].metrics.ttft > 0.3      # behind the job's 60 tokens
+
+
+def _newcomer_during_long_prefill(policy: str) -> tuple[int, int]:
+    """A 400-token prompt (relaxed target) prefills 32 tokens a step; a chat with a 100 ms TTFT
+    arrives after two steps. Returns (the chat's first step, the long prompt's last prefill step)."""
+    eng, ex = make_engine(scheduling_policy=policy, num_blocks=200, block_size=4, max_len=512,
+                          max_num_batched_tokens=32, slo=["chat:ttft=100ms", "rag:ttft=60s"])
+    long_prompt = [i % 900 + 1 for i in range(400)]
+    eng.add_request(long_prompt, GREEDY, request_id="long", request_class="rag")
+    for _ in range(2):
+        eng.step()
+        eng.clock.advance(0.01)
+    eng.add_request([7, 8, 9, 10], GREEDY, request_id="chat", request_class="chat")
+    finals = run(eng, ex)
+    assert finals["long"].token_ids == reference_output(long_prompt, GREEDY)
+    assert finals["chat"].token_ids == reference_output([7, 8, 9, 10], GREEDY)
+    ids = [{sr.request_id for sr in s.scheduled} for s in ex.steps]
+    first_chat = next(i for i, x in enumerate(ids) if "chat" in x)
+    last_long = max(i for i, s in enumerate(ex.steps) for sr in s.scheduled if sr.request_id == "long" and sr.is_prefill)
+    return first_chat, last_long
+
+
+def test_a_newcomer_with_less_slack_is_served_before_a_started_long_prefill() -> None:
+    first_chat, last_long = _newcomer_during_long_prefill("slo")
+    assert first_chat == 2 < last_long               # the step it arrived in, while the long prompt prefills
+    first_chat, last_long = _newcomer_during_long_prefill("fcfs")
+    assert first_chat >= last_long                  # fcfs finishes the started prefill first
+
+
 def test_lpm_serves_the_longest_cached_prefix_first() -> None:
     for policy, first in (("fcfs", "cold"), ("lpm", "warm")):
         eng, ex = make_engine(scheduling_policy=policy, max_num_seqs=1, num_blocks=64, block_size=4)

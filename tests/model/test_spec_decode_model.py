@@ -30,7 +30,7 @@ def engine_over(base: Engine, **kw: Any) -> Engine:
     executor = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
     arch = load_checkpoint(None).arch
     return Engine(cfg, executor, base.tokenizer, executor.num_blocks, base.max_model_len, base.eos_token_ids,
-                  vocab_size=base.vocab_size, cost_model=engine_step_cost_model(cfg, arch, "test"))
+                  vocab_size=base.vocab_size, cost_model=engine_step_cost_model(cfg, arch))
 
 
 def generate(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> list[Any]:

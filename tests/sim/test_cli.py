@@ -22,8 +22,10 @@ def test_sim_run_prints_and_saves_the_bench_report(tmp_path, capsys):
     assert overall["num_ok"] == 24 and overall["output_tokens"] == 24 * 16
     assert report.meta["target"] == "sim" and report.meta["engine_args"]["max_num_seqs"] == 8
     events = json.loads(trace.read_text())["traceEvents"]
-    assert events and {e["name"] for e in events} <= {"prefill", "decode", "mixed"}
-    assert "prefill" in {e["name"] for e in events}
+    steps = [e for e in events if e["pid"] == 0]            # pid 1: the requests' spans
+    assert steps and {e["name"] for e in steps} <= {"prefill", "decode", "mixed"}
+    assert "prefill" in {e["name"] for e in steps}
+    assert len([e for e in events if e["pid"] == 1 and e["ph"] == "X"]) == 24
 
 
 def test_sim_closed_loop_and_tp(tmp_path):

@@ -64,6 +64,8 @@ class RequestRecord(Latencies):
     priority: int = 0
     session: str | None = None
     deprioritized: bool = False   # the slo policy put it behind feasible requests (it could not meet TTFT)
+    ttft_deadline: float | None = None        # arrival + its TTFT target (run seconds; None: no target)
+    slack_at_admission: float | None = None   # slo policy: latest start - now when first queued, s
 
     @property
     def ok(self) -> bool:
@@ -86,7 +88,8 @@ class RequestRecord(Latencies):
                    output_tokens=len(metrics.token_times), cached_tokens=metrics.cached_tokens,
                    prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions,
                    preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft,
-                   deprioritized=metrics.deprioritized, **extra)
+                   deprioritized=metrics.deprioritized, ttft_deadline=rel(metrics.ttft_deadline),
+                   slack_at_admission=metrics.slack_at_admission, **extra)
 
     def as_dict(self) -> dict[str, Any]:
         """The `requests[]` object of run.json (token_times are implied by first_token_time + itl)."""
@@ -100,7 +103,8 @@ class RequestRecord(Latencies):
             "cached_tokens": self.cached_tokens, "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions, "preempted_time": self.preempted_time,
             "preempted_time_ttft": self.preempted_time_ttft, "tenant": self.tenant, "priority": self.priority,
-            "session": self.session, "deprioritized": self.deprioritized,
+            "session": self.session, "deprioritized": self.deprioritized, "ttft_deadline": self.ttft_deadline,
+            "slack_at_admission": self.slack_at_admission,
         }
 
     @classmethod
@@ -120,7 +124,8 @@ class RequestRecord(Latencies):
             preemptions=int(d.get("preemptions", 0)), preempted_time=float(d.get("preempted_time", 0.0)),
             preempted_time_ttft=float(d.get("preempted_time_ttft", 0.0)), http_status=d.get("http_status"), error=d.get("error"),
             tenant=str(d.get("tenant", "default")), priority=int(d.get("priority", 0)), session=d.get("session"),
-            deprioritized=bool(d.get("deprioritized", False)),
+            deprioritized=bool(d.get("deprioritized", False)), ttft_deadline=d.get("ttft_deadline"),
+            slack_at_admission=d.get("slack_at_admission"),
         )
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pacer.bench.budget import BudgetTally
 from pacer.bench.drive import drive
 from pacer.bench.report import RequestRecord
 from pacer.bench.workloads import RequestSpec
@@ -99,8 +100,10 @@ class InprocessStats:
         self.max_kv_usage = 0.0
         self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                                      "accepted_per_pos": [], "num_rejections": 0}
+        self.budget = BudgetTally()
 
     def add(self, stats: StepStats) -> None:
+        self.budget.add(stats)
         self.num_steps += 1
         self.busy_s += stats.total_s
         self.num_prefill_tokens += stats.num_prefill_tokens
@@ -117,12 +120,12 @@ class InprocessStats:
         """Speculative decoding over the run (acceptance rate, mean accepted length); None: no drafts."""
         return self.spec if self.spec["num_drafts"] else None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         n = max(1, self.num_steps)
         return {"num_steps": self.num_steps, "busy_s": self.busy_s, "mean_step_s": self.busy_s / n,
                 "mean_batch_size": self.sum_batch_size / n, "prefill_tokens": self.num_prefill_tokens,
                 "decode_tokens": self.num_decode_tokens, "preempted": self.num_preempted,
-                "max_kv_usage": self.max_kv_usage}
+                "max_kv_usage": self.max_kv_usage, "budget": self.budget.as_dict()}
 
 
 def run_inprocess(specs: Iterable[RequestSpec], engine: Engine, *, endpoint: str = "completions",

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from pacer.bench.budget import describe_budget
 from pacer.bench.report import OVERALL, Report, Summary
 
 __all__ = ["report_table", "compare_table", "COMPARE_METRICS"]
@@ -55,6 +56,7 @@ def report_table(report: Report, title: str | None = None) -> Group:
     if has_slo:
         tput.add_column("goodput req/s", justify="right")
         tput.add_column("SLO met", justify="right")
+        tput.add_column("deprio", justify="right")   # the slo policy put them behind feasible requests
     for name in names:
         s = report.summary[name]
         row = [name, _num(s["num_requests"]), _num(s["num_ok"]), _num(s["num_errors"]), _num(s["num_rejected"]),
@@ -62,7 +64,7 @@ def report_table(report: Report, title: str | None = None) -> Group:
                _fmt("cache_hit_rate", s["cache_hit_rate"])]
         if has_slo:
             att = s["slo_attainment"]
-            row += [_num(s["goodput_req_s"]), "-" if att is None else f"{att:.1%}"]
+            row += [_num(s["goodput_req_s"]), "-" if att is None else f"{att:.1%}", _num(s.get("num_deprioritized"))]
         tput.add_row(*row, style="bold" if name == OVERALL else None)
     lat = Table(title="latency (ms)", title_justify="left")
     lat.add_column("class")
@@ -76,10 +78,10 @@ def report_table(report: Report, title: str | None = None) -> Group:
                 continue
             lat.add_row(name, metric, *(_ms(s[f"{metric}_{c}"]) for c in ("p50", "p90", "p95", "p99", "mean")))
         lat.add_section()
+    budget = describe_budget(report.meta.get("budget") or report.meta.get("engine_steps", {}).get("budget") or {})
     spec = report.meta.get("spec_decode")
-    if spec:
-        return Group(tput, lat, Text(spec_decode_line(spec)))
-    return Group(tput, lat)
+    lines = [*([Text(budget)] if budget else []), *([Text(spec_decode_line(spec))] if spec else [])]
+    return Group(tput, lat, *lines)
 
 
 def spec_decode_line(spec: dict[str, Any]) -> str:

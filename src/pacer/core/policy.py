@@ -33,6 +33,7 @@ class Policy:
 
     name = "fcfs"
     preempts_for_waiting = False   # may a better waiting request preempt a running one?
+    preempts_for_budget = True     # ... also for the step's token share (not only seats / KV)?
     dynamic = False                # keys change between steps: the queue re-keys every step
     default_max_queue_delay: float | None = None
 
@@ -50,6 +51,11 @@ class Policy:
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         """Which of the sorted waiting items is served first (the slo policy skips hopeless ones)."""
         return 0
+
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        """Whether a waiting request takes the step's prefill share before a running request's
+        partial prefill (only the slo policy: by slack; the others finish what they started)."""
+        return False
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""

@@ -17,9 +17,11 @@ priority preempts the worst running one when max_num_seqs or KV is what holds it
 (even one already picked for this step: its share of the budget is handed back).
 
 Under `slo` (pacer.core.slo_policy) the policy also caps each step's token budget by the
-tightest ITL target among the step's decodes, victims are the running requests with the
-most slack, and with `shed_hopeless` a waiting request that can no longer meet its TTFT is
-finished as shed before it is scheduled. Every policy ages: see `WaitingQueue`.
+tightest ITL target among the step's decodes, a newcomer with less slack than a partial
+prefill is served before it, victims are the running requests with the most slack (also to
+free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
+that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
+ages: see `WaitingQueue`.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class Scheduler:
             self._schedule_running(step, decodes)
             if isinstance(self.policy, SloPolicy):
                 self._budget_by_itl(self.policy, step, decodes, partial, now)
+                if partial:   # newcomers with less slack than the partial prefills take the share first
+                    self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
             self._schedule_running(step, partial)
             self._schedule_waiting(step, chunked=True)
         else:
@@ -242,12 +246,14 @@ class Scheduler:
             if victim is req:
                 return None
 
-    def _schedule_waiting(self, step: _Step, chunked: bool) -> None:
+    def _schedule_waiting(self, step: _Step, chunked: bool, ahead_of: Request | None = None) -> None:
         while self.waiting:
             req = self.waiting.peek()
+            if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
+                return
             budget = step.budget
             if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
-                if self._make_room_for(step, req):
+                if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and self._make_room_for(step, req):
                     continue
                 return
             # new, or resuming after recompute preemption: look up its cached prefix (no refs yet)

@@ -3,11 +3,13 @@
 Each request carries its targets (`Request.slo`, resolved by the engine from its class and
 its own). With a `StepCostModel` the policy predicts a request's remaining prefill time and:
 
-- **orders** waiting and partially prefilled requests by their latest start time, TTFT
+- **orders** waiting and partially prefilled requests (together: a newcomer with less slack
+  takes the step's prefill share before a long prompt already started) by their latest start time, TTFT
   deadline minus predicted remaining prefill (least slack first; `now` is common to all, so
   the order is static between re-keys); the prefix the cache holds for it is not counted. A request without a TTFT target but with an e2e one
   also budgets its decode; one without targets comes last (aging still bounds its wait).
-  A preempted request that already streamed tokens resumes first.
+  A preempted request that already streamed tokens is keyed by its next token's deadline
+  minus its recompute (an overdue one first; one with no target left, after the rest).
 - **deprioritises hopeless** requests: one whose latest start has passed goes behind every
   request that can still make it (the queue serves from the first feasible key), or, with
   `shed_hopeless`, is refused before it costs anything (`Scheduler` finishes it as shed).
@@ -16,7 +18,12 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   time since their last token), never above `max_num_batched_tokens` and never below
   `MIN_PREFILL_TOKENS`, so prefill always progresses. A decode whose only target is TPOT may
   stretch to its remaining TPOT slack when a prefill is about to miss its TTFT.
-- **preempts the running request with the most slack** (`victim_key`).
+- **preempts the running request with the most slack** (`victim_key`), when KV runs out and
+  when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
+  target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
+  decodes with loose targets (batch e2e, a stream whose only target was its TTFT) are what
+  make short requests miss, and a recompute preemption keeps the victim's full blocks in the
+  prefix cache, so its resume is cheap. Never for a step's token share.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ __all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
+PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
 _INF = math.inf
 
 
@@ -47,6 +55,8 @@ class StepBudget:
 
 class SloPolicy(Policy):
     name = "slo"
+    preempts_for_waiting = True      # seats or KV, for a request with less slack (see outranks)
+    preempts_for_budget = False      # never for a step's token share
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
@@ -55,26 +65,27 @@ class SloPolicy(Policy):
         self.cached_prefix_tokens = cached_prefix_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk = max(1, prefill_chunk)
+        self._now = -_INF
 
     # ---------------------------------------------------------------- predictions
 
     def prefill_s(self, r: Request) -> float:
         """Predicted seconds to compute the request's remaining prompt, past the prefix the cache
         holds for it now (looked up, not taken; remembered per progress)."""
-        done = r.num_computed_tokens
+        done, end = r.num_computed_tokens, r.num_tokens     # a resume after recompute also redoes its output
         cached = r.policy_state
-        if cached is not None and cached[0] == done:
-            return float(cached[1])
+        if cached is not None and cached[:2] == (done, end):
+            return float(cached[2])
         start = done
         if not done and self.cached_prefix_tokens is not None:
-            start = min(self.cached_prefix_tokens(r), r.num_prompt_tokens - 1)
-        left, total = r.num_prompt_tokens - start, 0.0
+            start = min(self.cached_prefix_tokens(r), end - 1)
+        left, total = end - start, 0.0
         while left > 0:
             n = min(left, self.prefill_chunk)
             total += self.cost_model.predict_step_s(StepShape().with_chunk(n, start, sample=n == left))
             left -= n
             start += n
-        r.policy_state = (done, total)
+        r.policy_state = (done, end, total)
         return total
 
     def decode_step_s(self, r: Request) -> float:
@@ -84,8 +95,8 @@ class SloPolicy(Policy):
 
     def latest_start(self, r: Request) -> float:
         """The latest time its remaining prefill may start and still meet TTFT (or e2e)."""
-        if r.num_output_tokens:
-            return -_INF                       # resumed after preemption: owed its next token
+        if r.num_output_tokens:                # resumed after preemption: its next token's deadline
+            return self.next_deadline(r) - self.prefill_s(r)
         slo = r.slo
         if slo is None:
             return _INF
@@ -124,14 +135,33 @@ class SloPolicy(Policy):
         return not r.num_output_tokens and self.latest_start(r) < now
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
-        """Resumed requests first, then least slack among those that can still make it;
-        hopeless ones only when nothing feasible waits."""
-        if not items or items[0][0][0] == -_INF:
+        """Least slack among those that can still make it, an overdue resume (owed its next
+        token) first; hopeless ones only when nothing feasible waits."""
+        if not items:
             return 0
         i = bisect_left(items, now, key=lambda item: item[0][0])
+        for j in range(i):
+            if items[j][1].num_output_tokens:
+                return j
         return 0 if i == len(items) else i
 
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        return not self.is_hopeless(waiting, self._now) and self.key(waiting) < self.key(partial)
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        """Whether waiting `a` may preempt running `b` (when seats or KV hold `a` back): `a` can
+        still meet its target and `b` has PREEMPT_MARGIN_S more slack (its recompute included)."""
+        now = self._now
+        if self.is_hopeless(a, now):
+            return False
+        a_slack = self.latest_start(a) - now
+        b_slack = self.next_deadline(b) - now
+        if not math.isfinite(a_slack) or a_slack < -PREEMPT_MARGIN_S:
+            return False
+        return b_slack > a_slack + PREEMPT_MARGIN_S + self.prefill_s(b)
+
     def refresh(self, queue: WaitingQueue, now: float) -> None:
+        self._now = now
         for r in queue:
             if r.slo is not None and self.is_hopeless(r, now):
                 r.metrics.deprioritized = True

@@ -72,6 +72,7 @@ class SimTarget:
 
         self.hw, self.model = get_hardware(hardware), get_model(model)
         self.tp, self.gpu_memory_utilization = tp, gpu_memory_utilization
+        self.cost_model: Any = None   # None: the hardware's calibration; set by a refit on measured steps
 
     def kv_tokens(self, kwargs: dict[str, Any]) -> int:
         engine, _, _ = self._build(kwargs)
@@ -82,7 +83,7 @@ class SimTarget:
         from pacer.sim.simulator import build_sim_engine
 
         cfg = EngineConfig.from_kwargs(**kwargs)
-        return build_sim_engine(cfg, self.hw, self.model, tp=self.tp,
+        return build_sim_engine(cfg, self.hw, self.model, tp=self.tp, cost_model=self.cost_model,
                                 gpu_memory_utilization=self.gpu_memory_utilization, keep_records=False)
 
     def max_model_len(self, kwargs: dict[str, Any]) -> int:
@@ -102,11 +103,21 @@ class SimTarget:
         return Replay(label, result.records, dict(summary), engine.snapshot().num_blocks, engine.config.cache.block_size)
 
 
-def run_real(label: str, engine: Any, specs: Sequence[RequestSpec], slo: SloSet | None = None) -> Replay:
-    """Run `specs` on a real in-process engine (open loop at their arrival times)."""
+def run_real(label: str, engine: Any, specs: Sequence[RequestSpec], slo: SloSet | None = None,
+             recorder: Any = None) -> Replay:
+    """Run `specs` on a real in-process engine (open loop at their arrival times); `recorder`
+    (a `pacer.sim.validate.StepRecorder`) listens to every step when given."""
     from pacer.bench.runner import run_inprocess
 
-    records, _, _ = run_inprocess(specs, engine)
+    if recorder is not None:
+        engine.schedule_listeners.append(recorder.on_schedule)
+        engine.stats_listeners.append(recorder.on_stats)
+    try:
+        records, _, _ = run_inprocess(specs, engine)
+    finally:
+        if recorder is not None:
+            engine.schedule_listeners.remove(recorder.on_schedule)
+            engine.stats_listeners.remove(recorder.on_stats)
     summary = build_report(records, slo=slo).summary[OVERALL]
     return Replay(label, records, dict(summary), engine.snapshot().num_blocks, engine.config.cache.block_size)
 

@@ -87,6 +87,13 @@ def run_method_cli(args: argparse.Namespace) -> int:
     _print_traffic(specs, where)
     kv = target.kv_tokens(sim_kwargs)
     print(f"    KV budget: {kv} tokens ({target.model.name} on {target.hw.name})")
+    defaults_real = None
+    if first_engine is not None:
+        from pacer.diagnose.verify import measure_defaults, refit_target
+
+        defaults_real, recorder = measure_defaults(first_engine, specs, slo)
+        if args.refit and target.hw.is_cpu:
+            refit_target(target, recorder, sim_kwargs)
     seqs = parse_int_list(args.max_num_seqs, "--max-num-seqs") if args.max_num_seqs else list(DEFAULT_SEQS)
     budgets = (parse_int_list(args.max_num_batched_tokens, "--max-num-batched-tokens")
                if args.max_num_batched_tokens else list(DEFAULT_BUDGETS))
@@ -98,24 +105,24 @@ def run_method_cli(args: argparse.Namespace) -> int:
         print(f"runner-up: {result.runner_up.label} (predicted {result.runner_up.attainment:.0%})")
     if not args.verify:
         return 0 if c.attainment >= args.target_attainment else 1
-    return _verify(args, result, real_kwargs, specs, slo, first_engine)
+    return _verify(args, result, real_kwargs, specs, slo, defaults_real)
 
 
 def _verify(args: argparse.Namespace, result: Any, real_kwargs: dict[str, Any], specs: Sequence[RequestSpec],
-            slo: Any, first_engine: Any) -> int:
+            slo: Any, defaults_real: Any) -> int:
     from pacer.diagnose.verify import print_verification, verify_inprocess, verify_server
 
     if args.base_url:
         rows = verify_server(result, args.base_url, specs, slo)
     else:
-        rows = verify_inprocess(result, real_kwargs, specs, slo, first_engine=first_engine)
+        rows = verify_inprocess(result, real_kwargs, specs, slo, defaults=defaults_real)
     ok = print_verification(rows, args.target_attainment)
-    defaults_real = next((r.attainment for n, _, r in rows if n == "defaults"), None)
+    defaults_met = next((r.attainment for n, _, r in rows if n == "defaults"), None)
     print(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if ok:
-        tail = "" if defaults_real is None else (
-            f"; the defaults {'also meet it' if defaults_real >= args.target_attainment else 'do not'}"
-            f" ({defaults_real:.0%})")
+        tail = "" if defaults_met is None else (
+            f"; the defaults {'also meet it' if defaults_met >= args.target_attainment else 'do not'}"
+            f" ({defaults_met:.0%})")
         print(f"the chosen configuration meets the SLA on the real engine{tail}")
     else:
         print("the chosen configuration misses the SLA on the real engine: see the measured columns")

@@ -10,9 +10,9 @@ from typing import Any
 from pacer.bench.report import SloSet
 from pacer.bench.workloads import RequestSpec
 from pacer.diagnose.method import MethodResult, Point
-from pacer.diagnose.replay import Replay, fmt_ms, run_real, run_server
+from pacer.diagnose.replay import Replay, SimTarget, fmt_ms, run_real, run_server
 
-__all__ = ["verify_inprocess", "verify_server", "print_verification"]
+__all__ = ["measure_defaults", "refit_target", "verify_inprocess", "verify_server", "print_verification"]
 
 _REAL_ONLY = ("model", "device", "num_threads", "attention_backend", "linear_backend", "dtype")
 
@@ -26,19 +26,55 @@ def _engine(kwargs: dict[str, Any]) -> Any:
     return engine
 
 
+def measure_defaults(engine: Any, specs: Sequence[RequestSpec], slo: SloSet,
+                     say: Callable[[str], None] = print) -> tuple[Replay, Any]:
+    """The out-of-the-box defaults on the real engine first, every step recorded (for the refit)."""
+    from pacer.sim.validate import StepRecorder
+
+    say(f"verify: defaults (pacer defaults) on the real engine first, {len(specs)} requests, every step "
+        "recorded ...")
+    recorder = StepRecorder()
+    return run_real("defaults", engine, specs, slo, recorder), recorder
+
+
+def refit_target(target: SimTarget, recorder: Any, kwargs: dict[str, Any],
+                 say: Callable[[str], None] = print) -> None:
+    """Step times refitted on the real run's own steps replace the hardware's calibration in
+    `target` (this machine's speed drifts ~2x between days; a fixed fit was off ~55%)."""
+    from pacer.config import EngineConfig
+    from pacer.sim.cost_model import LinearCostModel, make_cost_model
+    from pacer.sim.simulator import resolve_dtype
+    from pacer.sim.validate import refit_on_steps
+
+    cfg = EngineConfig.from_kwargs(**kwargs)
+    dtype = resolve_dtype(cfg.model.dtype, target.hw)
+    block, kv_dtype = cfg.cache.block_size, cfg.cache.kv_cache_dtype
+    shipped = make_cost_model(target.hw, target.model, dtype, target.tp, block, kv_dtype)
+    coef, fit = refit_on_steps(recorder, target.model, target.hw, dtype)
+    target.cost_model = LinearCostModel(target.hw, target.model, dtype, coef, block, kv_dtype)
+    errs = recorder.step_errors(shipped)
+    say(f"    step times refitted on the defaults run's {fit.n} steps (median fit error "
+        f"{fit.median_rel_err * 100:.1f}%); the method below predicts with them, not with {shipped.name}, "
+        f"which measured/predicted: {'; '.join(errs[:3])}")
+
+
 def verify_inprocess(result: MethodResult, real_kwargs: dict[str, Any], specs: Sequence[RequestSpec],
                      slo: SloSet, say: Callable[[str], None] = print,
-                     first_engine: Any = None) -> list[tuple[str, Point, Replay]]:
-    """Defaults, chosen and runner-up on a fresh real engine each (`first_engine`, already built with
-    the defaults' settings for the tokenizer, is used for the defaults run)."""
+                     defaults: Replay | None = None) -> list[tuple[str, Point, Replay]]:
+    """Chosen and runner-up on a fresh real engine each, beside the defaults' run (`defaults`,
+    measured before the method ran, or run here)."""
     fixed = {k: v for k, v in real_kwargs.items() if k in _REAL_ONLY}
     rows = []
-    runs = [("defaults", result.defaults), ("chosen", result.chosen)]
+    runs = [("chosen", result.chosen)]
     if result.runner_up is not None:
         runs.append(("runner-up", result.runner_up))
-    for i, (name, point) in enumerate(runs):
+    if defaults is None:
+        runs.insert(0, ("defaults", result.defaults))
+    else:
+        rows.append(("defaults", result.defaults, defaults))
+    for name, point in runs:
         say(f"verify: {name} ({point.label or 'pacer defaults'}) on the real engine, {len(specs)} requests ...")
-        engine = first_engine if i == 0 and first_engine is not None else _engine({**fixed, **point.kwargs})
+        engine = _engine({**fixed, **point.kwargs})
         rows.append((name, point, run_real(name, engine, specs, slo)))
         del engine
     return rows

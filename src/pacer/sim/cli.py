@@ -111,6 +111,7 @@ def _print_report(report: Any, title: str) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
+    from pacer.bench.budget import BudgetTally
     from pacer.bench.report import OVERALL, build_report, parse_slo
     from pacer.config import EngineConfig
     from pacer.sim.profiles import get_hardware, get_model
@@ -132,7 +133,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         specs, workload, arrivals = build_specs(args, rate, engine.max_model_len)
         result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
         meta = _meta(args, kwargs, workload, arrivals, rate, len(specs))
-        meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats()})
+        meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats(),
+                     "budget": BudgetTally().extend(result.steps).as_dict()})
         if engine.spec_decode_stats() is not None:
             meta["spec_decode"] = engine.spec_decode_stats()
         report = build_report(result.records, slo=slo, meta=meta)

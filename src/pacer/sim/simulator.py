@@ -28,6 +28,7 @@ from pacer.sim.cost_model import CostModel, StepCost, make_cost_model
 from pacer.sim.executor import SimExecutor
 from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
 from pacer.sim.step_model import SchedulerCostModel
+from pacer.sim.trace_requests import request_spans
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
            "write_chrome_trace", "utilisation_summary"]
@@ -126,7 +127,7 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
     return SimResult(records=[done[r.request_id] for r in requests if r.request_id in done],
                      sim_duration_s=clock.now() - t0, wall_s=wall, num_steps=executor.num_steps,
                      busy_s=executor.busy_s, num_preemptions=snap.num_preemptions, num_kv_blocks=snap.num_blocks,
-                     cost_model=executor.cost_model.name, executor=executor, steps=steps)
+                     cost_model=executor.cost_model.name, executor=executor, steps=steps, extra={"t0": t0})
 
 
 def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
@@ -155,7 +156,8 @@ def utilisation_summary(steps: Sequence[StepStats], costs: Mapping[int, StepCost
 
 
 def write_chrome_trace(result: SimResult, path: str | Path) -> None:
-    """One complete event per simulated step (chrome://tracing, Perfetto)."""
+    """One complete event per simulated step (chrome://tracing, Perfetto), with its token budget
+    and why; then each request's wait for its first token (`request_spans`)."""
     events = []
     costs = result.executor.costs
     for s in result.steps:
@@ -171,4 +173,5 @@ def write_chrome_trace(result: SimResult, path: str | Path) -> None:
                      "compute_util": round(c.compute_util, 4), "bandwidth_util": round(c.bandwidth_util, 4),
                      "bound": c.bound},
         })
+    events += request_spans(result.records, float(result.extra.get("t0", 0.0)))
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 from pacer.core.step_cost import StepShape
-from pacer.sim.cost_model import BatchFeatures, CostModel, make_cost_model
+from pacer.sim.cost_model import BatchFeatures, CostModel, StepCost, make_cost_model
+from pacer.sim.profiles import ModelProfile
 
-__all__ = ["SchedulerCostModel", "features_of", "engine_step_cost_model", "REFIT_ALPHA"]
+__all__ = ["SchedulerCostModel", "CorrectedCostModel", "features_of", "engine_step_cost_model", "REFIT_ALPHA"]
 
 log = logging.getLogger("pacer.sim")
 
@@ -59,10 +61,12 @@ class SchedulerCostModel:
     def _regime(shape: StepShape) -> str:
         return "prefill" if shape.chunks else "decode"
 
+    def base_time_s(self, shape: StepShape) -> float:
+        """The base model's time for the step, before the correction."""
+        return self.base.step_cost(features_of(shape)).time_s if shape.num_seqs else 0.0
+
     def predict_step_s(self, shape: StepShape) -> float:
-        if shape.num_seqs == 0:
-            return 0.0
-        return self.base.step_cost(features_of(shape)).time_s * self.scale[self._regime(shape)]
+        return self.base_time_s(shape) * self.scale[self._regime(shape)]
 
     def token_cost_s(self, shape: StepShape, context_len: int) -> float:
         return self.predict_step_s(shape.with_decode(context_len)) - self.predict_step_s(shape)
@@ -70,7 +74,7 @@ class SchedulerCostModel:
     def observe(self, shape: StepShape, measured_s: float) -> None:
         if not self.refit or shape.num_seqs == 0 or not measured_s > 0 or not math.isfinite(measured_s):
             return
-        predicted = self.base.step_cost(features_of(shape)).time_s
+        predicted = self.base_time_s(shape)
         if predicted <= 0:
             return
         regime = self._regime(shape)
@@ -80,27 +84,79 @@ class SchedulerCostModel:
         self.num_observed += 1
 
 
-def engine_step_cost_model(config: Any, arch: Any, why: str = "scheduling_policy=slo") -> SchedulerCostModel:
-    """The real engine's predictor: this machine's calibration (`pacer sim calibrate`, else the
-    fit shipped with pacer) for the model, refitted online; says so in the log."""
-    from pacer.sim.profiles import calibration_path, get_hardware, get_model, model_from_hf_config
+class CorrectedCostModel:
+    """A simulator `CostModel` carrying a `SchedulerCostModel`'s per-regime corrections, so the
+    simulator advances its clock with the numbers the real engine's predictor learned."""
+
+    def __init__(self, predictor: SchedulerCostModel) -> None:
+        self.base = predictor.base
+        self.scale = dict(predictor.scale)
+        self.name = (f"{self.base.name} x(decode {self.scale['decode']:.2f}, "
+                     f"prefill {self.scale['prefill']:.2f})")
+
+    def step_cost(self, f: BatchFeatures) -> StepCost:
+        cost = self.base.step_cost(f)
+        k = self.scale["prefill" if f.num_chunks else "decode"]
+        return replace(cost, time_s=cost.time_s * k, compute_util=cost.compute_util / k,
+                       bandwidth_util=cost.bandwidth_util / k)
+
+
+def engine_step_cost_model(config: Any, arch: Any, executor: Any = None, num_blocks: int = 0) -> SchedulerCostModel:
+    """The real engine's predictor: this machine's `pacer sim calibrate` fit when it was made for
+    this model, dtype and thread count; else the fit shipped with pacer (CPU) or the h100-sxm
+    roofline, corrected by a start-up calibration on `executor` (seconds, cached: see
+    `pacer.sim.startup_calibration`); refitted online from measured steps either way."""
+    from pacer.sim.profiles import calibration_path, get_hardware
+
+    model = _model_profile(config, arch)
+    on_cpu = config.model.device == "cpu"
+    hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
+    dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
+        "bfloat16" if config.model.dtype == "auto" else config.model.dtype)
+    threads = config.model.num_threads or _torch_threads()
+    cm = SchedulerCostModel(make_cost_model(hw, model, dtype, 1, config.cache.block_size), refit=True)
+    calib = hw.calibration or {}
+    if on_cpu and calibration_path().is_file() and (calib.get("model"), calib.get("dtype"), calib.get("threads")) \
+            == (model.name, dtype, threads):
+        log.info("scheduling_policy=slo: predicting step times with %s (%s), refitted online", cm.base.name,
+                 calibration_path())
+        return cm
+    how = "`pacer sim calibrate` makes a full fit of this machine"
+    if executor is None:
+        log.warning("scheduling_policy=slo: no calibration of this machine for %s %s x%d threads; predicting "
+                    "with %s, refitted online from measured steps; %s", model.name, dtype, threads, cm.base.name, how)
+        return cm
+    from pacer.sim.startup_calibration import calibrate_at_startup, calibration_key
+
+    key = calibration_key(device=config.model.device, model=model.name, dtype=dtype, threads=threads,
+                          base=cm.base.name)
+    entry = calibrate_at_startup(cm, executor, key=key, block_size=config.cache.block_size, num_blocks=num_blocks)
+    scales = ", ".join(f"{k} x{v:.2f}" for k, v in cm.scale.items())
+    if entry["cached"]:
+        log.info("scheduling_policy=slo: start-up calibration read from %s (%s of %s)", entry["path"], scales,
+                 cm.base.name)
+    else:
+        log.warning("scheduling_policy=slo: no calibration of this machine for %s %s x%d threads; timed %d steps "
+                    "in %.1fs: %s of %s, cached at %s, refitted online while serving; %s", model.name, dtype,
+                    threads, len(entry["samples"]), entry["seconds"], scales, cm.base.name, entry["path"], how)
+    return cm
+
+
+def _model_profile(config: Any, arch: Any) -> ModelProfile:
+    from pacer.sim.profiles import get_model, model_from_hf_config
 
     try:
-        model = get_model(config.model.model)
+        return get_model(config.model.model)
     except ValueError:
-        model = model_from_hf_config({
+        return model_from_hf_config({
             "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_heads,
             "num_hidden_layers": arch.num_layers, "intermediate_size": arch.intermediate_size,
             "num_key_value_heads": arch.num_kv_heads, "head_dim": arch.head_dim, "vocab_size": arch.vocab_size,
             "max_position_embeddings": arch.max_position_embeddings,
             "tie_word_embeddings": arch.tie_word_embeddings}, arch.name or "model")
-    on_cpu = config.model.device == "cpu"
-    hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
-    dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
-        "bfloat16" if config.model.dtype == "auto" else config.model.dtype)
-    base = make_cost_model(hw, model, dtype, 1, config.cache.block_size)
-    source = (str(calibration_path()) if calibration_path().is_file() else "the fit shipped with pacer") if on_cpu \
-        else "the h100-sxm roofline"
-    log.warning("%s: predicting step times with %s (%s), refitted online from measured "
-                "steps; run `pacer sim calibrate` for a fit of this machine", why, base.name, source)
-    return SchedulerCostModel(base, refit=True)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())

@@ -1,0 +1,68 @@
+"""Per-step token budgets, tallied for reports: how often a target (not max_num_batched_tokens)
+set the step's budget, how small it went, and whose targets set it.
+
+Fed from anything with `token_budget` and `budget_reason` (the engine's `StepStats`, the
+simulator's `SimStepRecord`); `pacer bench --engine inprocess` and `pacer sim` keep the tally
+in their report's meta (`"budget"`), and the report table prints its `describe()` line.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+__all__ = ["BudgetTally", "describe_budget"]
+
+_OWNER = re.compile(r"^itl ([0-9.]+)ms of (\S+)")
+
+
+class _Step(Protocol):
+    @property
+    def token_budget(self) -> int: ...
+    @property
+    def budget_reason(self) -> str: ...
+
+
+class BudgetTally:
+    """Counts steps by what set their budget; keeps the budgets a target set."""
+
+    def __init__(self) -> None:
+        self.num_steps = 0
+        self.num_by_target = 0      # steps whose budget an ITL target cut below max_num_batched_tokens
+        self.num_at_floor = 0       # of them, at the prefill floor (the target asked for less)
+        self.budgets: list[int] = []
+        self.owners: Counter[str] = Counter()
+
+    def add(self, step: _Step) -> None:
+        self.num_steps += 1
+        m = _OWNER.match(step.budget_reason or "")
+        if m is None:
+            return
+        self.num_by_target += 1
+        self.num_at_floor += "(floor)" in step.budget_reason
+        self.budgets.append(int(step.token_budget))
+        self.owners[m.group(2)] += 1
+
+    def extend(self, steps: Iterable[_Step]) -> BudgetTally:
+        for s in steps:
+            self.add(s)
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        b = self.budgets
+        return {"num_steps": self.num_steps, "num_set_by_itl": self.num_by_target, "num_at_floor": self.num_at_floor,
+                "budget_min": min(b) if b else None, "budget_median": statistics.median(b) if b else None,
+                "top_owners": dict(self.owners.most_common(3))}
+
+
+def describe_budget(d: Mapping[str, Any]) -> str | None:
+    """One line for a report: None when no target ever set a budget."""
+    if not d or not d.get("num_set_by_itl"):
+        return None
+    owners = ", ".join(f"{k} ({v})" for k, v in d.get("top_owners", {}).items())
+    return (f"step budget: an ITL target set it in {d['num_set_by_itl']} of {d['num_steps']} steps "
+            f"(median {d['budget_median']:g} tokens, min {d['budget_min']}, {d['num_at_floor']} at the prefill "
+            f"floor); most often the target of {owners}")
