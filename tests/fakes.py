@@ -15,8 +15,9 @@ from typing import Any
 
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
 from pacer.core.scheduler import Scheduler
+from pacer.core.spec_decode import kept_blocks
 from pacer.core.step_cost import FixedCostModel
 from pacer.engine import Engine, RequestOutput
 from pacer.request import Request, SamplingParams
@@ -32,9 +33,17 @@ def next_token(tokens: list[int], vocab: int) -> int:
 
 
 class FakeExecutor:
-    def __init__(self, block_size: int, vocab: int = 1000) -> None:
+    """Drafted tokens (speculation) are verified as a greedy model would: accepted while each
+    equals the model's next token. `accept(request_id, drafts) -> n`, when given, overrides
+    how many are accepted (the outputs then follow the accepted drafts), to drive rollback."""
+
+    def __init__(self, block_size: int, vocab: int = 1000,
+                 accept: Callable[[str, list[int]], int] | None = None,
+                 model: Callable[[list[int]], int] | None = None) -> None:
         self.block_size = block_size
         self.vocab = vocab
+        self.accept = accept
+        self.model = model or (lambda seq: next_token(seq, vocab))
         self.kv_block_bytes: int | None = None
         self.scheduler: Scheduler | None = None   # god view, for checking only
         self.slots: dict[int, tuple[int, int]] = {}
@@ -90,32 +99,53 @@ class FakeExecutor:
                 assert t == seq[p], f"{sr.request_id}: token at {p} is {t}, expected {seq[p]}"
                 self.slots[self._slot(table, p)] = (t, p)
             end = sr.start_position + sr.num_tokens
+            drafts = list(sr.draft_token_ids)
+            assert len(table) * self.block_size >= end + len(drafts), f"{sr.request_id}: no KV slot for a draft"
+            for i, t in enumerate(drafts):
+                self.slots[self._slot(table, end + i)] = (t, end + i)
             if sr.sample:
                 assert end == len(seq)
-                sampled[sr.request_id] = next_token(seq[:end], self.vocab)
-        return ModelOutput.sampled(sampled)
+                sampled[sr.request_id] = self._verify(sr.request_id, seq[:end], drafts, table) if drafts \
+                    else [self.model(seq[:end])]
+        return ModelOutput({rid: RequestResult(tuple(toks)) for rid, toks in sampled.items()})
+
+    def _verify(self, rid: str, seq: list[int], drafts: list[int], table: list[int]) -> list[int]:
+        if self.accept is not None:
+            n = max(0, min(len(drafts), self.accept(rid, drafts)))
+        else:
+            n = 0
+            while n < len(drafts) and drafts[n] == self.model(seq + drafts[:n]):
+                n += 1
+        out = drafts[:n] + [self.model(seq + drafts[:n])]
+        del table[kept_blocks(len(seq) + n, self.block_size):]   # the scheduler frees the same blocks
+        return out
 
 
 def make_engine(*, num_blocks: int = 64, block_size: int = 4, max_len: int = 256, clock: VirtualClock | None = None,
-                cost_model: Any = None, **kw: object) -> tuple[Engine, FakeExecutor]:
+                cost_model: Any = None, accept: Callable[[str, list[int]], int] | None = None,
+                model: Callable[[list[int]], int] | None = None, **kw: object) -> tuple[Engine, FakeExecutor]:
     """An engine over the fake executor; `kw` are engine (scheduler / cache) settings. The slo
-    policy gets `cost_model` (default: 1 ms per step + 0.1 ms per token)."""
+    policy and adaptive speculation get `cost_model` (default: 1 ms per step + 0.1 ms per token);
+    `accept` and `model` go to the FakeExecutor."""
     cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=block_size, max_model_len=max_len, **kw)
-    if cost_model is None and cfg.scheduler.scheduling_policy == "slo":
+    sc = cfg.scheduler
+    if cost_model is None and (sc.scheduling_policy == "slo" or (
+            sc.speculative_config is not None and sc.speculative_policy == "adaptive")):
         cost_model = FixedCostModel(1e-3, 1e-4)
-    ex = FakeExecutor(block_size)
+    ex = FakeExecutor(block_size, accept=accept, model=model)
     eng = Engine(cfg, ex, tokenizer=None, num_kv_blocks=num_blocks, model_max_len=max_len,
                  eos_token_ids=(EOS,), clock=clock or VirtualClock(), vocab_size=1000, cost_model=cost_model)
     ex.scheduler = eng.scheduler
     return eng, ex
 
 
-def reference_output(prompt: list[int], params: SamplingParams) -> list[int]:
-    """What the fake "model" generates for `prompt` when nothing interferes."""
+def reference_output(prompt: list[int], params: SamplingParams,
+                     model: Callable[[list[int]], int] | None = None) -> list[int]:
+    """What the fake "model" (default: `next_token`) generates for `prompt` when nothing interferes."""
     seq = list(prompt)
     out: list[int] = []
     while True:
-        t = next_token(seq, 1000)
+        t = model(seq) if model is not None else next_token(seq, 1000)
         seq.append(t)
         out.append(t)
         if len(out) >= params.max_tokens:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pacer.core.slo import SloSet
+    from pacer.core.spec_config import SpeculativeConfig
 
 __all__ = [
     "SchedulerConfig", "CacheConfig", "ModelConfig", "StructuredOutputsConfig", "EngineConfig", "parse_memory_size",
@@ -77,6 +78,15 @@ class SchedulerConfig:
         metadata={"help": "With chunked prefill: most prompt tokens one request may take in a step, so a "
                           "long prompt leaves budget for short newcomers (vLLM's name; default: no cap)."},
     )
+    speculative_config: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Speculative decoding, vLLM's JSON: {\"method\": \"ngram\" | \"suffix\", "
+                          "\"num_speculative_tokens\": k, \"prompt_lookup_min\": 5, \"prompt_lookup_max\": 5}. "
+                          "Drafts are tokens under the step's budget, verified in the same forward."})
+    speculative_policy: str = field(
+        default="adaptive",
+        metadata={"help": "adaptive (per request and step, 0..k drafts from its acceptance rate and the step's "
+                          "marginal token cost: speculation fades as the batch grows) | static (always k: vLLM's)."})
 
     def validate(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
@@ -95,8 +105,18 @@ class SchedulerConfig:
         self.slo = tuple(self.slo)
         self.slo_set()   # raises ValueError naming the bad key, duration or class
         _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        from pacer.core.spec_config import SPECULATIVE_POLICIES, parse_speculative_config
+
+        parse_speculative_config(self.speculative_config)   # raises naming speculative_config.<key>
+        _choice("speculative_policy", self.speculative_policy, SPECULATIVE_POLICIES)
         if not isinstance(self.enable_chunked_prefill, bool):
             raise TypeError(f"enable_chunked_prefill must be a bool, got {self.enable_chunked_prefill!r}")
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed speculative_config (None: speculation off)."""
+        from pacer.core.spec_config import parse_speculative_config
+
+        return parse_speculative_config(self.speculative_config)
 
     def slo_set(self) -> SloSet:
         from pacer.core.slo import parse_slo
@@ -123,6 +143,9 @@ class SchedulerConfig:
             )
         if budget < self.max_num_seqs and self.enable_chunked_prefill:
             budget = max(budget, 1)
+        spec = self.speculative()
+        if spec is not None:
+            spec.check_budget(budget, max_len)
         return dataclasses.replace(self, max_model_len=max_len, max_num_batched_tokens=budget)
 
 

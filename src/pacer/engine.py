@@ -77,7 +77,9 @@ class Engine:
 
         executor, ckpt, num_blocks = build_model_executor(config)
         cost_model = None
-        if config.scheduler.scheduling_policy == "slo":
+        sc = config.scheduler
+        adaptive_spec = sc.speculative_config is not None and sc.speculative_policy == "adaptive"
+        if sc.scheduling_policy == "slo" or adaptive_spec:
             from pacer.sim.step_model import engine_step_cost_model
 
             cost_model = engine_step_cost_model(config, ckpt.arch, executor, num_blocks)
@@ -334,6 +336,9 @@ class Engine:
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         tracked = self._tracked[req.request_id]
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
+        if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
+            self.scheduler.drop_output_tail(req, num_new - len(new_ids))
+            num_new = len(new_ids)
         if stop is not None:
             req.stop_reason = stop
             self.scheduler.finish_request(req, FinishReason.STOP)
@@ -366,12 +371,18 @@ class Engine:
             num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
             num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
             token_budget=out.token_budget, budget_reason=out.budget_reason,
+            **(self.scheduler.spec.take_step_counts() if self.scheduler.spec is not None else {}),
         )
         self._hit_tokens_seen = self.kv.stats.hit_tokens
         self._num_steps += 1
         self.step_stats.append(stats)
         for listener in self.stats_listeners:
             listener(stats)
+
+    def spec_decode_stats(self) -> dict[str, Any] | None:
+        """Speculative-decoding totals (vLLM's counters, acceptance rate, mean accepted length);
+        None when speculation is off."""
+        return None if self.scheduler.spec is None else self.scheduler.spec.stats.as_dict()
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's state now, as one frozen record (the one view the server, the simulator

@@ -42,6 +42,13 @@ class StepStats:
     num_swap_in_blocks: int = 0
     token_budget: int = 0                          # the budget the scheduler chose for this step
     budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
+    # speculative decoding this step (vLLM's spec_decode counters): rows that drafted, drafted and
+    # accepted tokens, and accepted tokens by draft position
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+    num_spec_rejections: int = 0   # drafting rows whose drafts did not all hold
 
     @property
     def total_s(self) -> float:

@@ -89,6 +89,8 @@ class TrackedRequest:
         the text stops before that string, and the caller finishes the request with that stop
         reason."""
         req = self.req
+        if num_new > 1 and self.detok is not None and req.sampling_params.stop and not req.is_finished:
+            return self._push_each(num_new, logprobs)
         new_ids = req.output_token_ids[-num_new:] if num_new else []
         new_logprobs = None
         if self.logprobs is not None:
@@ -105,11 +107,35 @@ class TrackedRequest:
         self.text += new_text
         return new_ids, new_text, new_logprobs, hit
 
-    def _match_stop(self, new_text: str) -> tuple[str, str | None]:
-        """The earliest stop string in the text's tail plus `new_text`: the part of `new_text`
-        to keep (the text so far is cut when the string began in it) and the string found."""
+    def _push_each(self, num_new: int, logprobs: Sequence[Mapping[int, float]] | None
+                   ) -> tuple[list[int], str, list[dict[int, float]] | None, str | None]:
+        """Several tokens of one step (accepted drafts) with stop strings: matched token by
+        token, so a stop string ends the output at the token that completed it, as without
+        speculation. Returns only the tokens kept (the caller drops the rest)."""
         req = self.req
-        if req.num_output_tokens < req.sampling_params.min_tokens or not new_text:
+        ids = req.output_token_ids[-num_new:]
+        first_index = req.num_output_tokens - num_new
+        before = len(self.text)
+        kept, hit = num_new, None
+        for i, tok in enumerate(ids):
+            piece, hit = self._match_stop(self.detok.push([tok]), first_index + i + 1)
+            self.text += piece
+            if hit is not None:
+                kept = i + 1
+                break
+        new_logprobs = None
+        if self.logprobs is not None:
+            new_logprobs = [] if logprobs is None else [dict(lp) for lp in logprobs[:kept]]
+            self.logprobs.extend(new_logprobs)
+        return ids[:kept], self.text[before:], new_logprobs, hit
+
+    def _match_stop(self, new_text: str, num_output: int | None = None) -> tuple[str, str | None]:
+        """The earliest stop string in the text's tail plus `new_text`: the part of `new_text`
+        to keep (the text so far is cut when the string began in it) and the string found.
+        `num_output`: the output tokens up to new_text's last (default: all of them)."""
+        req = self.req
+        n_out = req.num_output_tokens if num_output is None else num_output
+        if n_out < req.sampling_params.min_tokens or not new_text:
             return new_text, None
         window_start = max(0, len(self.text) - self.max_stop_len)
         window = self.text[window_start:] + new_text

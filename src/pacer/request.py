@@ -94,8 +94,11 @@ class Latencies:
 
     @property
     def itl(self) -> list[float]:
+        """Gaps between consecutive emissions: tokens stamped at the same time came out of one
+        step (accepted drafts) and are one emission, so a multi-token step is one gap (TPOT
+        stays per token)."""
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:]) if b != a]
 
     @property
     def tpot(self) -> float | None:

@@ -215,6 +215,8 @@ class _Bench:
                     specs, self.engine, endpoint=args.endpoint, temperature=args.temperature,
                     concurrency=args.concurrency, closed_loop=closed, duration=args.duration, on_done=on_done)
                 extra: dict[str, Any] = {"engine_steps": stats.as_dict(), "arrival": ARRIVAL_NOTE}
+                if stats.spec_decode() is not None:
+                    extra["spec_decode"] = stats.spec_decode()
             else:
                 records = self._run_http(specs, closed, on_done)
                 extra = {}

@@ -98,6 +98,8 @@ class InprocessStats:
         self.sum_batch_size = 0
         self.num_preempted = 0
         self.max_kv_usage = 0.0
+        self.spec: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                     "accepted_per_pos": [], "num_rejections": 0}
         self.budget = BudgetTally()
 
     def add(self, stats: StepStats) -> None:
@@ -109,6 +111,14 @@ class InprocessStats:
         self.sum_batch_size += stats.batch_size
         self.num_preempted += stats.num_preempted
         self.max_kv_usage = max(self.max_kv_usage, stats.kv_usage)
+        if stats.num_drafts:
+            from pacer.core.spec_decode import SpecStats
+
+            self.spec = SpecStats.sum(self.spec, stats).as_dict()
+
+    def spec_decode(self) -> dict[str, Any] | None:
+        """Speculative decoding over the run (acceptance rate, mean accepted length); None: no drafts."""
+        return self.spec if self.spec["num_drafts"] else None
 
     def as_dict(self) -> dict[str, Any]:
         n = max(1, self.num_steps)

@@ -6,6 +6,7 @@ Reads only `Report` objects; formats latencies in ms and rates per second.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -78,7 +79,18 @@ def report_table(report: Report, title: str | None = None) -> Group:
             lat.add_row(name, metric, *(_ms(s[f"{metric}_{c}"]) for c in ("p50", "p90", "p95", "p99", "mean")))
         lat.add_section()
     budget = describe_budget(report.meta.get("budget") or report.meta.get("engine_steps", {}).get("budget") or {})
-    return Group(tput, lat, *([Text(budget)] if budget else []))
+    spec = report.meta.get("spec_decode")
+    lines = [*([Text(budget)] if budget else []), *([Text(spec_decode_line(spec))] if spec else [])]
+    return Group(tput, lat, *lines)
+
+
+def spec_decode_line(spec: dict[str, Any]) -> str:
+    """'speculative decoding: acceptance rate 71.2%, mean accepted length 3.10 (...)'."""
+    per_pos = ", ".join(str(n) for n in spec.get("accepted_per_pos", []))
+    return (f"speculative decoding: acceptance rate {spec['acceptance_rate']:.1%} (per token "
+            f"{spec['per_token_acceptance']:.1%}), mean accepted length "
+            f"{spec['mean_accepted_length']:.2f} ({spec['num_drafts']} drafts, {spec['num_draft_tokens']} draft "
+            f"tokens, {spec['num_accepted_tokens']} accepted; by position: {per_pos})")
 
 
 def _delta(a: float | int | None, b: float | int | None, higher_is_better: bool) -> Text:

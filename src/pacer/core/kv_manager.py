@@ -31,6 +31,7 @@ from pacer.core.host_tier import HostKVTier
 from pacer.core.kv_checks import check_kv_invariants
 from pacer.core.offload import PrefixOffload
 from pacer.core.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
+from pacer.core.spec_decode import kept_blocks
 from pacer.core.swap_tier import CpuSwapTier, SwapPairs
 from pacer.core.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.request import Request
@@ -318,6 +319,18 @@ class KVCacheManager:
         table.extend(new_blocks)
         self.swap.plan_swap_in(req.request_id, table)
         return new_blocks
+
+    def trim_to_computed(self, req: Request) -> None:
+        """After verifying drafts: free the blocks past those holding the request's computed
+        (verified) tokens; only rejected drafts used them, so none is cached or shared."""
+        table = self.block_tables.get(req.request_id)
+        if not table:
+            return
+        keep = kept_blocks(req.num_computed_tokens, self.block_size)
+        if len(table) > keep:
+            extra = table[keep:]
+            del table[keep:]
+            self.pool.free(extra)
 
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])

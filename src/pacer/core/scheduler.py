@@ -32,6 +32,7 @@ from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
 from pacer.core.slo_policy import SloPolicy
+from pacer.core.spec_decode import SpecDecoder
 from pacer.core.step_cost import StepCostModel
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 
@@ -57,6 +58,7 @@ class _Step:
         self.new_blocks: dict[str, list[int]] = {}
         self.is_new: set[str] = set()
         self.preempted: list[str] = []
+        self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
         self.token_budget = budget.tokens_left
         self.budget_reason = "max_num_batched_tokens"
 
@@ -99,6 +101,8 @@ class Scheduler:
         self._step_id = 0
         self.num_preemptions = 0
         self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
+        spec = config.speculative()
+        self.spec = None if spec is None else SpecDecoder(spec, config.speculative_policy, cost_model)
 
     def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
         name = self.config.scheduling_policy
@@ -139,6 +143,8 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.kv.free(req)
+        if self.spec is not None:
+            self.spec.finish(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
@@ -178,7 +184,19 @@ class Scheduler:
             self._schedule_waiting(step, chunked=False)
             if not step.num_tokens:
                 self._schedule_running(step, sorted(self.running, key=self.policy.key))
+        if self.spec is not None:
+            self._plan_drafts(step, self.spec)
         return self._build_output(step)
+
+    def _plan_drafts(self, step: _Step, spec: SpecDecoder) -> None:
+        """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
+        for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
+            blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
+            if blocks is not None:
+                step.new_blocks[rid].extend(blocks)
+                step.drafts[rid] = drafts
+                step.num_tokens[rid] += len(drafts)
+                step.budget.tokens_left -= len(drafts)
 
     def _budget_by_itl(self, policy: SloPolicy, step: _Step, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
@@ -296,8 +314,9 @@ class Scheduler:
             req = self.requests[req_id]
             start = req.num_computed_tokens
             is_new = req_id in step.is_new
-            end = start + n
-            is_prefill = is_new or n > 1 or start < req.num_prompt_tokens
+            drafts = step.drafts.get(req_id, [])
+            end = start + n - len(drafts)
+            is_prefill = (is_new and not drafts) or end - start > 1 or start < req.num_prompt_tokens
             prompt_history, output_history = req.penalty_history() if is_new else (None, None)
             scheduled.append(ScheduledRequest(
                 request_id=req_id,
@@ -311,8 +330,9 @@ class Scheduler:
                 sampling_params=req.sampling_params if is_new else None,
                 prompt_token_ids=prompt_history,
                 output_token_ids=output_history,
+                draft_token_ids=drafts,
             ))
-            req.num_computed_tokens = end
+            req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
             if is_prefill:
                 num_prefill += n
                 req.metrics.prefill_tokens += n
@@ -347,8 +367,11 @@ class Scheduler:
             req.metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
+            tokens = result.results[sr.request_id].token_ids
+            if sr.draft_token_ids and self.spec is not None:
+                tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
             kept = 0
-            for token in result.results[sr.request_id].token_ids:
+            for token in tokens:
                 kept += 1
                 req.output_token_ids.append(token)
                 req.metrics.token_times.append(now)
@@ -356,10 +379,21 @@ class Scheduler:
                     req.metrics.first_token_time = now
                 reason = self._stop_reason(req, token)
                 if reason is not None:
+                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
+                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
             touched.append((req, kept))
+            if sr.draft_token_ids and not req.is_finished:
+                self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
+
+    def drop_output_tail(self, req: Request, num_tokens: int) -> None:
+        """Drop the newest `num_tokens` outputs of a request about to finish (a stop string
+        ended it inside a multi-token step), and the KV claim past them."""
+        del req.output_token_ids[len(req.output_token_ids) - num_tokens:]
+        del req.metrics.token_times[len(req.metrics.token_times) - num_tokens:]
+        req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         # a stop token that is also the last allowed one reports "stop", as vLLM does

@@ -55,7 +55,11 @@ class StepShape:
     def from_output(cls, out: SchedulerOutput) -> StepShape:
         shape = cls()
         for sr in out.scheduled:
-            shape = shape.with_chunk(len(sr.token_ids), sr.start_position, sr.sample)
+            # a row with drafts is one chunk of 1 + d tokens, every position through the LM head
+            shape = shape.with_chunk(len(sr.token_ids) + len(sr.draft_token_ids), sr.start_position, sr.sample)
+            if sr.draft_token_ids:
+                shape = StepShape(shape.num_decodes, shape.decode_kv_tokens, shape.decode_max_ctx, shape.chunks,
+                                  shape.num_sampled + len(sr.draft_token_ids))
         return shape
 
 

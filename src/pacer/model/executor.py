@@ -15,7 +15,8 @@ from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, Sch
 from pacer.model.attention import AttentionMetadata, ChunkSpan, build_metadata
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
-from pacer.model.sampler import Sampler, SamplingRow, TokenHistory
+from pacer.model.sampler import Sampler, TokenHistory
+from pacer.model.spec_verify import fold_results, sampling_rows
 from pacer.request import SamplingParams
 
 __all__ = ["ModelExecutor"]
@@ -84,8 +85,6 @@ class ModelExecutor:
         for rid in out.preempted_ids:
             self._states.pop(rid, None)
         for sr in out.scheduled:
-            if sr.draft_token_ids:
-                raise ValueError(f"request {sr.request_id}: this executor verifies no drafted tokens")
             if sr.is_new:
                 assert sr.sampling_params is not None
                 state = self._states[sr.request_id] = _ReqState(
@@ -111,22 +110,22 @@ class ModelExecutor:
         self._sync_states(out)
         if not out.scheduled:
             return ModelOutput(prepare_s=time.perf_counter() - t0, forward_s=0.0)
-        singles = [sr for sr in out.scheduled if sr.num_tokens == 1]
-        multis = [sr for sr in out.scheduled if sr.num_tokens > 1]
+        singles = [sr for sr in out.scheduled if sr.num_tokens == 1 and not sr.draft_token_ids]
+        multis = [sr for sr in out.scheduled if sr.num_tokens > 1 or sr.draft_token_ids]
         input_ids, positions, meta, logits_rows, sample_reqs = self._prepare(singles, multis)
         t1 = time.perf_counter()
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows, self.kv_format)
         t2 = time.perf_counter()
-        if out.token_masks is not None and sample_reqs:   # computed while the forward ran
-            logits = out.token_masks.apply(logits, [sr.request_id for sr in sample_reqs])
         states = [self._states[sr.request_id] for sr in sample_reqs]
-        rows = [SamplingRow(st.params, sr.num_output_tokens, st.history) for sr, st in zip(sample_reqs, states)]
+        rows, spans = sampling_rows(sample_reqs, [st.params for st in states], [st.history for st in states])
+        if out.token_masks is not None and sample_reqs:   # computed while the forward ran
+            logits = out.token_masks.apply(logits, [sr.request_id for sr, n in zip(sample_reqs, spans)
+                                                    for _ in range(n)])
         results: dict[str, RequestResult] = {}
-        if rows:
+        if rows:   # a row with drafts samples each position and keeps the verified ones (spec_verify)
             sampled = self.sampler.sample(logits, rows)
-            for i, (sr, tok) in enumerate(zip(sample_reqs, sampled.token_ids)):
-                entry = sampled.logprobs.get(i)
-                results[sr.request_id] = RequestResult((tok,), None if entry is None else (entry,))
+            tables = {sr.request_id: self._states[sr.request_id].block_table for sr in sample_reqs}
+            results = fold_results(sample_reqs, spans, sampled.token_ids, sampled.logprobs, tables, self.block_size)
         t3 = time.perf_counter()
         return ModelOutput(results, prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
 
@@ -156,14 +155,15 @@ class ModelExecutor:
         row = len(singles)
         for sr in multis:
             table = self._states[sr.request_id].block_table
-            n, start = sr.num_tokens, sr.start_position
+            n, start = sr.num_tokens + len(sr.draft_token_ids), sr.start_position
             ids.extend(sr.token_ids)
+            ids.extend(sr.draft_token_ids)
             pos.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             chunks.append(ChunkSpan(row, n, start, table[:-(-(start + n) // bs)]))
             row += n
-            if sr.sample:
-                logits_rows.append(row - 1)
+            if sr.sample:   # drafts: the logits at the last token and at every draft
+                logits_rows.extend(range(row - 1 - len(sr.draft_token_ids), row))
                 sample_reqs.append(sr)
         dev = self.device
         meta = build_metadata(slots, tables, ctx_lens, chunks, bs, dev, use_kernel=self.model.kernel is not None)

@@ -111,6 +111,9 @@ class Service:
         from pacer.server.tier_metrics import KVTierCollector
 
         self.metrics.registry.register(KVTierCollector(engine, self.metrics.name, self.model_name))
+        from pacer.server.spec_metrics import SpecDecodeCollector
+
+        self.metrics.registry.register(SpecDecodeCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)

@@ -48,7 +48,7 @@ class BatchFeatures:
 def batch_features(out: SchedulerOutput) -> BatchFeatures:
     num_single = single_kv = single_max = chunks = pairs = chunk_kv = sampled = 0
     for sr in out.scheduled:
-        n = len(sr.token_ids)
+        n = len(sr.token_ids) + len(sr.draft_token_ids)   # drafts: verified in the same forward
         s = sr.start_position
         if n == 1:
             num_single += 1
@@ -60,7 +60,7 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
             pairs += n * s + n * (n + 1) // 2
             chunk_kv += s + n
         if sr.sample:
-            sampled += 1
+            sampled += 1 + len(sr.draft_token_ids)   # every drafted position goes through the LM head
     return BatchFeatures(
         num_tokens=out.num_prefill_tokens + out.num_decode_tokens, num_seqs=len(out.scheduled),
         num_single=num_single, single_kv_tokens=single_kv, single_max_ctx=single_max, num_chunks=chunks,

@@ -6,20 +6,34 @@ requests' `max_tokens` with `ignore_eos`), and moves the `VirtualClock` forward 
 model's step time, so the engine stamps token times at the end of the simulated step.
 Each step's cost breakdown is kept by step id (`costs`) for the utilisation summary and the
 Chrome trace, beside the engine's own `StepStats` of the same step.
+
+Speculation: a row with d drafts is priced as a chunk of 1 + d tokens (the cost model's
+`batch_features` counts them, every position through the LM head), and each draft is accepted
+with probability `acceptance_rate` (the per-token rate measured on the real engine, which
+`pacer bench` reports; speculative_config's `acceptance_rate` sets it), in order until the
+first rejection, from a seeded generator.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 from pacer.clock import VirtualClock
-from pacer.core.outputs import ModelOutput, SchedulerOutput
+from pacer.core.outputs import ModelOutput, RequestResult, SchedulerOutput
 from pacer.sim.cost_model import CostModel, StepCost, batch_features
 
-__all__ = ["SimExecutor"]
+__all__ = ["SimExecutor", "DEFAULT_ACCEPTANCE_RATE"]
+
+# per-token acceptance of n-gram drafts measured on the default model (benchmarks/spec_decode.py,
+# the 32-request mixed workload); speculative_config's acceptance_rate overrides it
+DEFAULT_ACCEPTANCE_RATE = 0.6
 
 
 class SimExecutor:
     def __init__(self, cost_model: CostModel, clock: VirtualClock, sample_token_id: int = 0,
-                 keep_records: bool = True, kv_block_bytes: int | None = None) -> None:
+                 keep_records: bool = True, kv_block_bytes: int | None = None,
+                 acceptance_rate: float | None = None, seed: int = 0) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes   # read by the engine to size the swap tier (swap_space GiB)
         self.clock = clock
@@ -28,6 +42,8 @@ class SimExecutor:
         self.costs: dict[int, StepCost] = {}   # step id -> its cost (keep_records)
         self.busy_s = 0.0
         self.num_steps = 0
+        self.acceptance_rate = DEFAULT_ACCEPTANCE_RATE if acceptance_rate is None else acceptance_rate
+        self._rng = random.Random(seed)
 
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         if not out.scheduled:
@@ -39,4 +55,12 @@ class SimExecutor:
         if self.keep_records:
             self.costs[out.step_id] = cost
         tok = self.sample_token_id
-        return ModelOutput.sampled({sr.request_id: tok for sr in out.scheduled if sr.sample}, forward_s=cost.time_s)
+        results = {sr.request_id: RequestResult((*self._accepted(sr.draft_token_ids), tok))
+                   for sr in out.scheduled if sr.sample}
+        return ModelOutput(results, forward_s=cost.time_s)
+
+    def _accepted(self, drafts: Sequence[int]) -> Sequence[int]:
+        n = 0
+        while n < len(drafts) and self._rng.random() < self.acceptance_rate:
+            n += 1
+        return drafts[:n]

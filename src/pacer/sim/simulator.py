@@ -91,8 +91,10 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
         num_blocks = kv_capacity_blocks(hw, model, dtype, tp, cache.block_size, gpu_memory_utilization, kv_dtype)
     clock = VirtualClock()
     cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size, kv_dtype)
+    spec = config.scheduler.speculative()
     executor = SimExecutor(cm, clock, keep_records=keep_records,
-                           kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size)
+                           kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size,
+                           acceptance_rate=None if spec is None else spec.acceptance_rate, seed=config.model.seed)
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
                     vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
