@@ -10,6 +10,7 @@ from pacer.clock import VirtualClock
 from pacer.config import SchedulerConfig
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.scheduler import Scheduler
+from pacer.core.step_plan import Budget, StepPlan
 from pacer.request import Request, SamplingParams
 from tests.fakes import (
     Arrival,
@@ -112,8 +113,7 @@ def test_preempted_request_keeps_its_place_by_arrival():
     for r in reqs:
         s.add_request(r)
     s.schedule()
-    s._preempt(__import__("pacer.core.scheduler", fromlist=["_Step"])._Step(
-        __import__("pacer.core.scheduler", fromlist=["_Budget"])._Budget(0, 0)), reqs[1])
+    s._preempt(StepPlan(Budget(0, 0)), reqs[1])
     late = Request("late", [1], p, arrival_time=10.0, arrival_seq=9)
     s.add_request(late)
     assert [r.request_id for r in s.waiting] == ["r1", "late"]

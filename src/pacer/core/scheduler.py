@@ -34,49 +34,10 @@ from pacer.core.policy import LpmPolicy, Policy, WaitingQueue, make_policy
 from pacer.core.slo_policy import SloPolicy
 from pacer.core.spec_decode import SpecDecoder
 from pacer.core.step_cost import StepCostModel
+from pacer.core.step_plan import Budget, StepPlan
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 
 __all__ = ["Scheduler"]
-
-
-class _Budget:
-    """The step's remaining token and sequence budget."""
-
-    __slots__ = ("tokens_left", "seqs_left")
-
-    def __init__(self, tokens: int, seqs: int) -> None:
-        self.tokens_left = tokens
-        self.seqs_left = seqs
-
-
-class _Step:
-    """What has been decided so far in one schedule() call."""
-
-    def __init__(self, budget: _Budget) -> None:
-        self.budget = budget
-        self.num_tokens: dict[str, int] = {}      # request id -> tokens this step (insertion order)
-        self.new_blocks: dict[str, list[int]] = {}
-        self.is_new: set[str] = set()
-        self.preempted: list[str] = []
-        self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
-        self.token_budget = budget.tokens_left
-        self.budget_reason = "max_num_batched_tokens"
-
-    def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
-        self.num_tokens[req.request_id] = n
-        self.new_blocks[req.request_id] = blocks
-        if is_new:
-            self.is_new.add(req.request_id)
-        self.budget.tokens_left -= n
-        self.budget.seqs_left -= 1
-
-    def undo(self, req: Request) -> None:
-        n = self.num_tokens.pop(req.request_id, None)
-        if n is not None:
-            self.new_blocks.pop(req.request_id)
-            self.is_new.discard(req.request_id)
-            self.budget.tokens_left += n
-            self.budget.seqs_left += 1
 
 
 class Scheduler:
@@ -168,7 +129,7 @@ class Scheduler:
         self.waiting.refresh(now)
         if self.config.shed_hopeless and isinstance(self.policy, SloPolicy):
             self._shed_hopeless(self.policy, now)
-        step = _Step(_Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
+        step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
         if self.config.enable_chunked_prefill:
             ordered = sorted(self.running, key=self.policy.key)
             decodes = [r for r in ordered if r.num_remaining_tokens == 1]
@@ -188,7 +149,7 @@ class Scheduler:
             self._plan_drafts(step, self.spec)
         return self._build_output(step)
 
-    def _plan_drafts(self, step: _Step, spec: SpecDecoder) -> None:
+    def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
         for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
             blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
@@ -198,7 +159,7 @@ class Scheduler:
                 step.num_tokens[rid] += len(drafts)
                 step.budget.tokens_left -= len(drafts)
 
-    def _budget_by_itl(self, policy: SloPolicy, step: _Step, decodes: list[Request], partial: list[Request],
+    def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
         head = partial[0] if partial else (self.waiting.peek() if self.waiting else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
@@ -219,7 +180,7 @@ class Scheduler:
         shed, self._shed_since_step = self._shed_since_step, []
         return shed
 
-    def _schedule_running(self, step: _Step, candidates: list[Request]) -> None:
+    def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
         for req in candidates:
             if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
@@ -235,7 +196,7 @@ class Scheduler:
             if blocks is not None:
                 step.add(req, n, blocks, is_new=False)
 
-    def _allocate_or_preempt(self, step: _Step, req: Request, n: int) -> list[int] | None:
+    def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
         """Allocate for a running request, preempting the worst running ones as needed."""
         while True:
             blocks = self.kv.allocate_slots(req, n)
@@ -246,7 +207,7 @@ class Scheduler:
             if victim is req:
                 return None
 
-    def _schedule_waiting(self, step: _Step, chunked: bool, ahead_of: Request | None = None) -> None:
+    def _schedule_waiting(self, step: StepPlan, chunked: bool, ahead_of: Request | None = None) -> None:
         while self.waiting:
             req = self.waiting.peek()
             if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
@@ -279,7 +240,7 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock.now()
             step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
 
-    def _make_room_for(self, step: _Step, head: Request) -> bool:
+    def _make_room_for(self, step: StepPlan, head: Request) -> bool:
         """Priority policy: preempt the worst running request if `head` outranks it.
         Returns whether anything was preempted (so the caller may retry)."""
         if not self.running:
@@ -292,7 +253,7 @@ class Scheduler:
         self._preempt(step, worst)
         return True
 
-    def _preempt(self, step: _Step, req: Request) -> None:
+    def _preempt(self, step: StepPlan, req: Request) -> None:
         step.undo(req)
         self.running.remove(req)
         req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
@@ -307,7 +268,7 @@ class Scheduler:
         self.waiting.add(req)
         step.preempted.append(req.request_id)
 
-    def _build_output(self, step: _Step) -> SchedulerOutput:
+    def _build_output(self, step: StepPlan) -> SchedulerOutput:
         scheduled: list[ScheduledRequest] = []
         num_prefill = num_decode = 0
         for req_id, n in step.num_tokens.items():
