@@ -17,13 +17,14 @@ from typing import Any
 
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
-from pacer.core.block_events import BlockEvent
+from pacer.core.block_events import BlockEvent, EventSinks
 from pacer.core.kv_manager import KVCacheManager
 from pacer.core.outputs import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.core.scheduler import Scheduler
 from pacer.core.slo import ClassRules, Slo
 from pacer.core.step_cost import StepCostModel, StepShape
 from pacer.engine_inputs import check_request_args, resolve_slo, tokenize_prompt
+from pacer.engine_prewarm import prewarm
 from pacer.engine_retry import execute_each
 from pacer.engine_stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.output_processor import RequestOutput, TrackedRequest
@@ -63,7 +64,7 @@ class Engine:
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
         self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
-        self._kv_event_sinks: list[Callable[[float, list[BlockEvent]], None]] = []
+        self._kv_sinks = EventSinks()
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self._num_steps = 0
         self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
@@ -278,7 +279,7 @@ class Engine:
         if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
             if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
                 self._executor.execute(sched_out)
-            self._publish_kv_events()
+            self._kv_sinks.publish(self.clock.now, self.kv.take_events)
             if not outputs and self.num_waiting_for_grammar:
                 self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
@@ -301,7 +302,7 @@ class Engine:
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         if self._refit and self.cost_model is not None:
             self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
-        self._publish_kv_events()
+        self._kv_sinks.publish(self.clock.now, self.kv.take_events)
         return outputs
 
     def add_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
@@ -309,18 +310,10 @@ class Engine:
         store/remove events in order (blocks cached already arrive first as stores)."""
         if self.kv.enable_events() is None:
             raise ValueError("KV cache events need enable_prefix_caching=True")
-        self._kv_event_sinks.append(sink)
+        self._kv_sinks.add(sink)
 
     def remove_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
-        if sink in self._kv_event_sinks:
-            self._kv_event_sinks.remove(sink)
-
-    def _publish_kv_events(self) -> None:
-        if self._kv_event_sinks:
-            events = self.kv.take_events()
-            if events:
-                for sink in self._kv_event_sinks:
-                    sink(self.clock.now(), events)
+        self._kv_sinks.remove(sink)
 
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
@@ -398,24 +391,9 @@ class Engine:
 
     def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:
-        """Compute `prompts` (e.g. system prompts, tool definitions) into the prefix cache now,
-        pinned (never evicted until `kv.unpin`) and, when `public`, visible to every tenant
-        even under tenant isolation. Steps the engine until they finish: call it at start-up,
-        from the thread that steps the engine. Returns the cached tokens of each prompt."""
-        if self.kv.cache is None:
-            raise ValueError("prewarm needs enable_prefix_caching=True")
-        ids = []
-        for prompt in prompts:
-            rid = self.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0), tenant=tenant)
-            self.kv.mark_prewarm(rid, public=public, pin=pin)
-            ids.append(rid)
-        wanted = set(ids)
-        while wanted:
-            if not self.has_unfinished_requests():
-                raise RuntimeError(f"engine stopped with prewarm requests unfinished: {sorted(wanted)[:5]}")
-            wanted -= {o.request_id for o in self.step() if o.finished}
-        bs = self.kv.block_size
-        return [len(self.tokenize_prompt(p)) // bs * bs for p in prompts]
+        """Compute `prompts` into the prefix cache now, pinned and (when `public`) visible to every
+        tenant: see `pacer.engine_prewarm.prewarm`. Returns the cached tokens of each prompt."""
+        return prewarm(self, prompts, public=public, tenant=tenant, pin=pin)
 
     def run_until_done(self) -> list[RequestOutput]:
         """Step until every queued request finished; returns the final outputs."""

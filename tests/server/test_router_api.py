@@ -100,4 +100,4 @@ def test_served_engine_publishes_kv_events_a_subscriber_mirrors(llm):
             assert want <= cached
         finally:
             sub.close()
-    assert not llm.engine._kv_event_sinks   # detached at shutdown: the session's engine is shared
+    assert not llm.engine._kv_sinks.sinks   # detached at shutdown: the session's engine is shared

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pacer.core.radix_node import RadixNode
 
-__all__ = ["BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
+__all__ = ["EventSinks", "BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
            "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "MEDIUM_DEVICE",
            "MEDIUM_HOST"]
 
@@ -114,3 +114,26 @@ class BlockEventLog:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+class EventSinks:
+    """Who hears a step's block events: each sink gets `sink(now, events)`, in order, after
+    every step that changed the cache (the engine's KV event subscribers)."""
+
+    def __init__(self) -> None:
+        self.sinks: list[Callable[[float, list[BlockEvent]], None]] = []
+
+    def add(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        self.sinks.append(sink)
+
+    def remove(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        if sink in self.sinks:
+            self.sinks.remove(sink)
+
+    def publish(self, now: Callable[[], float], take_events: Callable[[], list[BlockEvent]]) -> None:
+        if self.sinks:
+            events = take_events()
+            if events:
+                t = now()
+                for sink in self.sinks:
+                    sink(t, events)
