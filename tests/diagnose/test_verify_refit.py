@@ -51,3 +51,14 @@ def test_refit_target_predicts_the_measured_steps_not_the_saved_calibration():
     # the method's simulations now run on the refitted model
     engine2, executor2, _ = target._build(kwargs)
     assert executor2.cost_model is target.cost_model
+
+
+def test_when_no_configuration_meets_the_sla_tune_says_which_target_with_numbers():
+    from pacer.bench.report import parse_slo
+    from pacer.diagnose.method import Point
+    from pacer.diagnose.tune_method import why_no_configuration
+
+    best = Point({"max_num_seqs": 8}, {"slo_attainment": 0.62, "ttft_p99": 1.5, "tpot_p99": 0.156})
+    msg = why_no_configuration(best, parse_slo(["ttft=2s,tpot=100ms"]), 0.9)
+    assert "62% of requests (< 90%)" in msg
+    assert "tpot p99 156 ms vs target 100 ms" in msg and "ttft p99" not in msg   # TTFT is within its target

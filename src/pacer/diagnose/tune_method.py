@@ -103,6 +103,8 @@ def run_method_cli(args: argparse.Namespace) -> int:
           f"{d.attainment:.0%})")
     if result.runner_up is not None:
         print(f"runner-up: {result.runner_up.label} (predicted {result.runner_up.attainment:.0%})")
+    if c.attainment < args.target_attainment:
+        print(why_no_configuration(c, slo, args.target_attainment))
     if not args.verify:
         return 0 if c.attainment >= args.target_attainment else 1
     return _verify(args, result, real_kwargs, specs, slo, defaults_real)
@@ -127,3 +129,20 @@ def _verify(args: argparse.Namespace, result: Any, real_kwargs: dict[str, Any], 
     else:
         print("the chosen configuration misses the SLA on the real engine: see the measured columns")
     return 0 if ok else 1
+
+
+def why_no_configuration(best: Any, slo: Any, target: float) -> str:
+    """The numbers behind "no configuration in the sweep meets the SLA": the best point's p99
+    against each target it has (overall; per-class targets are in the tables above)."""
+    from pacer.diagnose.replay import fmt_ms
+
+    missed = []
+    for key, limit in slo.default.as_dict().items():
+        p99 = best.summary.get(f"{key}_p99")
+        if limit is not None and p99 is not None and p99 > limit:
+            missed.append(f"{key} p99 {fmt_ms(p99)} vs target {fmt_ms(limit)}")
+    detail = "; ".join(missed) or "the misses are in a class's own targets (see its rows)"
+    return (f"no configuration in the sweep meets the SLA: the best ({best.label or 'pacer defaults'}) is "
+            f"predicted to meet it for {best.attainment:.0%} of requests (< {target:.0%}): {detail}. "
+            "On this hardware, for this traffic, relax the SLA, add replicas, or shorten the requests.")
+
