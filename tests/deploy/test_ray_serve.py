@@ -99,41 +99,42 @@ def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deploym
 
 
 
-def _running_somewhere(base_url: str) -> bool:
-    text = httpx.get(base_url + "/metrics").text
-    return any(line.split("{")[0].endswith("num_requests_running") and not line.endswith(" 0.0")
-               for line in text.splitlines())
-
-
 @pytest.mark.slow
 def test_a_dead_replica_fails_its_requests_with_503_and_ray_serve_replaces_it(deployment):
-    # runs after the routing test (module order): it kills every replica of the deployment
+    # runs after the routing test (module order): it kills every replica of the deployment. The
+    # request streams, so its response has started when the replica dies (Ray Serve cannot retry
+    # it elsewhere): the stream must end with a service_unavailable error event, never hang
     import ray
 
-    result: dict[str, httpx.Response] = {}
+    events: list[str] = []
+    done = threading.Event()
 
     def long_request() -> None:
-        result["r"] = httpx.post(deployment + "/v1/completions", timeout=300, json={
-            "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000, "ignore_eos": True})
+        with httpx.stream("POST", deployment + "/v1/completions", timeout=300, json={
+                "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000, "ignore_eos": True,
+                "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        done.set()
 
-    t = threading.Thread(target=long_request)
+    t = threading.Thread(target=long_request, daemon=True)
     t.start()
-    wait_for(lambda: _running_somewhere(deployment), 60, "the long request to run on a replica")
+    wait_for(lambda: len(events) >= 3, 120, "the long request to stream tokens")
     replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "PacerReplica" in a["name"]]
     assert len(replicas) == 2, replicas
     for a in replicas:
         ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=True)
-    t.join(120)
-    assert not t.is_alive(), "the request of a dead replica hung"
-    r = result["r"]
-    assert r.status_code == 503 and "replica" in r.json()["error"]["message"], r.text
+    assert done.wait(120), "the stream of a dead replica hung"
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "service_unavailable" and "replica" in error["message"], error
 
     def answered() -> bool:
         r = httpx.post(deployment + "/v1/completions", timeout=300,
                        json={"model": MODEL, "prompt": "Hello", "max_tokens": 2})
         return r.status_code == 200
     wait_for(answered, 300, "Ray Serve to replace the dead replicas")
-
 
 def test_asgi_bridge_streams_and_reports_disconnects():
     import asyncio
