@@ -81,14 +81,14 @@ def chat_ids(eng: Engine, text: str) -> list[int]:
 
 def run(eng: Engine, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
     """All prompts at once, greedy; wall time, outputs, per-request TPOT/ITL, spec counters."""
-    before = eng.spec_decode_stats() or {}
+    before = eng.snapshot().spec_decode or {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     t0, c0 = time.perf_counter(), time.process_time()
     ids = [eng.add_request(p, params) for p in prompts]
     finals = {o.request_id: o for o in eng.run_until_done()}
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     outs = [finals[i] for i in ids]
-    after = eng.spec_decode_stats() or {}
+    after = eng.snapshot().spec_decode or {}
     drafted = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
     drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)

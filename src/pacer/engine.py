@@ -372,11 +372,6 @@ class Engine:
         for listener in self.stats_listeners:
             listener(stats)
 
-    def spec_decode_stats(self) -> dict[str, Any] | None:
-        """Speculative-decoding totals (vLLM's counters, acceptance rate, mean accepted length);
-        None when speculation is off."""
-        return None if self.scheduler.spec is None else self.scheduler.spec.stats.as_dict()
-
     def snapshot(self) -> EngineSnapshot:
         """The engine's state now, as one frozen record (the one view the server, the simulator
         and reports read). Call it from the stepping thread, between steps."""

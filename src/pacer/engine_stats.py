@@ -94,6 +94,7 @@ class EngineSnapshot:
     num_cpu_blocks_used: int
     tiers: Mapping[str, Mapping[str, float]]   # per tier (device, host, disk): blocks, usage, hits, promotions,
     #                                            demotions, bytes in / out
+    spec_decode: Mapping[str, Any] | None = None   # speculation totals (vLLM's counters); None when off
 
     @property
     def num_preemptions(self) -> int:
@@ -162,4 +163,5 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
         tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
         | ({"disk": dict(disk_tier)} if disk_tier is not None else {}),
+        spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
     )

@@ -73,7 +73,7 @@ def test_greedy_matches_hf_with_speculation_under_chunking_and_preemption(base, 
             assert gap < NEAR_TIE, f"output differs from HF at token {j} where the top-2 gap is {gap:.2e}"
             near_ties += 1
     print(f"speculation {policy}: {len(prompts) - near_ties}/{len(prompts)} identical to HF, {near_ties} near-ties")
-    stats = eng.spec_decode_stats()
+    stats = eng.snapshot().spec_decode
     assert stats is not None and stats["num_accepted_tokens"] > 0, stats
     assert eng.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"
     steps = list(eng.step_stats)
@@ -90,7 +90,7 @@ def test_logprobs_seeded_sampling_and_stop_strings_equal_those_without_speculati
         greedy = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True, logprobs=2))
         seeded = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0.8, seed=11, ignore_eos=True))
         stopped = generate(eng, prompts, SamplingParams(max_tokens=NEW, temperature=0, stop=["budget"]))
-        runs.append((greedy, seeded, stopped, eng.spec_decode_stats()))
+        runs.append((greedy, seeded, stopped, eng.snapshot().spec_decode))
     (g0, s0, t0, _), (g1, s1, t1, stats) = runs
     # a stop string inside accepted drafts ends the output at the token that completed it
     assert [(o.text, o.finish_reason, o.token_ids) for o in t0] == [(o.text, o.finish_reason, o.token_ids) for o in t1]

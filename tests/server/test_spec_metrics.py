@@ -15,7 +15,7 @@ def test_spec_decode_series_and_report_line():
     eng.stats_listeners.append(steps.add)
     add_requests(eng, 2, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
     run(eng, ex)
-    totals = eng.spec_decode_stats()
+    totals = eng.snapshot().spec_decode
     assert totals is not None and totals["num_accepted_tokens"] > 0
     assert steps.spec_decode() == totals   # the per-step counts add up to the engine's totals
     for prefix, name in (("pacer", "pacer_spec_decode_"), ("vllm", "vllm:spec_decode_")):

@@ -25,7 +25,7 @@ class SpecDecodeCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        stats = self.engine.spec_decode_stats()
+        stats = self.engine.snapshot().spec_decode
         if stats is None:
             return
         for key, help_ in _COUNTERS.items():

@@ -135,8 +135,9 @@ def _run_sim(args: argparse.Namespace) -> int:
         meta = _meta(args, kwargs, workload, arrivals, rate, len(specs))
         meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats(),
                      "budget": BudgetTally().extend(result.steps).as_dict()})
-        if engine.spec_decode_stats() is not None:
-            meta["spec_decode"] = engine.spec_decode_stats()
+        spec = engine.snapshot().spec_decode
+        if spec is not None:
+            meta["spec_decode"] = dict(spec)
         report = build_report(result.records, slo=slo, meta=meta)
         _print_report(report, f"pacer sim: {model.name} on {hw.name} x{args.tp}, {workload}, {arrivals}")
         print(f"simulated {result.sim_duration_s:.1f} s in {result.wall_s:.2f} s wall: "
