@@ -78,15 +78,28 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission / exit
 
-    def add_request(self, req: Request) -> None:
-        """Queue a validated request. Raises ContextLengthError if it can never fit."""
+    def add_request(self, req: Request, ready: bool = True) -> None:
+        """Queue a validated request. Raises ContextLengthError if it can never fit.
+
+        `ready=False`: it waits as WAITING_FOR_GRAMMAR (its grammar compiles elsewhere) until
+        `mark_ready`: queued in policy order and counted, but never admitted, so it holds no
+        seat and no KV and is never a preemption victim; it blocks no one behind it."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
                              self.kv.capacity_tokens)
         self.requests[req.request_id] = req
+        req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
+        self.waiting.add(req, ready)
+
+    def mark_ready(self, request_id: str) -> Request | None:
+        """A WAITING_FOR_GRAMMAR request may now be scheduled (None: unknown or finished)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is not RequestStatus.WAITING_FOR_GRAMMAR:
+            return None
+        self.waiting.mark_ready(req)
         req.status = RequestStatus.WAITING
-        self.waiting.add(req)
+        return req
 
     def abort_request(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)
@@ -113,7 +126,12 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
+        """Queued requests, those waiting for their grammar included."""
         return len(self.waiting)
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        return self.waiting.num_not_ready
 
     @property
     def num_running(self) -> int:
@@ -161,7 +179,7 @@ class Scheduler:
 
     def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
-        head = partial[0] if partial else (self.waiting.peek() if self.waiting else None)
+        head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
         step.budget.tokens_left = budget.tokens
@@ -208,7 +226,7 @@ class Scheduler:
                 return None
 
     def _schedule_waiting(self, step: StepPlan, chunked: bool, ahead_of: Request | None = None) -> None:
-        while self.waiting:
+        while self.waiting.num_ready:
             req = self.waiting.peek()
             if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
                 return
