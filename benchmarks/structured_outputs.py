@@ -47,11 +47,12 @@ def load() -> str:
     return "load avg {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
-def run_batch(engine: Engine, prompts: list[str], params: list[SamplingParams]) -> tuple[list[Any], float]:
-    t0 = time.perf_counter()
+def run_batch(engine: Engine, prompts: list[str], params: list[SamplingParams]) -> tuple[list[Any], float, float]:
+    """The outputs, wall seconds and this process's CPU seconds (all its threads) of one batch."""
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
     finals = {o.request_id: o for o in engine.run_until_done()}
-    return [finals[i] for i in ids], time.perf_counter() - t0
+    return [finals[i] for i in ids], time.perf_counter() - t0, time.process_time() - c0
 
 
 def constrained_params(n: int, seed0: int) -> list[SamplingParams]:
@@ -86,11 +87,11 @@ class Constrained:
         self.valid = self.total = 0
         self.waited = self.computed = self.step_s = 0.0
 
-    def run(self) -> tuple[float, list[int]]:
-        """One run: (output tok/s, each request's output length)."""
+    def run(self) -> tuple[float, float, list[int]]:
+        """One run: (output tok/s, tokens per CPU second, each request's output length)."""
         before = self.engine.structured_stats()
         self.steps.clear()
-        outs, secs = run_batch(self.engine, self.prompts, self.params)
+        outs, secs, cpu = run_batch(self.engine, self.prompts, self.params)
         after = self.engine.structured_stats()
         self.step_s += sum(s.total_s for s in self.steps)
         self.waited += after["mask_wait_seconds"] - before["mask_wait_seconds"]
@@ -104,14 +105,16 @@ class Constrained:
             except (ValueError, jsonschema.ValidationError):
                 pass
         lengths = [len(o.token_ids) for o in outs]
-        return sum(lengths) / secs, lengths
+        return sum(lengths) / secs, sum(lengths) / cpu, lengths
 
 
-def run_plain(engine: Engine, prompts: list[str], lengths: list[int]) -> float:
-    """The same prompts unconstrained, each forced to its constrained twin's output length."""
+def run_plain(engine: Engine, prompts: list[str], lengths: list[int]) -> tuple[float, float]:
+    """The same prompts unconstrained, each forced to its constrained twin's output length:
+    (output tok/s, tokens per CPU second)."""
     plain = [SamplingParams(max_tokens=k, temperature=1.0, seed=i, ignore_eos=True) for i, k in enumerate(lengths)]
-    outs, secs = run_batch(engine, prompts, plain)
-    return sum(len(o.token_ids) for o in outs) / secs
+    outs, secs, cpu = run_batch(engine, prompts, plain)
+    tokens = sum(len(o.token_ids) for o in outs)
+    return tokens / secs, tokens / cpu
 
 
 def main() -> None:
@@ -127,18 +130,19 @@ def main() -> None:
     cold, cached = compile_times(manager)
     run_batch(engine, prompts[:4], constrained_params(4, 999))   # warm-up: allocations, first masks
     batch = Constrained(engine, prompts, constrained_params(n, 100))   # the same seeds every run
-    _, lengths = batch.run()   # its lengths are the unconstrained twins' (seeded: each run repeats them)
+    _, _, lengths = batch.run()   # its lengths are the unconstrained twins' (seeded: each run repeats them)
     ratios = []
     for r in range(args.repeats):   # A/B, B/A, ...: drifts in the machine's load hit both sides alike
         if r % 2 == 0:
-            js, got = batch.run()
-            pl = run_plain(engine, prompts, lengths)
+            js, js_cpu, got = batch.run()
+            pl, pl_cpu = run_plain(engine, prompts, lengths)
         else:
-            pl = run_plain(engine, prompts, lengths)
-            js, got = batch.run()
+            pl, pl_cpu = run_plain(engine, prompts, lengths)
+            js, js_cpu, got = batch.run()
         ratios.append(js / pl)
         print(f"repeat {r} ({'json, plain' if r % 2 == 0 else 'plain, json'}): json {js:.1f} tok/s, "
-              f"plain {pl:.1f} tok/s, ratio {js / pl:.2f}x ({sum(got)} vs {sum(lengths)} tokens)  [{load()}]")
+              f"plain {pl:.1f} tok/s, ratio {js / pl:.2f}x (per CPU second {js_cpu / pl_cpu:.2f}x) "
+              f"({sum(got)} vs {sum(lengths)} tokens)  [{load()}]")
     print(f"output tok/s, {n} concurrent json_schema vs unconstrained at equal lengths: median ratio "
           f"{statistics.median(ratios):.2f}x, mean {statistics.fmean(ratios):.2f}x over {len(ratios)} repeats "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.9x)  [{load()}]")
