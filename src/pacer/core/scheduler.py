@@ -80,10 +80,9 @@ class Scheduler:
 
     def add_request(self, req: Request, ready: bool = True) -> None:
         """Queue a validated request. Raises ContextLengthError if it can never fit.
-
-        `ready=False`: it waits as WAITING_FOR_GRAMMAR (its grammar compiles elsewhere) until
-        `mark_ready`: queued in policy order and counted, but never admitted, so it holds no
-        seat and no KV and is never a preemption victim; it blocks no one behind it."""
+        `ready=False`: it waits as WAITING_FOR_GRAMMAR until `mark_ready` (its grammar compiles
+        elsewhere): queued in policy order and counted, never admitted (no seat, no KV, never a
+        preemption victim), and blocking no one behind it."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
