@@ -132,13 +132,16 @@ def main() -> None:
     batch = Constrained(engine, prompts, constrained_params(n, 100))   # the same seeds every run
     _, _, lengths = batch.run()   # its lengths are the unconstrained twins' (seeded: each run repeats them)
     ratios = []
+    full: dict[str, list[float]] = {"json": [], "plain": []}   # decode steps with all n requests running
+    mode = ["json"]
+    engine.stats_listeners.append(lambda s: full[mode[0]].append(s.total_s) if s.kind == "decode"
+                                  and s.batch_size == n else None)
     for r in range(args.repeats):   # A/B, B/A, ...: drifts in the machine's load hit both sides alike
-        if r % 2 == 0:
-            js, js_cpu, got = batch.run()
-            pl, pl_cpu = run_plain(engine, prompts, lengths)
-        else:
-            pl, pl_cpu = run_plain(engine, prompts, lengths)
-            js, js_cpu, got = batch.run()
+        for mode[0] in (("json", "plain") if r % 2 == 0 else ("plain", "json")):
+            if mode[0] == "json":
+                js, js_cpu, got = batch.run()
+            else:
+                pl, pl_cpu = run_plain(engine, prompts, lengths)
         ratios.append(js / pl)
         print(f"repeat {r} ({'json, plain' if r % 2 == 0 else 'plain, json'}): json {js:.1f} tok/s, "
               f"plain {pl:.1f} tok/s, ratio {js / pl:.2f}x (per CPU second {js_cpu / pl_cpu:.2f}x) "
@@ -146,6 +149,10 @@ def main() -> None:
     print(f"output tok/s, {n} concurrent json_schema vs unconstrained at equal lengths: median ratio "
           f"{statistics.median(ratios):.2f}x, mean {statistics.fmean(ratios):.2f}x over {len(ratios)} repeats "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.9x)  [{load()}]")
+    sj, sp = statistics.median(full["json"]), statistics.median(full["plain"])
+    print(f"median decode step with all {n} running (a median drops the steps other load stalled): json "
+          f"{sj * 1e3:.1f} ms vs plain {sp * 1e3:.1f} ms = {sp / sj:.2f}x the speed ({len(full['json'])} vs "
+          f"{len(full['plain'])} steps)")
     waited, step_s = batch.waited, batch.step_s
     print(f"mask wait after the forward: {waited * 1e3:.1f} ms = {100 * waited / step_s:.2f}% of the constrained "
           f"steps' {step_s:.2f} s (target <= 5%); mask thread compute in all {batch.computed * 1e3:.1f} ms "

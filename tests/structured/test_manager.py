@@ -110,3 +110,25 @@ def test_masks_follow_their_request_in_any_row_order(tokenizer):
         assert allowed(["a", "b"], ["b"]) == [alone_b]
     finally:
         m.close()
+
+
+def test_bitmask_kernel_and_the_bias_fallback_mask_alike(tokenizer):
+    from pacer.model import kernels
+    from pacer.structured.masks import _apply_bias
+
+    if kernels.load() is None:
+        pytest.skip("the C++ kernels are not built here")
+    m = _manager(tokenizer)
+    try:
+        m.bind("a", m.request(StructuredOutputsParams(json={"type": "object"})).result(60))
+        m.bind("b", m.request(StructuredOutputsParams(regex=r"[a-c]+")).result(60))
+        masks = m.start_masks(["a", "b"])
+        logits = torch.randn(3, tokenizer.vocab_size + 64)
+        fallback = logits.clone()
+        masks.apply(logits, ["b", "x", "a"])   # the kernel
+        _apply_bias(fallback, masks.bitmask(), torch.tensor([0, 2]), torch.tensor([1, 0]))
+        assert torch.equal(logits, fallback)
+        assert 0 < int(torch.isfinite(logits[0]).sum()) < tokenizer.vocab_size
+        assert not torch.isfinite(logits[0, tokenizer.vocab_size:]).any()
+    finally:
+        m.close()

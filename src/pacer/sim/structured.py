@@ -40,14 +40,15 @@ __all__ = ["StructuredCost", "SimStructured", "SimMasks", "DEFAULT_STRUCTURED_CO
 class StructuredCost:
     """What structured outputs cost. Defaults measured on the 2-core development machine with
     the real llguidance matcher, SmolLM2's 49k vocabulary and the bounded JSON schemas of
-    benchmarks/structured_outputs.py: a cold compile through the worker process 1.3-2.4 ms
-    (that benchmark's "compile: cold schema"); a mask 5-30 us per row to fill plus ~15 us to
-    unpack (pacer.structured.masks, 16 rows a step, torch at 1 thread; more under load); the
-    in-place apply ~4-5 us per row."""
+    benchmarks/structured_outputs.py: a cold compile through the worker process 1.3-2.6 ms
+    (that benchmark's "compile: cold schema"); llguidance filling one row's bitmask 5-30 us
+    (more on a lexer state's first visit; pacer.structured.masks, 16 rows a step); the
+    in-place apply from the bits (the C++ kernel) ~11 us a row of mostly forbidden words,
+    ~18 us of mixed ones, with torch at 1 thread."""
 
     compile_s: float = 2e-3      # one cold grammar compile (worker round trip)
-    mask_row_s: float = 3e-5     # mask thread time per constrained row per step (fill + unpack)
-    apply_row_s: float = 5e-6    # applying one row's mask to its logits, after the forward
+    mask_row_s: float = 2e-5     # mask thread time per constrained row per step (the bitmask fill)
+    apply_row_s: float = 1.2e-5  # applying one row's mask to its logits, after the forward
     num_workers: int = 2         # compiles in parallel (--structured-outputs-workers)
     cache_size: int = 256        # grammars kept (StructuredOutputManager's default)
 
