@@ -17,6 +17,7 @@ from typing import Any, Protocol
 __all__ = ["BudgetTally", "describe_budget"]
 
 _OWNER = re.compile(r"^itl ([0-9.]+)ms of (\S+)")
+_ARRIVAL = "arrival ttft "   # the step was kept short for requests yet to arrive
 
 
 class _Step(Protocol):
@@ -33,12 +34,18 @@ class BudgetTally:
         self.num_steps = 0
         self.num_by_target = 0      # steps whose budget an ITL target cut below max_num_batched_tokens
         self.num_at_floor = 0       # of them, at the prefill floor (the target asked for less)
+        self.num_by_arrival = 0     # steps kept within a share of the tightest TTFT (for arrivals)
         self.budgets: list[int] = []
         self.owners: Counter[str] = Counter()
 
     def add(self, step: _Step) -> None:
         self.num_steps += 1
-        m = _OWNER.match(step.budget_reason or "")
+        reason = step.budget_reason or ""
+        if reason.startswith(_ARRIVAL):
+            self.num_by_arrival += 1
+            self.budgets.append(int(step.token_budget))
+            return
+        m = _OWNER.match(reason)
         if m is None:
             return
         self.num_by_target += 1
@@ -54,15 +61,18 @@ class BudgetTally:
     def as_dict(self) -> dict[str, Any]:
         b = self.budgets
         return {"num_steps": self.num_steps, "num_set_by_itl": self.num_by_target, "num_at_floor": self.num_at_floor,
+                "num_set_by_arrival": self.num_by_arrival,
                 "budget_min": min(b) if b else None, "budget_median": statistics.median(b) if b else None,
                 "top_owners": dict(self.owners.most_common(3))}
 
 
 def describe_budget(d: Mapping[str, Any]) -> str | None:
     """One line for a report: None when no target ever set a budget."""
-    if not d or not d.get("num_set_by_itl"):
+    by_itl, by_arrival = d.get("num_set_by_itl") if d else 0, d.get("num_set_by_arrival", 0) if d else 0
+    if not by_itl and not by_arrival:
         return None
+    line = (f"step budget: an ITL target set it in {by_itl} of {d['num_steps']} steps, the tightest TTFT (for "
+            f"arrivals) in {by_arrival} (median {d['budget_median']:g} tokens, min {d['budget_min']}, "
+            f"{d['num_at_floor']} at the prefill floor)")
     owners = ", ".join(f"{k} ({v})" for k, v in d.get("top_owners", {}).items())
-    return (f"step budget: an ITL target set it in {d['num_set_by_itl']} of {d['num_steps']} steps "
-            f"(median {d['budget_median']:g} tokens, min {d['budget_min']}, {d['num_at_floor']} at the prefill "
-            f"floor); most often the target of {owners}")
+    return line + (f"; most often the target of {owners}" if owners else "")

@@ -217,19 +217,19 @@ class KVCacheManager:
         old = self._handles.get(rid)
         if n_full <= (old.num_blocks if old else 0):
             return
-        handle = self._insert(req, table, n_full, old, self._owner(req))
+        handle = self._insert(req, table, n_full, old, self._owner(req), self._owners(req))
         self.cache.lock(handle)
         if old is not None:
             self.cache.unlock(old)
         self._handles[rid] = handle
 
     def _insert(self, req: Request, table: list[int], n_full: int, start: PrefixMatch | None,
-                owner: str) -> PrefixMatch:
-        """Cache the request's first `n_full` blocks under `owner` (the cache adopts those it lacks)."""
+                owner: str, owners: tuple[str, ...]) -> PrefixMatch:
+        """Cache the request's first `n_full` blocks under `owner`, reusing nodes of `owners`
+        (the cache adopts the blocks it lacks)."""
         assert self.cache is not None
         tokens = req.token_ids_slice(0, n_full * self.block_size)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start,
-                                            owners=self._owners(req))
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start, owners=owners)
         self.pool.incref(adopted)
         return handle
 
@@ -237,12 +237,12 @@ class KVCacheManager:
         assert self.cache is not None
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         rid = req.request_id
-        owner = self._owner(req)
+        owner, owners = self._owner(req), self._owners(req)   # a public prewarm walks public nodes only
         self._public_ids.discard(rid)
         if n_full == 0:
             self._pin_ids.discard(rid)
             return
-        handle = self._insert(req, table, n_full, start, owner)
+        handle = self._insert(req, table, n_full, start, owner, owners)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
             key = tuple(req.prompt_token_ids[: n_full * self.block_size])

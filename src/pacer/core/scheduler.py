@@ -73,7 +73,8 @@ class Scheduler:
             if cost_model is None:
                 raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
                                  "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
-            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens)
+            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens,
+                             arrival_ttft_s=self.config.slo_set().tightest_ttft())
         return make_policy(name)
 
     # ------------------------------------------------------------------ admission / exit
@@ -184,6 +185,10 @@ class Scheduler:
         step.budget.tokens_left = budget.tokens
         step.token_budget = budget.tokens + sum(step.num_tokens.values())
         step.budget_reason = budget.reason
+        if budget.time_limit is not None:   # every chunk added from here on keeps the step within it
+            limit = budget.time_limit
+            step.chunk_fit = lambda shape, n, start, samples, first: policy.fit_chunk(shape, n, start, samples,
+                                                                                       first, limit)
 
     def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
         for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None
@@ -206,7 +211,9 @@ class Scheduler:
                 return
             n = req.num_remaining_tokens
             if chunked:
-                n = min(n, step.budget.tokens_left, self._prefill_cap)
+                n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), req.num_computed_tokens)
+                if n <= 0:
+                    return
             elif n > step.budget.tokens_left:
                 continue
             blocks = self._allocate_or_preempt(step, req, n)
@@ -240,7 +247,9 @@ class Scheduler:
             n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:
                 return
-            n = min(n, step.budget.tokens_left, self._prefill_cap)
+            n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), computed)
+            if n <= 0:
+                return
             blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
             if blocks is None:
                 if self._make_room_for(step, req):

@@ -149,6 +149,11 @@ class SloSet:
     def is_empty(self) -> bool:
         return self.default.is_empty() and all(s.is_empty() for s in self.per_class.values())
 
+    def tightest_ttft(self) -> float | None:
+        """The smallest TTFT target of the default and every class (None: no TTFT target)."""
+        ttfts = [s.ttft for s in (self.default, *(self.for_class(c) for c in self.per_class)) if s.ttft is not None]
+        return min(ttfts) if ttfts else None
+
     def as_dict(self) -> dict[str, Any]:
         return {"default": self.default.as_dict(), "per_class": {k: v.as_dict() for k, v in self.per_class.items()}}
 

@@ -81,6 +81,11 @@ class StepCostModel(Protocol):
         """A step of this shape took `measured_s` seconds (the model may refit)."""
         ...
 
+    def upper_ratio(self) -> float:
+        """measured / predicted that nearly all (about 99%) recent steps with prefill stayed
+        under: the margin a planner keeps for prediction noise (1.0 for an exact model)."""
+        ...
+
 
 class FixedCostModel:
     """step = per_step_s + per_token_s x tokens (+ per_pair_s x prefill attention pairs): a
@@ -108,3 +113,6 @@ class FixedCostModel:
 
     def observe(self, shape: StepShape, measured_s: float) -> None:
         self.num_observed += 1
+
+    def upper_ratio(self) -> float:
+        return 1.0

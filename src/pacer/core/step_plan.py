@@ -4,9 +4,16 @@ Python; the scheduler (pacer.core.scheduler) is its only writer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pacer.core.step_cost import StepShape
 from pacer.request import Request
 
-__all__ = ["Budget", "StepPlan"]
+__all__ = ["Budget", "StepPlan", "ChunkFit"]
+
+# (the step so far, tokens wanted, chunk start, whether the whole chunk samples, whether it is the
+# step's first prefill chunk) -> tokens that fit
+ChunkFit = Callable[[StepShape, int, int, bool, bool], int]
 
 
 class Budget:
@@ -31,9 +38,28 @@ class StepPlan:
         self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
         self.token_budget = budget.tokens_left
         self.budget_reason = "max_num_batched_tokens"
+        self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
+        self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
+
+    def shape(self) -> StepShape:
+        """The step decided so far, as counts (drafts excluded)."""
+        shape = StepShape()
+        for n, start, sample in self.rows.values():
+            shape = shape.with_chunk(n, start, sample)
+        return shape
+
+    def fit(self, req: Request, n: int, start: int) -> int:
+        """Of `n` prefill tokens of `req` from `start`, how many keep the step within its time
+        (all of them without a limit); the step's first chunk always gets the prefill floor."""
+        if self.chunk_fit is None or n <= 1:
+            return n
+        first = not any(rn > 1 or not sample for rn, _, sample in self.rows.values())
+        return self.chunk_fit(self.shape(), n, start, n >= req.num_tokens - start, first)
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
         self.num_tokens[req.request_id] = n
+        start = req.num_computed_tokens
+        self.rows[req.request_id] = (n, start, n >= req.num_tokens - start)
         self.new_blocks[req.request_id] = blocks
         if is_new:
             self.is_new.add(req.request_id)
@@ -42,6 +68,7 @@ class StepPlan:
 
     def undo(self, req: Request) -> None:
         n = self.num_tokens.pop(req.request_id, None)
+        self.rows.pop(req.request_id, None)
         if n is not None:
             self.new_blocks.pop(req.request_id)
             self.is_new.discard(req.request_id)

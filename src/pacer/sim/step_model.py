@@ -26,6 +26,7 @@ log = logging.getLogger("pacer.sim")
 
 REFIT_ALPHA = 0.1            # weight of the newest measured step in the running correction
 _SCALE_RANGE = (0.2, 5.0)   # a correction outside this is a hiccup (GC, a neighbour), not drift
+_MAX_UPPER = 2.0            # the most margin upper_ratio asks for
 
 
 def features_of(shape: StepShape) -> BatchFeatures:
@@ -51,6 +52,7 @@ class SchedulerCostModel:
         self.refit = refit
         self.alpha = alpha
         self.scale = {"decode": 1.0, "prefill": 1.0}
+        self.rel_var = {"decode": 0.0, "prefill": 0.0}   # EW mean of (measured / predicted - 1)^2
         self.num_observed = 0
 
     @property
@@ -80,8 +82,17 @@ class SchedulerCostModel:
         regime = self._regime(shape)
         lo, hi = _SCALE_RANGE
         ratio = min(hi, max(lo, measured_s / predicted))
+        error = ratio / self.scale[regime] - 1.0         # against the prediction made before this step
+        self.rel_var[regime] += self.alpha * (error * error - self.rel_var[regime])
         self.scale[regime] += self.alpha * (ratio - self.scale[regime])
         self.num_observed += 1
+
+    def upper_ratio(self) -> float:
+        """1 + 3 standard deviations of the recent relative error of steps with prefill (the
+        steps a budget plans), at most 2: a step runs over its prediction by more than this
+        about one time in a hundred (an ITL target judged on a short stream's p99 is its
+        longest gap, so one overrun in its ~30 steps misses it)."""
+        return min(_MAX_UPPER, 1.0 + 3.0 * math.sqrt(self.rel_var["prefill"]))
 
 
 class CorrectedCostModel:
