@@ -22,7 +22,7 @@ from bisect import insort
 from collections.abc import Callable, Iterator
 
 from pacer.config import SCHEDULING_POLICIES
-from pacer.request import Request
+from pacer.request import Request, RequestStatus
 
 __all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
            "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
@@ -153,8 +153,13 @@ class WaitingQueue:
     def is_ready(self, req: Request) -> bool:
         return req.request_id not in self._not_ready
 
-    def mark_ready(self, req: Request) -> None:
+    def mark_ready(self, req: Request) -> bool:
+        """A not-ready request may now be served (status WAITING); False if it was not waiting so."""
+        if req.request_id not in self._not_ready:
+            return False
         self._not_ready.discard(req.request_id)
+        req.status = RequestStatus.WAITING
+        return True
 
     def add(self, req: Request, ready: bool = True) -> None:
         if not ready:

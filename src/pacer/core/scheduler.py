@@ -21,7 +21,8 @@ tightest ITL target among the step's decodes, a newcomer with less slack than a 
 prefill is served before it, victims are the running requests with the most slack (also to
 free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
 that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
-ages: see `WaitingQueue`.
+ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in the queue but is
+never admitted (no seat, no KV, never a victim) and blocks no one behind it.
 """
 
 from __future__ import annotations
@@ -80,10 +81,8 @@ class Scheduler:
     # ------------------------------------------------------------------ admission / exit
 
     def add_request(self, req: Request, ready: bool = True) -> None:
-        """Queue a validated request. Raises ContextLengthError if it can never fit.
-        `ready=False`: it waits as WAITING_FOR_GRAMMAR until `mark_ready` (its grammar compiles
-        elsewhere): queued in policy order and counted, never admitted (no seat, no KV, never a
-        preemption victim), and blocking no one behind it."""
+        """Queue a validated request. Raises ContextLengthError if it can never fit. `ready=False`:
+        WAITING_FOR_GRAMMAR until `mark_ready`, queued and counted but never admitted."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
@@ -95,11 +94,7 @@ class Scheduler:
     def mark_ready(self, request_id: str) -> Request | None:
         """A WAITING_FOR_GRAMMAR request may now be scheduled (None: unknown or finished)."""
         req = self.requests.get(request_id)
-        if req is None or req.status is not RequestStatus.WAITING_FOR_GRAMMAR:
-            return None
-        self.waiting.mark_ready(req)
-        req.status = RequestStatus.WAITING
-        return req
+        return req if req is not None and self.waiting.mark_ready(req) else None
 
     def abort_request(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)
@@ -125,8 +120,7 @@ class Scheduler:
         del self.requests[req.request_id]
 
     @property
-    def num_waiting(self) -> int:
-        """Queued requests, those waiting for their grammar included."""
+    def num_waiting(self) -> int:   # those waiting for their grammar included
         return len(self.waiting)
 
     @property
