@@ -3,13 +3,15 @@
 On an in-process engine with the default model (default 2 torch threads), prints:
 - output tok/s of N concurrent JSON-schema requests vs the same N prompts unconstrained at
   equal output lengths (each unconstrained request gets `max_tokens` = its constrained
-  twin's length, `ignore_eos`), interleaved repeats (target >= 0.9x);
+  twin's length, `ignore_eos`; the constrained batch keeps its seeds, so every run repeats
+  those lengths), in repeats of alternating order (json then plain, plain then json, ...),
+  each repeat's ratio with the load average, then their median (target >= 0.9x);
 - the mask time the steps waited for after their forward, as a share of those steps' time
   (target <= 5%), beside the time the mask thread spent computing masks in all;
 - compile time of a cold schema (worker round trip included) vs a cached one;
 - the rate of valid outputs (jsonschema) on bounded schemas (maxLength, enum, maxItems).
 
-    .venv/bin/python benchmarks/structured_outputs.py [--num-requests 16] [--repeats 2]
+    .venv/bin/python benchmarks/structured_outputs.py [--num-requests 16] [--repeats 6]
 
 Times are noisy on a shared machine (the load average is printed beside them); nothing here asserts.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from typing import Any
 
@@ -44,11 +47,12 @@ def load() -> str:
     return "load avg {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
-def run_batch(engine: Engine, prompts: list[str], params: list[SamplingParams]) -> tuple[list[Any], float]:
-    t0 = time.perf_counter()
+def run_batch(engine: Engine, prompts: list[str], params: list[SamplingParams]) -> tuple[list[Any], float, float]:
+    """The outputs, wall seconds and this process's CPU seconds (all its threads) of one batch."""
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
     finals = {o.request_id: o for o in engine.run_until_done()}
-    return [finals[i] for i in ids], time.perf_counter() - t0
+    return [finals[i] for i in ids], time.perf_counter() - t0, time.process_time() - c0
 
 
 def constrained_params(n: int, seed0: int) -> list[SamplingParams]:
@@ -57,19 +61,8 @@ def constrained_params(n: int, seed0: int) -> list[SamplingParams]:
             for i in range(n)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-requests", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--num-threads", type=int, default=2)
-    args = ap.parse_args()
-    engine = Engine.from_kwargs(num_threads=args.num_threads, kv_cache_memory="512MiB")
-    n = args.num_requests
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    steps: list[Any] = []
-    engine.stats_listeners.append(steps.append)
-
-    manager = engine.structured_outputs
+def compile_times(manager: Any) -> tuple[list[float], list[float]]:
+    """Cold (worker round trip) and cached compile times of 3 fresh schemas."""
     for schema in SCHEMAS:   # warm the workers; also the first (cold) compiles of the run's schemas
         manager.request(StructuredOutputsParams(json=schema)).result(120)
     cold, cached = [], []
@@ -81,47 +74,93 @@ def main() -> None:
         t0 = time.perf_counter()
         manager.request(fresh).result(120)
         cached.append(time.perf_counter() - t0)
-    run_batch(engine, prompts[:4], constrained_params(4, 999))   # warm-up: allocations, first masks
+    return cold, cached
 
-    rates: dict[str, list[float]] = {"json": [], "plain": []}
-    valid = total = 0
-    waited = computed = constrained_step_s = 0.0
-    for r in range(args.repeats):
-        params = constrained_params(n, 100 * r)
-        before = engine.structured_stats()
-        steps.clear()
-        outs, secs = run_batch(engine, prompts, params)
-        after = engine.structured_stats()
-        constrained_step_s += sum(s.total_s for s in steps)
-        waited += after["mask_wait_seconds"] - before["mask_wait_seconds"]
-        computed += after["mask_compute_seconds"] - before["mask_compute_seconds"]
-        lengths = [len(o.token_ids) for o in outs]
-        rates["json"].append(sum(lengths) / secs)
-        for o, sp in zip(outs, params):
-            total += 1
+
+class Constrained:
+    """Runs of the JSON-schema batch: their rates, valid outputs and mask times."""
+
+    def __init__(self, engine: Engine, prompts: list[str], params: list[SamplingParams]) -> None:
+        self.engine, self.prompts, self.params = engine, prompts, params
+        self.steps: list[Any] = []
+        engine.stats_listeners.append(self.steps.append)
+        self.valid = self.total = 0
+        self.waited = self.computed = self.step_s = 0.0
+
+    def run(self) -> tuple[float, float, list[int]]:
+        """One run: (output tok/s, tokens per CPU second, each request's output length)."""
+        before = self.engine.structured_stats()
+        self.steps.clear()
+        outs, secs, cpu = run_batch(self.engine, self.prompts, self.params)
+        after = self.engine.structured_stats()
+        self.step_s += sum(s.total_s for s in self.steps)
+        self.waited += after["mask_wait_seconds"] - before["mask_wait_seconds"]
+        self.computed += after["mask_compute_seconds"] - before["mask_compute_seconds"]
+        for o, sp in zip(outs, self.params):
+            self.total += 1
             try:
                 assert sp.structured_outputs is not None and isinstance(sp.structured_outputs.json, dict)
                 jsonschema.validate(json.loads(o.text), sp.structured_outputs.json)
-                valid += o.finish_reason == "stop"
+                self.valid += o.finish_reason == "stop"
             except (ValueError, jsonschema.ValidationError):
                 pass
-        plain = [SamplingParams(max_tokens=k, temperature=1.0, seed=100 * r + i, ignore_eos=True)
-                 for i, k in enumerate(lengths)]
-        outs, secs = run_batch(engine, prompts, plain)
-        rates["plain"].append(sum(len(o.token_ids) for o in outs) / secs)
-        print(f"repeat {r}: json {rates['json'][-1]:.1f} tok/s, plain {rates['plain'][-1]:.1f} tok/s "
-              f"({sum(lengths)} tokens each)  [{load()}]")
+        lengths = [len(o.token_ids) for o in outs]
+        return sum(lengths) / secs, sum(lengths) / cpu, lengths
 
-    js, pl = sum(rates["json"]) / len(rates["json"]), sum(rates["plain"]) / len(rates["plain"])
-    print(f"output tok/s, {n} concurrent: json_schema {js:.1f} vs unconstrained {pl:.1f} at equal lengths: "
-          f"{js / pl:.2f}x (target >= 0.9x)  [{load()}]")
-    print(f"mask wait after the forward: {waited * 1e3:.1f} ms = {100 * waited / constrained_step_s:.2f}% of the "
-          f"constrained steps' {constrained_step_s:.2f} s (target <= 5%); mask thread compute in all "
-          f"{computed * 1e3:.1f} ms ({100 * computed / constrained_step_s:.1f}% of step time, overlapped)")
+
+def run_plain(engine: Engine, prompts: list[str], lengths: list[int]) -> tuple[float, float]:
+    """The same prompts unconstrained, each forced to its constrained twin's output length:
+    (output tok/s, tokens per CPU second)."""
+    plain = [SamplingParams(max_tokens=k, temperature=1.0, seed=i, ignore_eos=True) for i, k in enumerate(lengths)]
+    outs, secs, cpu = run_batch(engine, prompts, plain)
+    tokens = sum(len(o.token_ids) for o in outs)
+    return tokens / secs, tokens / cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-requests", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=6, help="json/plain pairs, in alternating order")
+    ap.add_argument("--num-threads", type=int, default=2)
+    args = ap.parse_args()
+    engine = Engine.from_kwargs(num_threads=args.num_threads, kv_cache_memory="512MiB")
+    n = args.num_requests
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    manager = engine.structured_outputs
+    cold, cached = compile_times(manager)
+    run_batch(engine, prompts[:4], constrained_params(4, 999))   # warm-up: allocations, first masks
+    batch = Constrained(engine, prompts, constrained_params(n, 100))   # the same seeds every run
+    _, _, lengths = batch.run()   # its lengths are the unconstrained twins' (seeded: each run repeats them)
+    ratios = []
+    full: dict[str, list[float]] = {"json": [], "plain": []}   # decode steps with all n requests running
+    mode = ["json"]
+    engine.stats_listeners.append(lambda s: full[mode[0]].append(s.total_s) if s.kind == "decode"
+                                  and s.batch_size == n else None)
+    for r in range(args.repeats):   # A/B, B/A, ...: drifts in the machine's load hit both sides alike
+        for mode[0] in (("json", "plain") if r % 2 == 0 else ("plain", "json")):
+            if mode[0] == "json":
+                js, js_cpu, got = batch.run()
+            else:
+                pl, pl_cpu = run_plain(engine, prompts, lengths)
+        ratios.append(js / pl)
+        print(f"repeat {r} ({'json, plain' if r % 2 == 0 else 'plain, json'}): json {js:.1f} tok/s, "
+              f"plain {pl:.1f} tok/s, ratio {js / pl:.2f}x (per CPU second {js_cpu / pl_cpu:.2f}x) "
+              f"({sum(got)} vs {sum(lengths)} tokens)  [{load()}]")
+    print(f"output tok/s, {n} concurrent json_schema vs unconstrained at equal lengths: median ratio "
+          f"{statistics.median(ratios):.2f}x, mean {statistics.fmean(ratios):.2f}x over {len(ratios)} repeats "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.9x)  [{load()}]")
+    sj, sp = statistics.median(full["json"]), statistics.median(full["plain"])
+    print(f"median decode step with all {n} running (a median drops the steps other load stalled): json "
+          f"{sj * 1e3:.1f} ms vs plain {sp * 1e3:.1f} ms = {sp / sj:.2f}x the speed ({len(full['json'])} vs "
+          f"{len(full['plain'])} steps)")
+    waited, step_s = batch.waited, batch.step_s
+    print(f"mask wait after the forward: {waited * 1e3:.1f} ms = {100 * waited / step_s:.2f}% of the constrained "
+          f"steps' {step_s:.2f} s (target <= 5%); mask thread compute in all {batch.computed * 1e3:.1f} ms "
+          f"({100 * batch.computed / step_s:.1f}% of step time, overlapped)")
     print(f"compile: cold schema {1e3 * sorted(cold)[1]:.1f} ms (median of 3, worker round trip) vs cached "
           f"{1e6 * sorted(cached)[1]:.1f} us")
-    print(f"valid outputs: {valid}/{total} = {100 * valid / total:.0f}% (jsonschema, bounded schemas, "
-          f"max_tokens=200)")
+    print(f"valid outputs: {batch.valid}/{batch.total} = {100 * batch.valid / batch.total:.0f}% (jsonschema, "
+          f"bounded schemas, max_tokens=200)")
     manager.close()
 
 

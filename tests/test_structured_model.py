@@ -1,7 +1,8 @@
 """Structured outputs through the real engine (SmolLM2-135M): constrained outputs match their
 constraint, an unconstrained greedy request's tokens do not change when constrained ones
-share its batch, a request waits for its grammar holding no slot and no KV, and a bad or
-timed-out grammar fails its own request only."""
+share its batch, a request waits for its grammar in the scheduler (WAITING_FOR_GRAMMAR) holding
+no slot and no KV while the others run, and a bad or timed-out grammar fails its own request
+only."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 import jsonschema
 
 from pacer.engine import Engine
-from pacer.request import SamplingParams, StructuredOutputsParams
+from pacer.request import RequestStatus, SamplingParams, StructuredOutputsParams
 from pacer.structured.manager import StructuredOutputManager
 from tests.conftest import make
 
@@ -63,10 +64,11 @@ def test_waiting_for_grammar_holds_no_slot_and_no_kv_and_fails_alone(base):
                 slow_out = o
             elif o.request_id == other:
                 tokens_while_compiling += len(o.new_token_ids)
-        if slow_out is None:
-            assert engine.num_waiting_for_grammar == 1
-            assert slow not in engine.scheduler.requests        # no slot, no queue place, so no KV blocks
-            assert engine.scheduler.num_running + engine.scheduler.num_waiting <= 1
+        if slow_out is None:   # queued ahead of `other` in the scheduler, but never admitted
+            snap = engine.snapshot()
+            assert snap.num_waiting_for_grammar == 1 and engine.num_waiting_for_grammar == 1
+            assert engine.scheduler.requests[slow].status is RequestStatus.WAITING_FOR_GRAMMAR
+            assert slow not in engine.kv.block_tables and snap.num_running <= 1   # no seat, no KV blocks
     assert slow_out.finish_reason == "error" and "did not compile" in slow_out.error
     assert tokens_while_compiling >= 2, "the other request kept generating while the grammar compiled"
     rest = engine.run_until_done()

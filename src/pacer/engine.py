@@ -28,7 +28,7 @@ from pacer.engine_prewarm import prewarm
 from pacer.engine_retry import execute_each
 from pacer.engine_stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.output_processor import RequestOutput, TrackedRequest
-from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
+from pacer.request import FinishReason, Request, SamplingParams, check_context_length
 
 __all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor"]
 
@@ -126,24 +126,27 @@ class Engine:
         return self._structured.manager
 
     def install_structured_outputs(self, manager: Any) -> None:
-        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout),
-        closing the current one; None: a default one at the next use. Call from the stepping
-        thread while no constrained request is in flight."""
+        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout, or a
+        whole runtime such as the simulator's SimStructured), closing the current one; None: a
+        default one at the next use. Call from the stepping thread while no constrained
+        request is in flight."""
         from pacer.structured.runtime import StructuredRuntime
 
         if self.num_waiting_for_grammar:
             raise RuntimeError("requests are waiting for grammars of the current manager")
         if self._structured is not None:
             self._structured.close()
-        self._structured = None if manager is None else StructuredRuntime(manager)
+        runtime = manager if manager is None or hasattr(manager, "with_masks") else StructuredRuntime(manager)
+        self._structured = runtime
 
     @property
     def num_waiting_for_grammar(self) -> int:
-        return 0 if self._structured is None else len(self._structured.gate)
+        """Queued requests whose grammar is still compiling (RequestStatus.WAITING_FOR_GRAMMAR)."""
+        return self.scheduler.num_waiting_for_grammar
 
     def structured_stats(self) -> dict[str, float]:
         """Structured-output counters ({} before the first constrained request)."""
-        return {} if self._structured is None else self._structured.manager.stats.as_dict()
+        return {} if self._structured is None else self._structured.stats()
 
     # ------------------------------------------------------------------ requests
 
@@ -214,7 +217,7 @@ class Engine:
             self._structured.wake()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_unfinished_requests() or self.num_waiting_for_grammar > 0
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
 
     # ------------------------------------------------------------------ the loop
 
@@ -226,43 +229,35 @@ class Engine:
                 tracked: TrackedRequest = item
                 self._tracked[tracked.req.request_id] = tracked
                 self.scheduler.add_request(tracked.req)
-            elif kind == "add_structured":
+            elif kind == "add_structured":   # queued as WAITING_FOR_GRAMMAR until its compile finishes
                 tracked, future = item
                 self._tracked[tracked.req.request_id] = tracked
-                self._structured.gate.hold(tracked.req.request_id, tracked, future)
+                self.scheduler.add_request(tracked.req, ready=False)
+                self._structured.waits.add(tracked.req.request_id, future)
             else:
                 tracked_or_none = self._tracked.get(item)
-                if tracked_or_none is None:
-                    continue
-                if self._structured is not None and self._structured.gate.remove(item) is not None:
-                    outs.append(self._finish_unscheduled(tracked_or_none, FinishReason.ABORT))
-                elif self.scheduler.abort_request(item) is not None:
+                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
                     outs.append(self._finish_output(tracked_or_none, [], ""))
-        if self.num_waiting_for_grammar:
+        if self._structured is not None and len(self._structured.waits):
             outs.extend(self._admit_compiled())
         return outs
 
     def _admit_compiled(self) -> list[RequestOutput]:
-        """Requests whose grammar finished compiling: into the scheduler with their matcher,
-        or finished with the compile error (`RequestOutput.error`)."""
+        """Requests whose grammar finished compiling: ready to schedule with their matcher, or
+        finished with the compile error (`RequestOutput.error`)."""
         outs = []
-        for tracked, compiled, error in self._structured.gate.take_done():
-            if error is not None:
-                outs.append(self._finish_unscheduled(tracked, FinishReason.ERROR, str(error)))
-            else:
-                self._structured.manager.bind(tracked.req.request_id, compiled)
-                self.scheduler.add_request(tracked.req)
+        for rid, compiled, error in self._structured.waits.take_done():
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue   # aborted or shed while it compiled
+            if error is None:
+                self._structured.bind(rid, compiled)
+                self.scheduler.mark_ready(rid)
+                continue
+            self.scheduler.finish_request(req, FinishReason.ERROR)
+            self._tracked[rid].error = str(error)
+            outs.append(self._finish_output(self._tracked[rid], [], ""))
         return outs
-
-    def _finish_unscheduled(self, tracked: TrackedRequest, reason: FinishReason,
-                            error: str | None = None) -> RequestOutput:
-        """Finish a request the scheduler never saw (it waited in the grammar gate)."""
-        req = tracked.req
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        req.metrics.finish_time = self.clock.now()
-        tracked.error = error
-        return self._finish_output(tracked, [], "")
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> execute -> update. Returns outputs of requests that
@@ -281,7 +276,7 @@ class Engine:
                 self._executor.execute(sched_out)
             self._kv_sinks.publish(self.clock.now, self.kv.take_events)
             if not outputs and self.num_waiting_for_grammar:
-                self._structured.gate.wait(0.05)   # only compiles pending: sleep until one finishes
+                self._structured.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
         if self._structured is not None:
             sched_out = self._structured.with_masks(sched_out)

@@ -95,6 +95,7 @@ class EngineSnapshot:
     tiers: Mapping[str, Mapping[str, float]]   # per tier (device, host, disk): blocks, usage, hits, promotions,
     #                                            demotions, bytes in / out
     spec_decode: Mapping[str, Any] | None = None   # speculation totals (vLLM's counters); None when off
+    num_waiting_for_grammar: int = 0  # of num_waiting, those whose grammar is compiling (no seat, no KV)
 
     @property
     def num_preemptions(self) -> int:
@@ -164,4 +165,5 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
         | ({"disk": dict(disk_tier)} if disk_tier is not None else {}),
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
+        num_waiting_for_grammar=sched.num_waiting_for_grammar,
     )

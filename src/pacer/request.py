@@ -53,6 +53,9 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    # queued but not ready to run (vLLM's WAITING_FOR_FSM): its grammar is compiling. The
+    # scheduler skips it when admitting and counts it; `Scheduler.mark_ready` makes it WAITING.
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"

@@ -74,8 +74,10 @@ def test_masks_allow_only_grammar_tokens(tokenizer):
         m.bind("r", compiled)
         masks = m.start_masks(["other", "r"])
         logits = torch.randn(2, tokenizer.vocab_size + 64)   # logits wider than the tokenizer
-        masked = masks.apply(logits, ["other", "r"])
-        assert torch.equal(masked[0], logits[0])             # unconstrained rows are untouched
+        original = logits.clone()
+        masked = masks.apply(logits, ["other", "r"])         # in place
+        assert masked is logits and torch.equal(masked[0], original[0])   # unconstrained rows are untouched
+        assert torch.equal(masked[1][torch.isfinite(masked[1])], original[1][torch.isfinite(masked[1])])
         allowed = torch.isfinite(masked[1]).nonzero().flatten().tolist()
         assert allowed and all(any(w.startswith(tokenizer.decode([t])) for w in ("alpha", "beta")) for t in allowed)
         assert max(allowed) < tokenizer.vocab_size
@@ -88,5 +90,45 @@ def test_masks_allow_only_grammar_tokens(tokenizer):
                 break
         assert text in ("alpha", "beta")
         assert m.stats.mask_rows >= 2 and m.stats.mask_compute_seconds > 0
+    finally:
+        m.close()
+
+
+def test_masks_follow_their_request_in_any_row_order(tokenizer):
+    m = _manager(tokenizer)
+    try:
+        m.bind("a", m.request(StructuredOutputsParams(choice=["alpha", "beta"])).result(60))
+        m.bind("b", m.request(StructuredOutputsParams(regex=r"[0-9]{3}")).result(60))
+
+        def allowed(ids, order):
+            logits = m.start_masks(ids).apply(torch.zeros(len(order), tokenizer.vocab_size), order)
+            return [frozenset(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
+
+        alone_a, alone_b = allowed(["a"], ["a"])[0], allowed(["b"], ["b"])[0]
+        assert alone_a and alone_b and alone_a != alone_b
+        assert allowed(["a", "b"], ["b", "x", "a"]) == [alone_b, frozenset(range(tokenizer.vocab_size)), alone_a]
+        assert allowed(["a", "b"], ["b"]) == [alone_b]
+    finally:
+        m.close()
+
+
+def test_bitmask_kernel_and_the_bias_fallback_mask_alike(tokenizer):
+    from pacer.model import kernels
+    from pacer.structured.masks import _apply_bias
+
+    if kernels.load() is None:
+        pytest.skip("the C++ kernels are not built here")
+    m = _manager(tokenizer)
+    try:
+        m.bind("a", m.request(StructuredOutputsParams(json={"type": "object"})).result(60))
+        m.bind("b", m.request(StructuredOutputsParams(regex=r"[a-c]+")).result(60))
+        masks = m.start_masks(["a", "b"])
+        logits = torch.randn(3, tokenizer.vocab_size + 64)
+        fallback = logits.clone()
+        masks.apply(logits, ["b", "x", "a"])   # the kernel
+        _apply_bias(fallback, masks.bitmask(), torch.tensor([0, 2]), torch.tensor([1, 0]))
+        assert torch.equal(logits, fallback)
+        assert 0 < int(torch.isfinite(logits[0]).sum()) < tokenizer.vocab_size
+        assert not torch.isfinite(logits[0, tokenizer.vocab_size:]).any()
     finally:
         m.close()

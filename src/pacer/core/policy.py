@@ -9,6 +9,10 @@ step from the prefix cache; `slo` (least slack first) lives in `pacer.core.slo_p
 Aging (`WaitingQueue(max_queue_delay=...)`): a request that has waited longer than
 `max_queue_delay` seconds is served in arrival order ahead of every request that has not,
 whatever the policy, so no policy starves a request.
+
+A request may wait while not ready to run (`WaitingQueue.add(req, ready=False)`: its
+grammar is compiling). It keeps its place in the order, but the head is chosen among the
+ready ones only, so it never blocks the requests behind it; `mark_ready` ends that state.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from bisect import insort
 from collections.abc import Callable, Iterator
 
 from pacer.config import SCHEDULING_POLICIES
-from pacer.request import Request
+from pacer.request import Request, RequestStatus
 
 __all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
            "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
@@ -126,6 +130,7 @@ class WaitingQueue:
         self.max_queue_delay = None if max_queue_delay is None or math.isinf(max_queue_delay) else max_queue_delay
         self._items: list[tuple[Key, Request]] = []
         self._by_arrival: list[tuple[float, int, Request]] = []   # kept only with aging
+        self._not_ready: set[str] = set()   # ids of queued requests not ready to run
         self._now = -math.inf
 
     def __len__(self) -> int:
@@ -137,7 +142,28 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[Request]:
         return (r for _, r in self._items)
 
-    def add(self, req: Request) -> None:
+    @property
+    def num_ready(self) -> int:
+        return len(self._items) - len(self._not_ready)
+
+    @property
+    def num_not_ready(self) -> int:
+        return len(self._not_ready)
+
+    def is_ready(self, req: Request) -> bool:
+        return req.request_id not in self._not_ready
+
+    def mark_ready(self, req: Request) -> bool:
+        """A not-ready request may now be served (status WAITING); False if it was not waiting so."""
+        if req.request_id not in self._not_ready:
+            return False
+        self._not_ready.discard(req.request_id)
+        req.status = RequestStatus.WAITING
+        return True
+
+    def add(self, req: Request, ready: bool = True) -> None:
+        if not ready:
+            self._not_ready.add(req.request_id)
         insort(self._items, (self.policy.key(req), req), key=lambda item: item[0])
         if self.max_queue_delay is not None:
             insort(self._by_arrival, (req.arrival_time, req.arrival_seq, req), key=lambda item: item[:2])
@@ -154,25 +180,33 @@ class WaitingQueue:
         return self.max_queue_delay is not None and self._now - req.arrival_time > self.max_queue_delay
 
     def _head(self) -> int:
-        if self._by_arrival:
-            oldest = self._by_arrival[0][2]
-            if self.is_aged(oldest):
-                return next(i for i, (_, r) in enumerate(self._items) if r is oldest)
-        return self.policy.head_index(self._items, self._now)
+        """Index of the request served first, among the ready ones (there must be one)."""
+        if not self._not_ready:
+            items, index = self._items, None
+        else:
+            index = [i for i, (_, r) in enumerate(self._items) if r.request_id not in self._not_ready]
+            items = [self._items[i] for i in index]
+        oldest = next((r for _, _, r in self._by_arrival if r.request_id not in self._not_ready), None)
+        if oldest is not None and self.is_aged(oldest):
+            return next(i for i, (_, r) in enumerate(self._items) if r is oldest)
+        head = self.policy.head_index(items, self._now)
+        return head if index is None else index[head]
 
     def peek(self) -> Request:
+        """The ready request served first (callers check `num_ready` first)."""
         return self._items[self._head()][1]
 
     def pop(self) -> Request:
         req = self._items.pop(self._head())[1]
         self._drop_arrival(req)
-        return req
+        return req   # ready: _head never picks another
 
     def remove(self, req: Request) -> bool:
         for i, (_, r) in enumerate(self._items):
             if r is req:
                 del self._items[i]
                 self._drop_arrival(req)
+                self._not_ready.discard(req.request_id)
                 return True
         return False
 

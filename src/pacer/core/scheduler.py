@@ -21,7 +21,8 @@ tightest ITL target among the step's decodes, a newcomer with less slack than a 
 prefill is served before it, victims are the running requests with the most slack (also to
 free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
 that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
-ages: see `WaitingQueue`.
+ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in the queue but is
+never admitted (no seat, no KV, never a victim) and blocks no one behind it.
 """
 
 from __future__ import annotations
@@ -79,15 +80,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission / exit
 
-    def add_request(self, req: Request) -> None:
-        """Queue a validated request. Raises ContextLengthError if it can never fit."""
+    def add_request(self, req: Request, ready: bool = True) -> None:
+        """Queue a validated request. Raises ContextLengthError if it can never fit. `ready=False`:
+        WAITING_FOR_GRAMMAR until `mark_ready`, queued and counted but never admitted."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
                              self.kv.capacity_tokens)
         self.requests[req.request_id] = req
-        req.status = RequestStatus.WAITING
-        self.waiting.add(req)
+        req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
+        self.waiting.add(req, ready)
+
+    def mark_ready(self, request_id: str) -> Request | None:
+        """A WAITING_FOR_GRAMMAR request may now be scheduled (None: unknown or finished)."""
+        req = self.requests.get(request_id)
+        return req if req is not None and self.waiting.mark_ready(req) else None
 
     def abort_request(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)
@@ -113,8 +120,12 @@ class Scheduler:
         del self.requests[req.request_id]
 
     @property
-    def num_waiting(self) -> int:
+    def num_waiting(self) -> int:   # those waiting for their grammar included
         return len(self.waiting)
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        return self.waiting.num_not_ready
 
     @property
     def num_running(self) -> int:
@@ -162,7 +173,7 @@ class Scheduler:
 
     def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
                        now: float) -> None:
-        head = partial[0] if partial else (self.waiting.peek() if self.waiting else None)
+        head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
         step.budget.tokens_left = budget.tokens
@@ -215,7 +226,7 @@ class Scheduler:
                 return None
 
     def _schedule_waiting(self, step: StepPlan, chunked: bool, ahead_of: Request | None = None) -> None:
-        while self.waiting:
+        while self.waiting.num_ready:
             req = self.waiting.peek()
             if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
                 return

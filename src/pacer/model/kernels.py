@@ -2,7 +2,8 @@
 
 `paged_decode_attention` reads keys and values straight from the block tables, so a decode
 step does not copy every request's context; `rope_write_kv`, `silu_and_mul` and
-`add_rms_norm_` fuse the elementwise steps of a layer into one pass each. If the compiler
+`add_rms_norm_` fuse the elementwise steps of a layer into one pass each;
+`apply_token_bitmask_` applies structured outputs' packed token masks in place. If the compiler
 or ninja is missing the engine falls back to the torch reference path and says so once.
 """
 

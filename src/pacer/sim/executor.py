@@ -12,16 +12,23 @@ Speculation: a row with d drafts is priced as a chunk of 1 + d tokens (the cost 
 with probability `acceptance_rate` (the per-token rate measured on the real engine, which
 `pacer bench` reports; speculative_config's `acceptance_rate` sets it), in order until the
 first rejection, from a seeded generator.
+
+Structured outputs: a step whose SchedulerOutput carries token masks (the engine's
+structured runtime, real or `pacer.sim.structured.SimStructured`) computes them while the
+forward runs, so it takes max(step, rows x mask_row_s) plus rows x apply_row_s for its
+constrained sampling rows (`StructuredCost`); steps without them pay nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
 from pacer.clock import VirtualClock
 from pacer.core.outputs import ModelOutput, RequestResult, SchedulerOutput
 from pacer.sim.cost_model import CostModel, StepCost, batch_features
+from pacer.sim.structured import DEFAULT_STRUCTURED_COST, StructuredCost
 
 __all__ = ["SimExecutor", "DEFAULT_ACCEPTANCE_RATE"]
 
@@ -33,7 +40,8 @@ DEFAULT_ACCEPTANCE_RATE = 0.6
 class SimExecutor:
     def __init__(self, cost_model: CostModel, clock: VirtualClock, sample_token_id: int = 0,
                  keep_records: bool = True, kv_block_bytes: int | None = None,
-                 acceptance_rate: float | None = None, seed: int = 0) -> None:
+                 acceptance_rate: float | None = None, seed: int = 0,
+                 structured_cost: StructuredCost = DEFAULT_STRUCTURED_COST) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes   # read by the engine to size the swap tier (swap_space GiB)
         self.clock = clock
@@ -44,11 +52,17 @@ class SimExecutor:
         self.num_steps = 0
         self.acceptance_rate = DEFAULT_ACCEPTANCE_RATE if acceptance_rate is None else acceptance_rate
         self._rng = random.Random(seed)
+        self.structured_cost = structured_cost
+        self.mask_rows = 0             # constrained rows masked, in all
+        self.mask_compute_s = 0.0      # modelled mask thread time
+        self.mask_wait_s = 0.0         # of it, beyond the steps' own time (what steps waited)
 
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         if not out.scheduled:
             return ModelOutput(forward_s=0.0)
         cost = self.cost_model.step_cost(batch_features(out))
+        if out.token_masks is not None:
+            cost = self._with_masks(cost, out)
         self.clock.advance(cost.time_s)
         self.busy_s += cost.time_s
         self.num_steps += 1
@@ -58,6 +72,21 @@ class SimExecutor:
         results = {sr.request_id: RequestResult((*self._accepted(sr.draft_token_ids), tok))
                    for sr in out.scheduled if sr.sample}
         return ModelOutput(results, forward_s=cost.time_s)
+
+    def _with_masks(self, cost: StepCost, out: SchedulerOutput) -> StepCost:
+        assert out.token_masks is not None
+        rows = sum(1 for sr in out.scheduled if sr.sample and sr.request_id in out.token_masks.rows)
+        wait, apply = self.structured_cost.mask_extra(rows, cost.time_s)
+        self.mask_rows += rows
+        self.mask_compute_s += rows * self.structured_cost.mask_row_s
+        self.mask_wait_s += wait
+        if not wait + apply:
+            return cost
+        time_s = cost.time_s + wait + apply
+        scale = cost.time_s / time_s
+        return dataclasses.replace(cost, time_s=time_s, overhead_s=cost.overhead_s + wait + apply,
+                                   compute_util=cost.compute_util * scale,
+                                   bandwidth_util=cost.bandwidth_util * scale)
 
     def _accepted(self, drafts: Sequence[int]) -> Sequence[int]:
         n = 0

@@ -23,11 +23,12 @@ from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.engine import Engine, StepStats
-from pacer.request import SamplingParams
+from pacer.request import SamplingParams, StructuredOutputsParams
 from pacer.sim.cost_model import CostModel, StepCost, make_cost_model
 from pacer.sim.executor import SimExecutor
 from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
 from pacer.sim.step_model import SchedulerCostModel
+from pacer.sim.structured import DEFAULT_STRUCTURED_COST, SimStructured, StructuredCost
 from pacer.sim.trace_requests import request_spans
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
@@ -48,6 +49,7 @@ class SimRequest:
     priority: int = 0
     tenant: str = "default"
     session: str | None = None
+    structured_outputs: StructuredOutputsParams | None = None   # priced by pacer.sim.structured
 
 
 @dataclass(slots=True)
@@ -80,8 +82,10 @@ def resolve_dtype(dtype: str, hw: HardwareProfile) -> str:
 
 def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProfile, *, tp: int = 1,
                      gpu_memory_utilization: float = 0.9, cost_model: CostModel | None = None,
-                     keep_records: bool = True) -> tuple[Engine, SimExecutor, VirtualClock]:
-    """The real Engine on a VirtualClock with a SimExecutor; KV sized as the real engine would."""
+                     keep_records: bool = True, structured_cost: StructuredCost = DEFAULT_STRUCTURED_COST,
+                     ) -> tuple[Engine, SimExecutor, VirtualClock]:
+    """The real Engine on a VirtualClock with a SimExecutor; KV sized as the real engine would.
+    Structured outputs are priced by `structured_cost` (pacer.sim.structured)."""
     dtype = resolve_dtype(config.model.dtype, hw)
     cache = config.cache
     kv_dtype = cache.kv_cache_dtype
@@ -94,11 +98,13 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
     spec = config.scheduler.speculative()
     executor = SimExecutor(cm, clock, keep_records=keep_records,
                            kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size,
-                           acceptance_rate=None if spec is None else spec.acceptance_rate, seed=config.model.seed)
+                           acceptance_rate=None if spec is None else spec.acceptance_rate, seed=config.model.seed,
+                           structured_cost=structured_cost)
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
                     vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
                     refit_cost_model=False)
+    engine.install_structured_outputs(SimStructured(clock, structured_cost, executor))
     return engine, executor, clock
 
 
@@ -131,8 +137,10 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
 
 
 def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
-    """Outputs are forced to the trace's lengths (a simulator samples no real tokens)."""
-    return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0)
+    """Outputs are forced to the trace's lengths (a simulator samples no real tokens); a
+    request's `structured_outputs`, when it has one, is kept (its compile and masks are priced)."""
+    return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0,
+                                              structured_outputs=getattr(r, "structured_outputs", None))
 
 
 def utilisation_summary(steps: Sequence[StepStats], costs: Mapping[int, StepCost]) -> list[str]:

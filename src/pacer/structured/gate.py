@@ -1,10 +1,11 @@
-"""The grammar gate: requests whose grammar is still compiling, held outside the scheduler.
+"""The compiles an engine waits on: request id -> the future of its grammar.
 
-A request enters when `Engine.add_request` saw `structured_outputs` and leaves when its
-compile finished: into the scheduler with a bound matcher, or finished with its error.
-While held it has no running slot and no KV blocks; `len(gate)` is how many wait (the
-engine's snapshot and /metrics show it as waiting for a grammar). Engine thread only,
-except `ready`, the event compile threads set.
+The requests themselves wait in the scheduler's queue as WAITING_FOR_GRAMMAR (queued in
+policy order and counted, but never admitted: no seat, no KV blocks, never a preemption
+victim). At each step's start the engine takes the finished compiles from here and marks
+their requests ready (binding a matcher), or finishes them with the compile's error. An
+abort or a shed finishes the request in the scheduler; its compile keeps running for the
+cache and is dropped here. Engine thread only, except `ready`, the event compiles set.
 """
 
 from __future__ import annotations
@@ -12,38 +13,36 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["GrammarGate"]
+__all__ = ["GrammarWaits"]
 
 
-class GrammarGate:
+class GrammarWaits:
     def __init__(self, ready: Any) -> None:
-        self._held: dict[str, tuple[Any, Future[Any]]] = {}   # request id -> (tracked, compile future)
-        self._ready = ready                                   # threading.Event set by compiles
+        self._futures: dict[str, Future[Any]] = {}   # request id -> compile future, in arrival order
+        self._ready = ready                          # threading.Event set by compiles
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self._futures)
 
-    def hold(self, request_id: str, tracked: Any, future: Future[Any]) -> None:
-        self._held[request_id] = (tracked, future)
+    def add(self, request_id: str, future: Future[Any]) -> None:
+        self._futures[request_id] = future
 
-    def remove(self, request_id: str) -> Any | None:
-        """Take a held request out (an abort); its compile keeps running for the cache."""
-        entry = self._held.pop(request_id, None)
-        return None if entry is None else entry[0]
+    def discard(self, request_id: str) -> None:
+        self._futures.pop(request_id, None)
 
-    def take_done(self) -> list[tuple[Any, Any, BaseException | None]]:
-        """(tracked, compiled grammar or None, error or None) of each request whose compile
-        finished, in arrival order."""
+    def take_done(self) -> list[tuple[str, Any, BaseException | None]]:
+        """(request id, compiled grammar or None, error or None) of each finished compile,
+        in arrival order."""
         self._ready.clear()
         done = []
-        for rid, (tracked, future) in list(self._held.items()):
+        for rid, future in list(self._futures.items()):
             if future.done():
-                del self._held[rid]
+                del self._futures[rid]
                 error = future.exception()
-                done.append((tracked, None if error is not None else future.result(), error))
+                done.append((rid, None if error is not None else future.result(), error))
         return done
 
     def wait(self, timeout: float) -> None:
         """Block the idle engine until some compile finishes (or `timeout`)."""
-        if self._held and not any(f.done() for _, f in self._held.values()):
+        if self._futures and not any(f.done() for f in self._futures.values()):
             self._ready.wait(timeout)

@@ -5,8 +5,8 @@ Thread model. `request()` may be called from any thread (the server's event loop
 `Engine.add_request`): it answers from the cache or queues a compile on a small thread
 pool, each thread driving its own worker process (pacer.structured.worker). Everything else
 (binding matchers, masks, accepting tokens) runs on the engine's stepping thread. A request
-whose grammar is compiling waits in the engine's grammar gate: it holds no running slot and
-no KV blocks, and the scheduler does not see it until its grammar is ready.
+whose grammar is compiling waits in the scheduler's queue as WAITING_FOR_GRAMMAR: it holds
+no running slot and no KV blocks, and is admitted once its grammar is ready.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class StructuredStats:
         self.mask_compute_seconds = 0.0   # mask thread busy time
         self.mask_wait_seconds = 0.0      # time steps waited for masks after their forward
         self.mask_rows = 0
-        self.num_waiting = 0         # requests in the grammar gate now (gauge)
 
     def add(self, name: str, value: float = 1) -> None:
         with self._lock:

@@ -1,7 +1,9 @@
 """What the engine does for structured outputs, in one object: the manager (compiles,
-cache, matchers, masks) and the grammar gate (requests waiting for their grammar, outside
-the scheduler). The engine calls it at five points: add (any thread), drain, before
-execute (start the step's masks), after update (advance the matchers), finish (release).
+cache, matchers, masks) and the compiles the engine waits on (their requests wait in the
+scheduler as WAITING_FOR_GRAMMAR). The engine calls it at five points: add (any thread),
+drain (finished compiles: bind), before execute (start the step's masks), after update
+(advance the matchers), finish (release). The simulator's `pacer.sim.structured.SimStructured`
+implements the same methods on its virtual clock.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from pacer.config import StructuredOutputsConfig
 from pacer.core.outputs import SchedulerOutput
 from pacer.request import FinishReason, Request, StructuredOutputsParams
-from pacer.structured.gate import GrammarGate
+from pacer.structured.gate import GrammarWaits
 from pacer.structured.manager import StructuredOutputManager
 
 __all__ = ["StructuredRuntime", "default_manager"]
@@ -25,16 +27,26 @@ log = logging.getLogger("pacer.structured")
 class StructuredRuntime:
     def __init__(self, manager: StructuredOutputManager) -> None:
         self.manager = manager
-        self.gate = GrammarGate(manager.ready)
+        self.waits = GrammarWaits(manager.ready)
 
     def request(self, params: StructuredOutputsParams) -> Future[Any]:
         """Start (or find) the compile of `params`; any thread."""
         future = self.manager.request(params)
-        self.manager.ready.set()   # wake an engine idling on the gate: the request is in its inbox
+        self.manager.ready.set()   # wake an engine idling on its compiles: the request is in its inbox
         return future
 
     def wake(self) -> None:
         self.manager.ready.set()
+
+    def wait(self, timeout: float) -> None:
+        """The engine is idle but for compiles: block until one finishes (or `timeout`)."""
+        self.waits.wait(timeout)
+
+    def bind(self, request_id: str, compiled: Any) -> None:
+        self.manager.bind(request_id, compiled)
+
+    def stats(self) -> dict[str, float]:
+        return self.manager.stats.as_dict()
 
     def with_masks(self, out: SchedulerOutput) -> SchedulerOutput:
         """`out` carrying the masks of its constrained sampling requests, now being computed
@@ -65,6 +77,7 @@ class StructuredRuntime:
 
     def release(self, request_id: str) -> None:
         self.manager.release(request_id)
+        self.waits.discard(request_id)
 
     def close(self) -> None:
         self.manager.close()

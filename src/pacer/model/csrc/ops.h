@@ -49,3 +49,4 @@ torch::Tensor add_rms_norm_(torch::Tensor x, c10::optional<torch::Tensor> delta,
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
                              torch::Tensor block_tables, double scale, double k_scale, double v_scale);
+void apply_token_bitmask_(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor dst, torch::Tensor src);
