@@ -41,14 +41,15 @@ def load() -> str:
 
 
 def make_trace(n: int, vocab: int, seed: int, num_prompts: int = 8, prompt_len: int = 600,
-               user_len: int = 40, num_tenants: int = 4, source=None) -> list[tuple[str, list[int]]]:
-    """(tenant, token ids) per request: a system prompt by Zipf popularity + a fresh user turn."""
+               user_len: int = 40, num_tenants: int = 4, source=None, zipf: float = 1.0) -> list[tuple[str, list[int]]]:
+    """(tenant, token ids) per request: a system prompt by Zipf popularity (prompt k's weight
+    1 / (k + 1) ** zipf) + a fresh user turn."""
     rng = random.Random(seed)
     if source is not None:
         systems = [list(source.segment(prompt_len, rng).token_ids) for _ in range(num_prompts)]
     else:
         systems = [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(num_prompts)]
-    weights = [1.0 / (k + 1) for k in range(num_prompts)]
+    weights = [1.0 / (k + 1) ** zipf for k in range(num_prompts)]
     out = []
     for _ in range(n):
         k = rng.choices(range(num_prompts), weights)[0]
@@ -95,7 +96,8 @@ def run_real(args: argparse.Namespace) -> None:
 
     engines = [Engine.from_kwargs(num_kv_blocks=args.kv_blocks, num_threads=1, max_model_len=2048,
                                   max_num_seqs=args.concurrency) for _ in range(2)]
-    trace = make_trace(args.num_requests, engines[0].vocab_size or 1000, args.seed, source=TextSource(engines[0].tokenizer))
+    trace = make_trace(args.num_requests, engines[0].vocab_size or 1000, args.seed, source=TextSource(engines[0].tokenizer),
+                       zipf=args.zipf)
     lock = threading.Lock()
     index = BlockIndex()
     for i, e in enumerate(engines):
@@ -113,26 +115,30 @@ def run_real(args: argparse.Namespace) -> None:
     for _ in workers:
         done.get()
     results = {}
-    order = list(ROUTER_NAMES) * args.repeats
+    order = [r for r in ROUTER_NAMES if r in args.routers] * args.repeats
     print(f"(a) 2 real engines, {args.num_requests} requests, concurrency {args.concurrency}, "
-          f"{args.kv_blocks} KV blocks each, {args.output_len} output tokens ({load()})", flush=True)
+          f"{args.kv_blocks} KV blocks each, {args.output_len} output tokens, Zipf {args.zipf:g} popularity, prefix "
+          f"balance thresholds abs {args.balance_abs_threshold} rel {args.balance_rel_threshold:g} ({load()})", flush=True)
     for name in order:
         for e in engines:   # every router starts cold
             e.run_until_done()
             e.kv.reset_prefix_cache()
         results.setdefault(name, []).append(_run_router(name, engines, workers, done, trace, params, index, lock,
-                                                        args.concurrency))
+                                                        args))
         r = results[name][-1]
         print(f"(a) router={name:12s} hit_rate={r['hit_rate']:.3f} ttft_p50={r['ttft_p50'] * 1000:7.1f} ms "
               f"ttft_p99={r['ttft_p99'] * 1000:7.1f} ms throughput={r['tok_s']:6.1f} tok/s "
               f"split={r['split']} wall={r['wall']:.1f}s ({load()})", flush=True)
     for w in workers:
         w.stop = True
-    _summary("(a)", {k: v[-1] for k, v in results.items()})
+    if "round-robin" in results and "prefix" in results:
+        _summary("(a)", {k: v[-1] for k, v in results.items()})
 
 
-def _run_router(name, engines, workers, done, trace, params, index, lock, concurrency) -> dict:
-    router = make_router(name, len(engines))
+def _run_router(name, engines, workers, done, trace, params, index, lock, args) -> dict:
+    router = make_router(name, len(engines), balance_abs_threshold=args.balance_abs_threshold,
+                         balance_rel_threshold=args.balance_rel_threshold)
+    concurrency = args.concurrency
     ids = [w.name for w in workers]
     cluster = Cluster(ids, {i: 0 for i in ids}, index, engines[0].config.cache.block_size)
     before = [(s.prefix_cache_hit_tokens, s.prefix_cache_queried_tokens) for s in (e.snapshot() for e in engines)]
@@ -227,13 +233,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller runs (for a smoke test)")
     p.add_argument("--skip-real", action="store_true", help="only the simulator part")
+    p.add_argument("--skip-sim", action="store_true", help="only the real-engine part")
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--kv-blocks", type=int, default=150,
                    help="per real engine: ~1/3 of the 8 prompts (38 blocks each) beside the running requests")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--routers", default=",".join(ROUTER_NAMES), help="real part: routers to compare")
+    p.add_argument("--balance-abs-threshold", type=int, default=4,
+                   help="prefix router (as pacer serve's flag); at concurrency 4 over 2 replicas loads never "
+                        "differ by more than 4, so 4 never balances and 2 balances often")
+    p.add_argument("--balance-rel-threshold", type=float, default=1.5, help="prefix router (as pacer serve's flag)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zipf", type=float, default=1.0, help="popularity skew of the system prompts (Zipf exponent)")
     p.add_argument("--sim-replicas", type=int, default=16)
     p.add_argument("--sim-prompts", type=int, default=8)
     p.add_argument("--sim-requests", type=int, default=2000)
@@ -243,12 +256,14 @@ def main() -> None:
                    help="per simulated replica: ~1/3 of the 8 prompts beside the running requests")
     p.add_argument("--ttft-p99-target", type=float, default=0.25, help="seconds")
     args = p.parse_args()
+    args.routers = [r for r in args.routers.split(",") if r]
     if args.quick:
         args.num_requests, args.sim_requests = 16, 600
     t = time.perf_counter()
     if not args.skip_real:
         run_real(args)
-    run_sim(args)
+    if not args.skip_sim:
+        run_sim(args)
     print(f"total wall {time.perf_counter() - t:.0f}s ({load()})")
 
 
