@@ -176,13 +176,7 @@ class Scheduler:
         head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
-        step.budget.tokens_left = budget.tokens
-        step.token_budget = budget.tokens + sum(step.num_tokens.values())
-        step.budget_reason = budget.reason
-        if budget.time_limit is not None:   # every chunk added from here on keeps the step within it
-            limit = budget.time_limit
-            step.chunk_fit = lambda shape, n, start, samples, first: policy.fit_chunk(shape, n, start, samples,
-                                                                                       first, limit)
+        step.limit(budget.tokens, budget.reason, policy.chunk_fitter(budget.time_limit))
 
     def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
         for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None

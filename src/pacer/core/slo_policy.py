@@ -200,6 +200,12 @@ class SloPolicy(Policy):
         lo = self._largest_within(shape, start, lo, hi, True, limit)
         return StepBudget(lo, owner.format(ms=bound * 1e3) + (" (floor)" if lo == floor else ""), limit)
 
+    def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
+        """`fit_chunk` bound to a step's time limit (None without one)."""
+        if limit is None:
+            return None
+        return lambda shape, n, start, samples, first: self.fit_chunk(shape, n, start, samples, first, limit)
+
     def fit_chunk(self, shape: StepShape, n: int, start: int, samples: bool, first: bool, limit: float) -> int:
         """Of a chunk of `n` tokens from `start` (sampling when whole: it ends the prompt), the
         most that keep `shape` plus the chunk within `limit`; the step's first prefill chunk gets

@@ -41,6 +41,14 @@ class StepPlan:
         self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
 
+    def limit(self, tokens_left: int, reason: str, chunk_fit: ChunkFit | None) -> None:
+        """A policy's budget for the rest of the step: tokens, why, and (slo) the fit every
+        chunk added from here on must pass."""
+        self.budget.tokens_left = tokens_left
+        self.token_budget = tokens_left + sum(self.num_tokens.values())
+        self.budget_reason = reason
+        self.chunk_fit = chunk_fit
+
     def shape(self) -> StepShape:
         """The step decided so far, as counts (drafts excluded)."""
         shape = StepShape()
