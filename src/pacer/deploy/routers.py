@@ -14,7 +14,14 @@ beyond a seeded rotation for ties, so the same trace routes the same way served 
   overloaded: when its load exceeds the least-loaded replica's by more than
   `balance_abs_threshold` and by more than `balance_rel_threshold` times, the request goes
   to the least-loaded replica instead (bounded imbalance: a hot prefix cannot pile all
-  traffic on one replica). In isolated mode the match is within the request's tenant.
+  traffic on one replica). Load alone misses a skew that builds slowly (a closed loop of a
+  few clients keeps loads within a request of each other while one replica takes two thirds
+  of the traffic), so the router also bounds each replica's share of its recent decisions
+  (`max_share_slack`: at most 1 + slack times the even share of the last 16 x N): an
+  over-share replica keeps its most frequent prefix and hands the requests of its others to
+  the replica with the fewest recent decisions, and ties between equal matches go there too,
+  so a prefix moves home instead of being copied everywhere. In isolated mode the match is
+  within the request's tenant.
 - `class`: separate pools per request class (e.g. long RAG prompts on their own replicas),
   each pool routed by an inner router.
 """
@@ -22,7 +29,7 @@ beyond a seeded rotation for ties, so the same trace routes the same way served 
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,6 +41,7 @@ __all__ = ["RouteRequest", "Cluster", "Router", "RoundRobinRouter", "LeastLoaded
            "ClassRouter", "ROUTERS", "make_router", "request_namespace", "parse_pools"]
 
 ROUTERS = ("round-robin", "least-loaded", "prefix", "class")
+SHARE_WINDOW = 16   # the prefix router bounds each replica's share of the last 16 x N decisions
 
 
 def request_namespace(tenant: str, cache_salt: str | None, isolation: str) -> str:
@@ -100,12 +108,18 @@ class PrefixRouter:
     name = "prefix"
 
     def __init__(self, balance_abs_threshold: int = 4, balance_rel_threshold: float = 1.5,
-                 max_pending: int = 256) -> None:
+                 max_pending: int = 256, max_share_slack: float | None = 0.2) -> None:
         if balance_abs_threshold < 0 or balance_rel_threshold < 1.0:
             raise ValueError(f"balance thresholds must be abs >= 0 and rel >= 1, got {balance_abs_threshold}, "
                              f"{balance_rel_threshold}")
+        if max_share_slack is not None and not max_share_slack >= 0:
+            raise ValueError(f"max_share_slack must be >= 0 (or None: off), got {max_share_slack!r}")
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
+        self.max_share_slack = max_share_slack
+        self._recent: deque[tuple[str, int]] = deque()   # (replica, first block's hash) of recent choices
+        self._recent_count: Counter[str] = Counter()
+        self._recent_prefix: Counter[tuple[str, int]] = Counter()
         self._turn = itertools.count()
         # blocks of recent decisions whose KV events have not arrived yet (oldest dropped first)
         self.pending = BlockIndex()
@@ -121,20 +135,57 @@ class PrefixRouter:
         matched = {r: max(cluster.index.match_blocks(r, req.token_ids, bs, req.owner, memo),
                           self.pending.match_blocks(r, req.token_ids, bs, req.owner, memo)) for r in ids}
         turn = next(self._turn)
+        head = hash(tuple(req.token_ids[:bs])) ^ hash(req.owner)   # the prefix's identity for the share bound
         best_len = max(matched.values())
         low = least_loaded(ids, cluster.load, turn)
         if best_len == 0:
             choice = low
         else:
             best = [r for r in ids if matched[r] == best_len]
-            choice = least_loaded(best, cluster.load, turn)
+            choice = self._least_recent(best, cluster, turn)
             if self._overloaded(cluster.load.get(choice, 0), cluster.load.get(low, 0)):
                 choice = low
+                self.num_balanced += 1
+            elif self._over_share(choice, ids, head):
+                choice = self._least_recent([r for r in ids if r != choice], cluster, turn)
                 self.num_balanced += 1
             else:
                 self.num_prefix_routed += 1
         self._remember(choice, req, bs)
+        self._count(choice, head, len(ids))
         return choice
+
+    def _least_recent(self, ids: Sequence[str], cluster: Cluster, turn: int) -> str:
+        """Least loaded; among those, the one with the fewest recent decisions (the share bound's tie-break)."""
+        low = min(cluster.load.get(r, 0) for r in ids)
+        ties = [r for r in ids if cluster.load.get(r, 0) == low]
+        if self.max_share_slack is None:
+            return ties[turn % len(ties)]
+        fewest = min(self._recent_count[r] for r in ties)
+        ties = [r for r in ties if self._recent_count[r] == fewest]
+        return ties[turn % len(ties)]
+
+    def _over_share(self, replica: str, ids: Sequence[str], head: int) -> bool:
+        """Whether `replica` took more than (1 + slack) x its even share of the recent decisions
+        (once the window is half full) and `head` is not its most frequent prefix."""
+        n = len(self._recent)
+        if self.max_share_slack is None or len(ids) < 2 or n < SHARE_WINDOW * len(ids) // 2:
+            return False
+        if self._recent_count[replica] + 1 <= (1 + self.max_share_slack) * (n + 1) / len(ids):
+            return False
+        top = max((c, h) for (r, h), c in self._recent_prefix.items() if r == replica and c > 0)
+        return top[1] != head
+
+    def _count(self, replica: str, head: int, num_replicas: int) -> None:
+        self._recent.append((replica, head))
+        self._recent_count[replica] += 1
+        self._recent_prefix[(replica, head)] += 1
+        while len(self._recent) > SHARE_WINDOW * num_replicas:
+            old = self._recent.popleft()
+            self._recent_count[old[0]] -= 1
+            self._recent_prefix[old] -= 1
+            if not self._recent_prefix[old]:
+                del self._recent_prefix[old]
 
     def _overloaded(self, load: int, lowest: int) -> bool:
         return load - lowest > self.balance_abs_threshold and load > self.balance_rel_threshold * lowest
