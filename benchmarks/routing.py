@@ -5,7 +5,8 @@ One command (`python benchmarks/routing.py`; `--quick` for a smaller run):
 (a) On this machine: 2 real SmolLM2-135M engines (one torch thread each, each with a KV
     budget that holds about a third of the 8 system prompts beside its running requests),
     behind pacer's routers (`pacer.deploy.routers`, the code Ray Serve runs), fed a
-    multi-tenant chat trace: 8 system prompts of ~600 tokens with Zipf popularity and a short
+    multi-tenant chat trace: 8 system prompts of ~600 tokens with Zipf popularity (exponent 0.6
+    by default, `--zipf`) and a short
     user turn each, closed loop. The prefix router reads the engines' own KV events. Per router:
     prefix-cache hit rate, TTFT p50/p99, output throughput and the load split.
 (b) The simulator with 16 replicas (H200, Llama-3.1-8B, one virtual timeline): the same
@@ -234,7 +235,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smaller runs (for a smoke test)")
     p.add_argument("--skip-real", action="store_true", help="only the simulator part")
     p.add_argument("--skip-sim", action="store_true", help="only the real-engine part")
-    p.add_argument("--num-requests", type=int, default=48)
+    p.add_argument("--num-requests", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--kv-blocks", type=int, default=150,
@@ -246,7 +247,8 @@ def main() -> None:
                         "differ by more than 4, so 4 never balances and 2 balances often")
     p.add_argument("--balance-rel-threshold", type=float, default=1.5, help="prefix router (as pacer serve's flag)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--zipf", type=float, default=1.0, help="popularity skew of the system prompts (Zipf exponent)")
+    p.add_argument("--zipf", type=float, default=0.6, help="popularity skew of the system prompts (Zipf exponent; "
+                                                             "at 1.0 the top two prompts take 55%% of the traffic)")
     p.add_argument("--sim-replicas", type=int, default=16)
     p.add_argument("--sim-prompts", type=int, default=8)
     p.add_argument("--sim-requests", type=int, default=2000)
