@@ -12,6 +12,7 @@ from pacer.request import SamplingParams
 from pacer.sim.cost_model import make_cost_model
 from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.step_model import SchedulerCostModel
+from tests.core.test_slo_policy import chats_decoding
 from tests.fakes import make_engine, reference_output, run
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -84,13 +85,8 @@ def test_every_chunk_added_to_a_step_keeps_the_whole_step_within_the_itl_target(
     """Several short prompts share one step's budget: each chunk samples and is a row of its
     own, so the step is priced as built, not as one chunk of the budget's size."""
     cm = _PerRow(5e-3, 5e-4)
-    eng, ex = make_engine(scheduling_policy="slo", slo=["ttft=10s,itl=100ms"], num_blocks=600, block_size=16,
-                          max_len=4096, max_num_batched_tokens=2048, cost_model=cm)
+    eng, ex = chats_decoding("slo", "100ms", cm, max_tokens=30)
     chat = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    for i in range(4):
-        eng.add_request([i + 1] * 20, chat, request_id=f"chat{i}")
-    eng.step()
-    eng.step()
     for i in range(8):
         eng.add_request([i + 50] * 12, chat, request_id=f"short{i}")
     finals = run(eng, ex)

@@ -10,21 +10,28 @@ from hypothesis import strategies as st
 
 from pacer.core.slo_policy import BUDGET_SAFETY, MIN_PREFILL_TOKENS
 from pacer.core.step_cost import FixedCostModel, StepShape
+from pacer.engine import Engine
 from pacer.request import SamplingParams
-from tests.fakes import Arrival, drive_arrivals, make_engine, reference_output, run
+from tests.fakes import Arrival, FakeExecutor, drive_arrivals, make_engine, reference_output, run
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 LONG = [i % 997 + 1 for i in range(3000)]
 
 
-def _long_prompt_with_chats(policy: str, itl: str, cost: FixedCostModel) -> tuple[list, dict]:
+def chats_decoding(policy: str, itl: str, cost: FixedCostModel, max_tokens: int = 40) -> tuple[Engine, FakeExecutor]:
+    """An engine with four 20-token chats (`chat0`..`chat3`) already decoding under `ttft=10s,itl=<itl>`."""
     eng, ex = make_engine(scheduling_policy=policy, slo=[f"ttft=10s,itl={itl}"], num_blocks=600, block_size=16,
                           max_len=4096, max_num_batched_tokens=2048, cost_model=cost)
-    chat = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    chat = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for i in range(4):
         eng.add_request([i + 1] * 20, chat, request_id=f"chat{i}")
     eng.step()
     eng.step()
+    return eng, ex
+
+
+def _long_prompt_with_chats(policy: str, itl: str, cost: FixedCostModel) -> tuple[list, dict]:
+    eng, ex = chats_decoding(policy, itl, cost)
     eng.add_request(LONG, GREEDY, request_id="long")
     finals = run(eng, ex)
     assert finals["long"].token_ids == reference_output(LONG, GREEDY)

@@ -191,14 +191,15 @@ class SloPolicy(Policy):
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
         if not math.isfinite(bound):
             return StepBudget(tokens_left, "max_num_batched_tokens")
+        reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
+                  else f"arrival ttft {bound * 1e3:.1f}ms")
         limit = bound * min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         start = head.num_computed_tokens
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        lo, hi = floor, tokens_left          # largest n in [floor, tokens_left] within the limit
-        if self.cost_model.predict_step_s(shape.with_chunk(hi, start)) <= limit:
-            return StepBudget(hi, f"max_num_batched_tokens ({owner.format(ms=bound * 1e3)} allows more)", limit)
-        lo = self._largest_within(shape, start, lo, hi, True, limit)
-        return StepBudget(lo, owner.format(ms=bound * 1e3) + (" (floor)" if lo == floor else ""), limit)
+        if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
+            return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
+        n = self._largest_within(shape, start, floor, tokens_left, True, limit)
+        return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
 
     def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
         """`fit_chunk` bound to a step's time limit (None without one)."""
@@ -224,18 +225,19 @@ class SloPolicy(Policy):
                 hi = mid - 1
         return lo
 
-    def _step_bound(self, decodes: list[Request], head_slack: float, now: float) -> tuple[float, str, StepShape]:
-        """The longest step allowed, what set it (a format with `ms`: "itl {ms}ms of <request>"
-        or "arrival ttft {ms}ms"), and the decodes' shape."""
-        bound, owner = _INF, ""
+    def _step_bound(self, decodes: list[Request], head_slack: float,
+                    now: float) -> tuple[float, str | None, StepShape]:
+        """The longest step allowed, whose ITL target set it (None: the arrival cap), and the
+        decodes' shape."""
+        bound, owner = _INF, None
         shape = StepShape()
         for r in decodes:
             shape = shape.with_decode(r.num_tokens)
             gap = self._allowed_gap(r, now, head_slack)
             if gap < bound:
-                bound, owner = gap, "itl {ms:.1f}ms of " + r.request_id.replace("{", "{{").replace("}", "}}")
+                bound, owner = gap, r.request_id
         if self.arrival_ttft_s is not None and ARRIVAL_SHARE * self.arrival_ttft_s < bound:
-            bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, "arrival ttft {ms:.1f}ms"
+            bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, None
         return bound, owner, shape
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:

@@ -40,6 +40,7 @@ class StepPlan:
         self.budget_reason = "max_num_batched_tokens"
         self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
+        self._shape: StepShape | None = StepShape()         # of `rows`, kept as they are added (None: rebuild)
 
     def limit(self, tokens_left: int, reason: str, chunk_fit: ChunkFit | None) -> None:
         """A policy's budget for the rest of the step: tokens, why, and (slo) the fit every
@@ -51,23 +52,27 @@ class StepPlan:
 
     def shape(self) -> StepShape:
         """The step decided so far, as counts (drafts excluded)."""
-        shape = StepShape()
-        for n, start, sample in self.rows.values():
-            shape = shape.with_chunk(n, start, sample)
-        return shape
+        if self._shape is None:   # after an undo
+            self._shape = StepShape()
+            for n, start, sample in self.rows.values():
+                self._shape = self._shape.with_chunk(n, start, sample)
+        return self._shape
 
     def fit(self, req: Request, n: int, start: int) -> int:
         """Of `n` prefill tokens of `req` from `start`, how many keep the step within its time
         (all of them without a limit); the step's first chunk always gets the prefill floor."""
         if self.chunk_fit is None or n <= 1:
             return n
-        first = not any(rn > 1 or not sample for rn, _, sample in self.rows.values())
-        return self.chunk_fit(self.shape(), n, start, n >= req.num_tokens - start, first)
+        shape = self.shape()
+        first = not shape.chunks and shape.num_sampled == shape.num_seqs   # only sampling one-token rows yet
+        return self.chunk_fit(shape, n, start, n >= req.num_tokens - start, first)
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
         self.num_tokens[req.request_id] = n
         start = req.num_computed_tokens
-        self.rows[req.request_id] = (n, start, n >= req.num_tokens - start)
+        row = self.rows[req.request_id] = (n, start, n >= req.num_tokens - start)
+        if self._shape is not None:
+            self._shape = self._shape.with_chunk(*row)
         self.new_blocks[req.request_id] = blocks
         if is_new:
             self.is_new.add(req.request_id)
@@ -76,7 +81,8 @@ class StepPlan:
 
     def undo(self, req: Request) -> None:
         n = self.num_tokens.pop(req.request_id, None)
-        self.rows.pop(req.request_id, None)
+        if self.rows.pop(req.request_id, None) is not None:
+            self._shape = None
         if n is not None:
             self.new_blocks.pop(req.request_id)
             self.is_new.discard(req.request_id)

@@ -157,13 +157,10 @@ class PrefixRouter:
 
     def _least_recent(self, ids: Sequence[str], cluster: Cluster, turn: int) -> str:
         """Least loaded; among those, the one with the fewest recent decisions (the share bound's tie-break)."""
-        low = min(cluster.load.get(r, 0) for r in ids)
-        ties = [r for r in ids if cluster.load.get(r, 0) == low]
         if self.max_share_slack is None:
-            return ties[turn % len(ties)]
-        fewest = min(self._recent_count[r] for r in ties)
-        ties = [r for r in ties if self._recent_count[r] == fewest]
-        return ties[turn % len(ties)]
+            return least_loaded(ids, cluster.load, turn)
+        low = min(cluster.load.get(r, 0) for r in ids)
+        return least_loaded([r for r in ids if cluster.load.get(r, 0) == low], self._recent_count, turn)
 
     def _over_share(self, replica: str, ids: Sequence[str], head: int) -> bool:
         """Whether `replica` took more than (1 + slack) x its even share of the recent decisions
