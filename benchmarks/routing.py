@@ -3,7 +3,7 @@
 One command (`python benchmarks/routing.py`; `--quick` for a smaller run):
 
 (a) On this machine: 2 real SmolLM2-135M engines (one torch thread each, each with a KV
-    budget that holds about a third of the 8 system prompts beside its running requests),
+    budget that holds a third of the 8 system prompts plus its running requests' own blocks),
     behind pacer's routers (`pacer.deploy.routers`, the code Ray Serve runs), fed a
     multi-tenant chat trace: 8 system prompts of ~600 tokens with Zipf popularity (exponent 0.6
     by default, `--zipf`) and a short
@@ -97,8 +97,7 @@ def run_real(args: argparse.Namespace) -> None:
 
     engines = [Engine.from_kwargs(num_kv_blocks=args.kv_blocks, num_threads=1, max_model_len=2048,
                                   max_num_seqs=args.concurrency) for _ in range(2)]
-    trace = make_trace(args.num_requests, engines[0].vocab_size or 1000, args.seed, source=TextSource(engines[0].tokenizer),
-                       zipf=args.zipf)
+    source = TextSource(engines[0].tokenizer)
     lock = threading.Lock()
     index = BlockIndex()
     for i, e in enumerate(engines):
@@ -111,29 +110,38 @@ def run_real(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
     # warm-up: kernels and allocator, outside the measurement
     for w in workers:
-        w.engine.add_request(trace[0][1][:64], params)
+        w.engine.add_request(list(source.segment(64, random.Random(0)).token_ids), params)
         w.wake.set()
     for _ in workers:
         done.get()
-    results = {}
-    order = [r for r in ROUTER_NAMES if r in args.routers] * args.repeats
     print(f"(a) 2 real engines, {args.num_requests} requests, concurrency {args.concurrency}, "
           f"{args.kv_blocks} KV blocks each, {args.output_len} output tokens, Zipf {args.zipf:g} popularity, prefix "
-          f"balance thresholds abs {args.balance_abs_threshold} rel {args.balance_rel_threshold:g} ({load()})", flush=True)
-    for name in order:
-        for e in engines:   # every router starts cold
-            e.run_until_done()
-            e.kv.reset_prefix_cache()
-        results.setdefault(name, []).append(_run_router(name, engines, workers, done, trace, params, index, lock,
-                                                        args))
-        r = results[name][-1]
-        print(f"(a) router={name:12s} hit_rate={r['hit_rate']:.3f} ttft_p50={r['ttft_p50'] * 1000:7.1f} ms "
-              f"ttft_p99={r['ttft_p99'] * 1000:7.1f} ms throughput={r['tok_s']:6.1f} tok/s "
-              f"split={r['split']} wall={r['wall']:.1f}s ({load()})", flush=True)
+          f"balance thresholds abs {args.balance_abs_threshold} rel {args.balance_rel_threshold:g}, "
+          f"{args.repeats} repeat(s) of a fresh trace each ({load()})", flush=True)
+    runs = []
+    for k in range(args.repeats):   # each repeat a new trace (seed + k): the ratio's spread over traces
+        trace = make_trace(args.num_requests, engines[0].vocab_size or 1000, args.seed + k, source=source,
+                           zipf=args.zipf)
+        results = {}
+        for name in [r for r in ROUTER_NAMES if r in args.routers]:
+            for e in engines:   # every router starts cold
+                e.run_until_done()
+                e.kv.reset_prefix_cache()
+            r = results[name] = _run_router(name, engines, workers, done, trace, params, index, lock, args)
+            print(f"(a) seed {args.seed + k} router={name:12s} hit_rate={r['hit_rate']:.3f} "
+                  f"ttft_p50={r['ttft_p50'] * 1000:7.1f} ms ttft_p99={r['ttft_p99'] * 1000:7.1f} ms "
+                  f"throughput={r['tok_s']:6.1f} tok/s split={r['split']} wall={r['wall']:.1f}s ({load()})", flush=True)
+        if "round-robin" in results and "prefix" in results:
+            _summary(f"(a) seed {args.seed + k}", results)
+            runs.append(results)
     for w in workers:
         w.stop = True
-    if "round-robin" in results and "prefix" in results:
-        _summary("(a)", {k: v[-1] for k, v in results.items()})
+    if len(runs) > 1:
+        ratios = [r["prefix"]["hit_rate"] / max(r["round-robin"]["hit_rate"], 1e-9) for r in runs]
+        print(f"(a) over {len(runs)} traces: prefix / round-robin hit rate mean x{statistics.mean(ratios):.2f} "
+              f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT p50 lower in "
+              f"{sum(r['prefix']['ttft_p50'] < r['round-robin']['ttft_p50'] for r in runs)}/{len(runs)}; "
+              f"busiest replica at most {max(r['prefix']['max_share'] for r in runs) * 100:.0f}%")
 
 
 def _run_router(name, engines, workers, done, trace, params, index, lock, args) -> dict:
@@ -235,12 +243,14 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smaller runs (for a smoke test)")
     p.add_argument("--skip-real", action="store_true", help="only the simulator part")
     p.add_argument("--skip-sim", action="store_true", help="only the real-engine part")
-    p.add_argument("--num-requests", type=int, default=96)
+    p.add_argument("--num-requests", type=int, default=192)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--output-len", type=int, default=8)
-    p.add_argument("--kv-blocks", type=int, default=150,
-                   help="per real engine: ~1/3 of the 8 prompts (38 blocks each) beside the running requests")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--kv-blocks", type=int, default=110,
+                   help="per real engine: a third of the 8 prompts (300 blocks in all) plus the running requests' "
+                        "own blocks (~4 each)")
+    p.add_argument("--repeats", type=int, default=1, help="real part: traces (seed, seed + 1, ...), each routed by "
+                                                          "every router")
     p.add_argument("--routers", default=",".join(ROUTER_NAMES), help="real part: routers to compare")
     p.add_argument("--balance-abs-threshold", type=int, default=4,
                    help="prefix router (as pacer serve's flag); at concurrency 4 over 2 replicas loads never "

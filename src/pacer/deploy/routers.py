@@ -29,19 +29,21 @@ beyond a seeded rotation for ties, so the same trace routes the same way served 
 from __future__ import annotations
 
 import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes, namespace
 from pacer.deploy.kv_index import BlockIndex
+from pacer.deploy.prefix_homes import PrefixHomes
 
 __all__ = ["RouteRequest", "Cluster", "Router", "RoundRobinRouter", "LeastLoadedRouter", "PrefixRouter",
            "ClassRouter", "ROUTERS", "make_router", "request_namespace", "parse_pools"]
 
 ROUTERS = ("round-robin", "least-loaded", "prefix", "class")
-SHARE_WINDOW = 16   # the prefix router bounds each replica's share of the last 16 x N decisions
+SHARE_WINDOW = 64   # the prefix router bounds each replica's share of the last 64 x N decisions
+SHARE_START = 8     # once it holds 8 x N
 
 
 def request_namespace(tenant: str, cache_salt: str | None, isolation: str) -> str:
@@ -103,7 +105,10 @@ def least_loaded(ids: Sequence[str], load: Mapping[str, int], turn: int = 0) -> 
 
 
 class PrefixRouter:
-    """Longest cached prefix with bounded imbalance (SGLang's cache-aware router's rule)."""
+    """Longest cached prefix with bounded imbalance (SGLang's cache-aware router's rule), each
+    prefix kept on its home replicas (`PrefixHomes`) and the recent share each replica's homed
+    prefixes bring bounded: lesser prefixes move off an over-share replica, a prefix too hot for
+    one replica gains another home."""
 
     name = "prefix"
 
@@ -117,16 +122,15 @@ class PrefixRouter:
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.max_share_slack = max_share_slack
-        self._recent: deque[tuple[str, int]] = deque()   # (replica, first block's hash) of recent choices
-        self._recent_count: Counter[str] = Counter()
-        self._recent_prefix: Counter[tuple[str, int]] = Counter()
+        self.homes = PrefixHomes()
         self._turn = itertools.count()
         # blocks of recent decisions whose KV events have not arrived yet (oldest dropped first)
         self.pending = BlockIndex()
         self._pending_order: deque[tuple[str, list[int]]] = deque()
         self._max_pending = max_pending
         self.num_prefix_routed = 0
-        self.num_balanced = 0
+        self.num_balanced = 0     # detours to the least-loaded replica (the prefix keeps its homes)
+        self.num_rehomed = 0      # prefixes moved off, or given another home beside, an over-share replica
 
     def choose(self, req: RouteRequest, cluster: Cluster, candidates: Sequence[str] | None = None) -> str:
         ids = _candidates(cluster, candidates)
@@ -135,54 +139,74 @@ class PrefixRouter:
         matched = {r: max(cluster.index.match_blocks(r, req.token_ids, bs, req.owner, memo),
                           self.pending.match_blocks(r, req.token_ids, bs, req.owner, memo)) for r in ids}
         turn = next(self._turn)
-        head = hash(tuple(req.token_ids[:bs])) ^ hash(req.owner)   # the prefix's identity for the share bound
+        head = hash(tuple(req.token_ids[:bs])) ^ hash(req.owner)   # the prefix's name for its homes
         best_len = max(matched.values())
+        homes = self._holding_homes(head, matched)
+        best = [r for r in ids if matched[r] == best_len]
+        at_home = [r for r in best if r in homes] or ([r for r in homes if r in ids] if not best_len else [])
+        choice = self._lightest(at_home or best, cluster, turn)
         low = least_loaded(ids, cluster.load, turn)
-        if best_len == 0:
-            choice = low
-        else:
-            best = [r for r in ids if matched[r] == best_len]
-            choice = self._least_recent(best, cluster, turn)
-            if self._overloaded(cluster.load.get(choice, 0), cluster.load.get(low, 0)):
-                choice = low
-                self.num_balanced += 1
-            elif self._over_share(choice, ids, head):
-                choice = self._least_recent([r for r in ids if r != choice], cluster, turn)
-                self.num_balanced += 1
-            else:
-                self.num_prefix_routed += 1
+        if self._overloaded(cluster.load.get(choice, 0), cluster.load.get(low, 0)):
+            choice = low            # a passing detour: the prefix keeps its homes
+            self.num_balanced += 1
+        elif choice in homes or not any(matched.get(r, 0) for r in homes):
+            if choice not in homes:  # first seen, or no home holds it any more: it lives here now
+                self.homes.set_homes(head, (choice,))
+            moved = self._rebalance(choice, ids, head, cluster, turn)
+            self.num_prefix_routed += moved == choice and best_len > 0
+            self.num_rehomed += moved != choice
+            choice = moved
+        else:                       # a longer match away from its homes (one conversation's turns)
+            self.num_prefix_routed += 1
+        self.homes.record(head, SHARE_WINDOW * len(ids))
         self._remember(choice, req, bs)
-        self._count(choice, head, len(ids))
         return choice
 
-    def _least_recent(self, ids: Sequence[str], cluster: Cluster, turn: int) -> str:
-        """Least loaded; among those, the one with the fewest recent decisions (the share bound's tie-break)."""
-        if self.max_share_slack is None:
-            return least_loaded(ids, cluster.load, turn)
+    def _lightest(self, ids: Sequence[str], cluster: Cluster, turn: int) -> str:
+        """Least loaded; among those, the one whose homed prefixes bring the least recent traffic."""
         low = min(cluster.load.get(r, 0) for r in ids)
-        return least_loaded([r for r in ids if cluster.load.get(r, 0) == low], self._recent_count, turn)
+        return least_loaded([r for r in ids if cluster.load.get(r, 0) == low], self.homes.traffic, turn)
 
-    def _over_share(self, replica: str, ids: Sequence[str], head: int) -> bool:
-        """Whether `replica` took more than (1 + slack) x its even share of the recent decisions
-        (once the window is half full) and `head` is not its most frequent prefix."""
-        n = len(self._recent)
-        if self.max_share_slack is None or len(ids) < 2 or n < SHARE_WINDOW * len(ids) // 2:
-            return False
-        if self._recent_count[replica] + 1 <= (1 + self.max_share_slack) * (n + 1) / len(ids):
-            return False
-        top = max((c, h) for (r, h), c in self._recent_prefix.items() if r == replica and c > 0)
-        return top[1] != head
+    def _holding_homes(self, head: int, matched: Mapping[str, int]) -> tuple[str, ...]:
+        """The prefix's homes, less those that lost it (its first block gone from their cache)
+        while another home still holds it: their traffic is not theirs any more."""
+        homes = self.homes.homes(head)
+        holding = tuple(r for r in homes if matched.get(r, 0))
+        if holding and len(holding) < len(homes):
+            self.homes.set_homes(head, holding)
+            return holding
+        return homes
 
-    def _count(self, replica: str, head: int, num_replicas: int) -> None:
-        self._recent.append((replica, head))
-        self._recent_count[replica] += 1
-        self._recent_prefix[(replica, head)] += 1
-        while len(self._recent) > SHARE_WINDOW * num_replicas:
-            old = self._recent.popleft()
-            self._recent_count[old[0]] -= 1
-            self._recent_prefix[old] -= 1
-            if not self._recent_prefix[old]:
-                del self._recent_prefix[old]
+    def _rebalance(self, choice: str, ids: Sequence[str], head: int, cluster: Cluster, turn: int) -> str:
+        """Where this request of `head` goes: `choice`, unless the prefixes homed there bring more than
+        (1 + slack) x the even share of the recent traffic (once the window is half full). Then a
+        lesser prefix moves to the replica bringing the least traffic, and the replica's busiest
+        prefix gains that replica as another home if it alone is over the bound; either only when
+        it lowers the busiest share (a move that merely swaps the roles never happens)."""
+        h = self.homes
+        n = h.size() + 1
+        bound = (1 + (self.max_share_slack or 0.0)) * n / len(ids)
+        if (self.max_share_slack is None or len(ids) < 2 or n <= SHARE_START * len(ids)
+                or h.traffic[choice] + 1 <= bound):
+            return choice
+        homes = h.homes(head)
+        others = [r for r in ids if r not in homes]
+        if not others:
+            return choice
+        target = min(others, key=lambda r: (h.traffic[r], cluster.load.get(r, 0)))
+        share = h.per_home(head)
+        if h.busiest(choice) != head:           # move a lesser prefix
+            new_homes = tuple(r for r in homes if r != choice) + (target,)
+            after = h.traffic[target] + share
+        elif share > bound:                     # the hot prefix alone overflows: one more home
+            new_homes = (*homes, target)
+            after = h.traffic[target] + h.freq[head] / len(new_homes)
+        else:
+            return choice
+        if after >= h.traffic[choice]:
+            return choice
+        h.set_homes(head, new_homes)
+        return target
 
     def _overloaded(self, load: int, lowest: int) -> bool:
         return load - lowest > self.balance_abs_threshold and load > self.balance_rel_threshold * lowest
