@@ -98,7 +98,7 @@ class LeastLoadedRouter:
         return least_loaded(ids, cluster.load, next(self._turn))
 
 
-def least_loaded(ids: Sequence[str], load: Mapping[str, int], turn: int = 0) -> str:
+def least_loaded(ids: Sequence[str], load: Mapping[str, float], turn: int = 0) -> str:
     low = min(load.get(r, 0) for r in ids)
     ties = [r for r in ids if load.get(r, 0) == low]
     return ties[turn % len(ties)]
