@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pacer.core.block_events import BlockEvent  # noqa: E402
 from pacer.deploy.kv_index import BlockIndex  # noqa: E402
-from pacer.deploy.routers import Cluster, RouteRequest, make_router  # noqa: E402
+from pacer.deploy.routers import Cluster, PrefixRouter, RouteRequest, make_router  # noqa: E402
 
 ROUTER_NAMES = ("round-robin", "least-loaded", "prefix")
 
@@ -124,13 +124,14 @@ def run_real(args: argparse.Namespace) -> None:
                            zipf=args.zipf)
         results = {}
         for name in [r for r in ROUTER_NAMES if r in args.routers]:
-            for e in engines:   # every router starts cold
+            for e in engines:   # every router starts cold (and its index hears of it before routing)
                 e.run_until_done()
-                e.kv.reset_prefix_cache()
+                e.reset_prefix_cache()
             r = results[name] = _run_router(name, engines, workers, done, trace, params, index, lock, args)
             print(f"(a) seed {args.seed + k} router={name:12s} hit_rate={r['hit_rate']:.3f} "
                   f"ttft_p50={r['ttft_p50'] * 1000:7.1f} ms ttft_p99={r['ttft_p99'] * 1000:7.1f} ms "
-                  f"throughput={r['tok_s']:6.1f} tok/s split={r['split']} wall={r['wall']:.1f}s ({load()})", flush=True)
+                  f"throughput={r['tok_s']:6.1f} tok/s split={r['split']}{r['moves']} wall={r['wall']:.1f}s ({load()})",
+                  flush=True)
         if "round-robin" in results and "prefix" in results:
             _summary(f"(a) seed {args.seed + k}", results)
             runs.append(results)
@@ -178,7 +179,9 @@ def _run_router(name, engines, workers, done, trace, params, index, lock, args) 
     total = sum(routed.values())
     return {"hit_rate": hits / max(queried, 1), "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 99),
             "tok_s": out_tokens / wall, "wall": wall,
-            "split": "/".join(f"{routed[i] * 100 // total}" for i in ids), "max_share": max(routed.values()) / total}
+            "split": "/".join(f"{routed[i] * 100 // total}" for i in ids), "max_share": max(routed.values()) / total,
+            "moves": (f" rehomed={router.num_rehomed} detours={router.num_balanced}"
+                      if isinstance(router, PrefixRouter) else "")}
 
 
 def _summary(tag: str, r: dict) -> None:

@@ -307,6 +307,13 @@ class Engine:
             raise ValueError("KV cache events need enable_prefix_caching=True")
         self._kv_sinks.add(sink)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request holds (vLLM's reset_prefix_cache); KV event sinks
+        hear of it now, not at the next step. Returns the number of blocks freed."""
+        freed = self.kv.reset_prefix_cache()
+        self._kv_sinks.publish(self.clock.now, self.kv.take_events)
+        return freed
+
     def remove_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
         self._kv_sinks.remove(sink)
 

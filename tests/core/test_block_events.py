@@ -167,3 +167,8 @@ def test_engine_steps_publish_a_stream_that_mirrors_the_cache_at_every_step():
     assert len(batches) > 3 and eng.kv.stats.hit_tokens > 0
     evicted = sum(eng.kv.stats.evicted_blocks.values())
     assert evicted > 0, "the budget is small enough that eviction (BlockRemoved) is exercised"
+    eng.run_until_done()
+    assert index.blocks("r")
+    eng.reset_prefix_cache()                  # sinks hear of it at once, not at the next step
+    assert_mirrors(eng.kv, index)
+    assert not index.blocks("r")

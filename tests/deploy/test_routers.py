@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pacer.config import EngineConfig
-from pacer.core.block_events import BlockStoredEvent, chain_hashes
+from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.routers import (
     Cluster,
@@ -106,6 +106,23 @@ def test_prefix_router_gives_a_prefix_too_hot_for_one_replica_more_homes():
     assert len(homes[0]) == 3               # 70% over homes of at most 30% each
     assert all(len(homes[k]) == 1 for k in (1, 2, 3))
     assert router.num_rehomed <= 6          # each move or new home once
+
+
+def test_prefix_router_drops_a_home_that_lost_the_prefix():
+    c = _cluster(3)
+    prompt = list(range(100, 132))
+    router = PrefixRouter(max_share_slack=None)
+    homes = {router.choose(RouteRequest(str(i), prompt + [i]), c) for i in range(2)}
+    assert len(homes) == 1                   # the second follows the first's pending blocks
+    (home,) = homes
+    _store(c.index, home, prompt)            # its events arrive: the pending copy goes
+    other = next(r for r in c.replica_ids if r != home)
+    _store(c.index, other, prompt)           # a detour left a copy on another replica
+    head = hash(tuple(prompt[:BS])) ^ hash("")
+    assert router.choose(RouteRequest("x", prompt + [9]), c) == home   # equal matches: home wins
+    c.index.apply(home, [BlockRemovedEvent(tuple(chain_hashes(None, prompt, BS, "")))])
+    assert router.choose(RouteRequest("y", prompt + [9]), c) == other  # evicted at home: seen at once
+    assert router.homes.homes(head) == (other,)
 
 
 def test_prefix_router_matches_only_within_the_tenant_in_isolated_mode():

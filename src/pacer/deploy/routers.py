@@ -16,12 +16,14 @@ beyond a seeded rotation for ties, so the same trace routes the same way served 
   to the least-loaded replica instead (bounded imbalance: a hot prefix cannot pile all
   traffic on one replica). Load alone misses a skew that builds slowly (a closed loop of a
   few clients keeps loads within a request of each other while one replica takes two thirds
-  of the traffic), so the router also bounds each replica's share of its recent decisions
-  (`max_share_slack`: at most 1 + slack times the even share of the last 16 x N): an
-  over-share replica keeps its most frequent prefix and hands the requests of its others to
-  the replica with the fewest recent decisions, and ties between equal matches go there too,
-  so a prefix moves home instead of being copied everywhere. In isolated mode the match is
-  within the request's tenant.
+  of the traffic), so each prefix (named by its first block) also has home replicas
+  (`PrefixHomes`): ties between equal matches, and a prefix no replica holds, go home; and the
+  traffic homed on a replica is bounded (`max_share_slack`: at most 1 + slack times the even
+  share of the last 64 x N decisions): past it, one of its lesser prefixes moves to the replica
+  homing the least traffic, or, when its busiest prefix alone is over the bound, that prefix
+  gains a second home there. The measure moves the moment a home does, so a move is never
+  repeated while old decisions age out, and a prefix is cached on as few replicas as its
+  traffic needs. In isolated mode the match is within the request's tenant.
 - `class`: separate pools per request class (e.g. long RAG prompts on their own replicas),
   each pool routed by an inner router.
 """
@@ -136,36 +138,64 @@ class PrefixRouter:
         ids = _candidates(cluster, candidates)
         bs = cluster.block_size
         memo = cluster.index.memo(req.token_ids, bs, req.owner)
-        matched = {r: max(cluster.index.match_blocks(r, req.token_ids, bs, req.owner, memo),
-                          self.pending.match_blocks(r, req.token_ids, bs, req.owner, memo)) for r in ids}
+        hashes = chain_hashes(None, req.token_ids, bs, req.owner)
+        matched = {r: self._match(r, req, cluster, memo, hashes) for r in ids}
         turn = next(self._turn)
         head = hash(tuple(req.token_ids[:bs])) ^ hash(req.owner)   # the prefix's name for its homes
-        best_len = max(matched.values())
         homes = self._holding_homes(head, matched)
-        best = [r for r in ids if matched[r] == best_len]
-        at_home = [r for r in best if r in homes] or ([r for r in homes if r in ids] if not best_len else [])
-        choice = self._lightest(at_home or best, cluster, turn)
+        choice = self._cached_choice(head, homes, matched, ids, cluster, turn)
         low = least_loaded(ids, cluster.load, turn)
         if self._overloaded(cluster.load.get(choice, 0), cluster.load.get(low, 0)):
             choice = low            # a passing detour: the prefix keeps its homes
             self.num_balanced += 1
-        elif choice in homes or not any(matched.get(r, 0) for r in homes):
-            if choice not in homes:  # first seen, or no home holds it any more: it lives here now
-                self.homes.set_homes(head, (choice,))
+        else:
             moved = self._rebalance(choice, ids, head, cluster, turn)
-            self.num_prefix_routed += moved == choice and best_len > 0
+            self.num_prefix_routed += moved == choice and matched[choice] > 0
             self.num_rehomed += moved != choice
             choice = moved
-        else:                       # a longer match away from its homes (one conversation's turns)
-            self.num_prefix_routed += 1
         self.homes.record(head, SHARE_WINDOW * len(ids))
-        self._remember(choice, req, bs)
+        self._remember(choice, hashes, bs, cluster.index)
         return choice
 
-    def _lightest(self, ids: Sequence[str], cluster: Cluster, turn: int) -> str:
-        """Least loaded; among those, the one whose homed prefixes bring the least recent traffic."""
+    def _match(self, replica: str, req: RouteRequest, cluster: Cluster, memo, hashes: list[int]) -> int:
+        """Blocks of the request `replica` holds: reported by its KV events, or routed there and not
+        reported yet. Once the events cover what was pending, the pending copy goes, so an eviction
+        reported later is seen at once."""
+        bs = cluster.block_size
+        reported = cluster.index.match_blocks(replica, req.token_ids, bs, req.owner, memo)
+        pending = self.pending.match_blocks(replica, req.token_ids, bs, req.owner, memo)
+        if pending and reported >= pending:
+            mine = self.pending.blocks(replica)
+            self.pending.apply(replica, [BlockRemovedEvent(tuple(h for h in hashes[:pending] if h in mine))])
+            return reported
+        return max(reported, pending)
+
+    def _lightest(self, ids: Sequence[str], cluster: Cluster, turn: int,
+                  matched: Mapping[str, int] | None = None) -> str:
+        """Least loaded; among those the one holding the most of the request (when `matched`
+        is given), then the one whose homed prefixes bring the least recent traffic."""
         low = min(cluster.load.get(r, 0) for r in ids)
-        return least_loaded([r for r in ids if cluster.load.get(r, 0) == low], self.homes.traffic, turn)
+        ties = [r for r in ids if cluster.load.get(r, 0) == low]
+        if matched is not None:
+            most = max(matched[r] for r in ties)
+            ties = [r for r in ties if matched[r] == most]
+        return least_loaded(ties, self.homes.traffic, turn)
+
+    def _cached_choice(self, head: int, homes: tuple[str, ...], matched: Mapping[str, int], ids: Sequence[str],
+                       cluster: Cluster, turn: int) -> str:
+        """A home holding at least half the longest match anywhere (a few tail blocks evicted at
+        home, or one conversation's turn cached elsewhere, is not worth copying the prefix): the
+        least loaded of them, then the one holding the most. Else the replica with the longest
+        match, which becomes a home in place of the one holding the least (or the first home of a
+        new prefix)."""
+        best_len = max(matched.values())
+        near = [r for r in homes if r in matched and 2 * matched[r] >= best_len]
+        if near:
+            return self._lightest(near, cluster, turn, matched)
+        choice = self._lightest([r for r in ids if matched[r] == best_len], cluster, turn)
+        keep = sorted((r for r in homes if r in matched), key=lambda r: matched[r])[1:]
+        self.homes.set_homes(head, (*keep, choice))
+        return choice
 
     def _holding_homes(self, head: int, matched: Mapping[str, int]) -> tuple[str, ...]:
         """The prefix's homes, less those that lost it (its first block gone from their cache)
@@ -211,9 +241,11 @@ class PrefixRouter:
     def _overloaded(self, load: int, lowest: int) -> bool:
         return load - lowest > self.balance_abs_threshold and load > self.balance_rel_threshold * lowest
 
-    def _remember(self, replica: str, req: RouteRequest, bs: int) -> None:
-        hashes = chain_hashes(None, req.token_ids, bs, req.owner)
-        fresh = [h for h in hashes if h not in self.pending.blocks(replica)]
+    def _remember(self, replica: str, hashes: list[int], bs: int, index: BlockIndex) -> None:
+        """The request's blocks will be on `replica`: pending until its KV events report them
+        (blocks it already reports are not pending: a cache hit stores nothing new)."""
+        known, reported = self.pending.blocks(replica), index.blocks(replica)
+        fresh = [h for h in hashes if h not in known and h not in reported]
         self.pending.apply(replica, [BlockStoredEvent(tuple(fresh), None, (), bs, None)])
         self._pending_order.append((replica, fresh))
         while len(self._pending_order) > self._max_pending:
