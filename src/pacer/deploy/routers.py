@@ -45,7 +45,7 @@ __all__ = ["RouteRequest", "Cluster", "Router", "RoundRobinRouter", "LeastLoaded
 
 ROUTERS = ("round-robin", "least-loaded", "prefix", "class")
 SHARE_WINDOW = 64   # the prefix router bounds each replica's share of the last 64 x N decisions
-SHARE_START = 8     # once it holds 8 x N
+SHARE_START = 8     # once 8 x N decisions are in
 
 
 def request_namespace(tenant: str, cache_salt: str | None, isolation: str) -> str:
@@ -149,7 +149,7 @@ class PrefixRouter:
             choice = low            # a passing detour: the prefix keeps its homes
             self.num_balanced += 1
         else:
-            moved = self._rebalance(choice, ids, head, cluster, turn)
+            moved = self._rebalance(choice, ids, head, cluster)
             self.num_prefix_routed += moved == choice and matched[choice] > 0
             self.num_rehomed += moved != choice
             choice = moved
@@ -207,9 +207,9 @@ class PrefixRouter:
             return holding
         return homes
 
-    def _rebalance(self, choice: str, ids: Sequence[str], head: int, cluster: Cluster, turn: int) -> str:
+    def _rebalance(self, choice: str, ids: Sequence[str], head: int, cluster: Cluster) -> str:
         """Where this request of `head` goes: `choice`, unless the prefixes homed there bring more than
-        (1 + slack) x the even share of the recent traffic (once the window is half full). Then a
+        (1 + slack) x the even share of the recent traffic (once 8 x N decisions are in). Then a
         lesser prefix moves to the replica bringing the least traffic, and the replica's busiest
         prefix gains that replica as another home if it alone is over the bound; either only when
         it lowers the busiest share (a move that merely swaps the roles never happens)."""
