@@ -135,6 +135,9 @@ def run_real(args: argparse.Namespace) -> None:
         if "round-robin" in results and "prefix" in results:
             _summary(f"(a) seed {args.seed + k}", results)
             runs.append(results)
+        sim = {name: _simulate_real(name, trace, args) for name in results}
+        print(f"(a) seed {args.seed + k} the simulator's closed-loop prediction (cpu-local): " + ", ".join(
+            f"{name} hit rate {h:.3f} split {split}" for name, (h, split) in sim.items()), flush=True)
     for w in workers:
         w.stop = True
     if len(runs) > 1:
@@ -182,6 +185,25 @@ def _run_router(name, engines, workers, done, trace, params, index, lock, args) 
             "split": "/".join(f"{routed[i] * 100 // total}" for i in ids), "max_share": max(routed.values()) / total,
             "moves": (f" rehomed={router.num_rehomed} detours={router.num_balanced}"
                       if isinstance(router, PrefixRouter) else "")}
+
+
+def _simulate_real(name: str, trace: list[tuple[str, list[int]]], args: argparse.Namespace) -> tuple[float, str]:
+    """Part (a)'s run on the simulator: 2 simulated SmolLM2 engines (cpu-local) with the same KV
+    budget behind the same router, the same trace, a closed loop of the same clients."""
+    from pacer.config import EngineConfig
+    from pacer.sim.cluster import build_cluster, simulate_cluster
+    from pacer.sim.profiles import get_hardware, get_model
+    from pacer.sim.simulator import SimRequest
+
+    config = EngineConfig.from_kwargs(num_kv_blocks=args.kv_blocks, block_size=16, max_model_len=2048,
+                                      max_num_seqs=args.concurrency)
+    index = BlockIndex()
+    replicas = build_cluster(2, config, get_hardware("cpu-local"), get_model("smollm2-135m"), index)
+    reqs = [SimRequest(f"q{i}", None, tokens, args.output_len, tenant=t) for i, (t, tokens) in enumerate(trace)]
+    router = make_router(name, 2, balance_abs_threshold=args.balance_abs_threshold,
+                         balance_rel_threshold=args.balance_rel_threshold)
+    res = simulate_cluster(replicas, router, index, reqs, block_size=16, concurrency=args.concurrency)
+    return res.hit_rate(), "/".join(f"{x * 100:.0f}" for x in res.load_split())
 
 
 def _summary(tag: str, r: dict) -> None:

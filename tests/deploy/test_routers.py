@@ -176,3 +176,32 @@ def test_simulated_cluster_prefix_beats_round_robin_on_hits():
     assert all(r.ok for r in prefix.records)
     assert prefix.hit_rate() >= 1.3 * rr.hit_rate() > 0
     assert max(prefix.load_split()) <= 0.6
+
+
+def _in_flight(records) -> int:
+    """The most requests in flight at once (sent, not yet finished)."""
+    events = sorted([(r.arrival_time, 1) for r in records] + [(r.finish_time, -1) for r in records],
+                    key=lambda e: (e[0], e[1]))   # a finish frees its slot before a send at the same instant
+    most = now = 0
+    for _, d in events:
+        now += d
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_simulated_cluster_caps_requests_in_flight(paced):
+    """--concurrency over the deployment: a closed loop of 3 clients (no arrival times), or a
+    rate capped at 3 in flight; never a fourth request before one finishes, none sent early."""
+    config = EngineConfig.from_kwargs(num_kv_blocks=200, block_size=16, max_model_len=512)
+    index = BlockIndex()
+    replicas = build_cluster(2, config, get_hardware("h200-sxm"), get_model("llama-3.1-8b"), index)
+    trace = [SimRequest(r.request_id, r.arrival_time / 10 if paced else None, r.prompt_token_ids, r.output_tokens)
+             for r in _trace(24)]
+    result = simulate_cluster(replicas, make_router("least-loaded", 2), index, trace, block_size=16, concurrency=3)
+    assert len(result.records) == 24 and all(r.ok for r in result.records)
+    assert _in_flight(result.records) == 3
+    if paced:
+        assert all(rec.arrival_time >= req.arrival_time - 1e-9 for rec, req in zip(result.records, trace))
+    with pytest.raises(ValueError, match="--concurrency"):
+        simulate_cluster(replicas, make_router("least-loaded", 2), index, trace, block_size=16, concurrency=0)

@@ -12,6 +12,7 @@ at the arrival time; a busy one takes the request at its next step, as a real on
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,14 +83,20 @@ def build_cluster(num_replicas: int, config: EngineConfig, hw: Any, model: Any, 
 
 
 def simulate_cluster(replicas: Sequence[Replica], router: Router, index: BlockIndex,
-                     requests: Sequence[TraceRequest], *, block_size: int, isolation: str = "shared") -> ClusterResult:
-    """Open loop: each request arrives at its `arrival_time` (None: at the start)."""
-    return _ClusterLoop(replicas, router, index, requests, block_size, isolation).run()
+                     requests: Sequence[TraceRequest], *, block_size: int, isolation: str = "shared",
+                     concurrency: int | None = None) -> ClusterResult:
+    """Each request is sent at its `arrival_time` (None: at the start), and, with `concurrency`,
+    not before one of the deployment's `concurrency` in-flight requests has finished: requests
+    without an arrival time then make a closed loop of that many clients (`--concurrency`)."""
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+    return _ClusterLoop(replicas, router, index, requests, block_size, isolation, concurrency).run()
 
 
 class _ClusterLoop:
     def __init__(self, replicas: Sequence[Replica], router: Router, index: BlockIndex,
-                 requests: Sequence[TraceRequest], block_size: int, isolation: str) -> None:
+                 requests: Sequence[TraceRequest], block_size: int, isolation: str,
+                 concurrency: int | None = None) -> None:
         self.replicas = list(replicas)
         self.by_id = {r.replica_id: r for r in replicas}
         self.router = router
@@ -103,11 +110,14 @@ class _ClusterLoop:
         self.replica_of: dict[str, str] = {}
         self.idle: dict[str, int] = {}
         self.nxt = 0
+        # with a concurrency: when each client slot is free next (a heap; empty: all in flight)
+        self.slots: list[float] | None = None if concurrency is None else [self.t0] * concurrency
 
     def _next_arrival(self) -> float:
-        if self.nxt >= len(self.order):
+        if self.nxt >= len(self.order) or self.slots == []:
             return float("inf")
-        return self.t0 + (self.requests[self.order[self.nxt]].arrival_time or 0.0)
+        at = self.t0 + (self.requests[self.order[self.nxt]].arrival_time or 0.0)
+        return at if self.slots is None else max(at, self.slots[0])
 
     def run(self) -> ClusterResult:
         wall0 = time.perf_counter()
@@ -124,6 +134,8 @@ class _ClusterLoop:
 
     def _arrive(self) -> None:
         arrive_at = self._next_arrival()
+        if self.slots is not None:
+            heapq.heappop(self.slots)
         i = self.order[self.nxt]
         self.nxt += 1
         req = self.requests[i]
@@ -146,6 +158,8 @@ class _ClusterLoop:
         before = replica.clock.now()
         for out in replica.engine.step():
             if out.finished:
+                if self.slots is not None:
+                    heapq.heappush(self.slots, replica.clock.now())
                 i = self.index_of.pop(out.request_id)
                 r = self.requests[i]
                 self.records[i] = RequestRecord.from_metrics(out.metrics, request_id=r.request_id,
@@ -176,7 +190,7 @@ def run_cluster_cli(args: Any, config: EngineConfig, hw: Any, model: Any, rates:
                                  gpu_memory_utilization=args.gpu_memory_utilization)
         specs, workload, arrivals = make_specs(rate, replicas[0].engine.max_model_len)
         result = simulate_cluster(replicas, router, index, specs, block_size=config.cache.block_size,
-                                  isolation=config.cache.tenant_isolation)
+                                  isolation=config.cache.tenant_isolation, concurrency=args.concurrency)
         meta = make_meta(workload, arrivals, rate, len(specs))
         meta.update({"model": model.name, "replicas": args.replicas, "router": args.router,
                      "load_split": result.load_split(), "prefix_cache_hit_rate": result.hit_rate()})
