@@ -6,9 +6,10 @@ One command (`python benchmarks/routing.py`; `--quick` for a smaller run):
     budget that holds a third of the 8 system prompts plus its running requests' own blocks),
     behind pacer's routers (`pacer.deploy.routers`, the code Ray Serve runs), fed a
     multi-tenant chat trace: 8 system prompts of ~600 tokens with Zipf popularity (exponent 0.6
-    by default, `--zipf`) and a short
-    user turn each, closed loop. The prefix router reads the engines' own KV events. Per router:
-    prefix-cache hit rate, TTFT p50/p99, output throughput and the load split.
+    by default, `--zipf`) and a short user turn each, 4 clients in a closed loop; `--repeats K`
+    routes K fresh traces. The prefix router reads the engines' own KV events. Per router:
+    prefix-cache hit rate, TTFT p50/p99, output throughput and the load split, and the
+    simulator's prediction of the same run (2 simulated engines, the same closed loop).
 (b) The simulator with 16 replicas (H200, Llama-3.1-8B, one virtual timeline): the same
     comparison at one rate, and the highest rate at which each router holds a TTFT p99 target.
 
