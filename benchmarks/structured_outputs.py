@@ -137,8 +137,9 @@ def main() -> None:
     engine.stats_listeners.append(lambda s: full[mode[0]].append(s.total_s) if s.kind == "decode"
                                   and s.batch_size == n else None)
     for r in range(args.repeats):   # A/B, B/A, ...: drifts in the machine's load hit both sides alike
-        for mode[0] in (("json", "plain") if r % 2 == 0 else ("plain", "json")):
-            if mode[0] == "json":
+        for side in (("json", "plain") if r % 2 == 0 else ("plain", "json")):
+            mode[0] = side   # the stats listener files this side's decode steps
+            if side == "json":
                 js, js_cpu, got = batch.run()
             else:
                 pl, pl_cpu = run_plain(engine, prompts, lengths)

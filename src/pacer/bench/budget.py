@@ -68,7 +68,7 @@ class BudgetTally:
 
 def describe_budget(d: Mapping[str, Any]) -> str | None:
     """One line for a report: None when no target ever set a budget."""
-    by_itl, by_arrival = d.get("num_set_by_itl") if d else 0, d.get("num_set_by_arrival", 0) if d else 0
+    by_itl, by_arrival = (d.get("num_set_by_itl", 0), d.get("num_set_by_arrival", 0)) if d else (0, 0)
     if not by_itl and not by_arrival:
         return None
     line = (f"step budget: an ITL target set it in {by_itl} of {d['num_steps']} steps, the tightest TTFT (for "

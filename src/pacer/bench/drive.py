@@ -12,7 +12,7 @@ clock jumps), so the same loop serves both worlds.
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -22,7 +22,7 @@ from pacer.request import SamplingParams
 if TYPE_CHECKING:
     from pacer.engine import Engine, RequestOutput
 
-__all__ = ["DriveSpec", "ARRIVAL_NOTE", "drive", "record_from_output"]
+__all__ = ["DriveSpec", "ARRIVAL_NOTE", "ClientSlots", "drive", "record_from_output"]
 
 ARRIVAL_NOTE = ("arrival = when the client hands a request over (its timestamp; under a concurrency cap or in "
                 "a closed loop, when a slot frees); the engine sees it at the next step boundary and the time "
@@ -54,26 +54,29 @@ S = TypeVar("S", bound=DriveSpec)
 Prepare = Callable[[S], tuple[Sequence[int], SamplingParams]]
 
 
-class _Slots:
-    """Client slots: at most `limit` requests in flight; each slot remembers when it freed."""
+class ClientSlots:
+    """Client slots: at most `limit` requests in flight (None: no cap); each slot remembers when
+    it freed, and the earliest-freed is taken first (a heap: several engines on their own clocks
+    free slots out of time order)."""
 
     def __init__(self, limit: int | None, t0: float) -> None:
-        self.free_at: deque[float] = deque([t0] * limit) if limit is not None else deque()
+        self.free_at: list[float] = [t0] * limit if limit is not None else []
         self.unlimited = limit is None
         self.t0 = t0
 
     def next_free(self) -> float | None:
+        """When a slot is free next (None: every slot is in flight)."""
         if self.unlimited:
             return self.t0
         return self.free_at[0] if self.free_at else None
 
     def take(self) -> None:
         if not self.unlimited:
-            self.free_at.popleft()
+            heapq.heappop(self.free_at)
 
     def release(self, t: float) -> None:
         if not self.unlimited:
-            self.free_at.append(t)
+            heapq.heappush(self.free_at, t)
 
 
 def _ordered(specs: Iterable[S], closed_loop: bool) -> Iterator[S]:
@@ -97,7 +100,7 @@ def drive(engine: Engine, specs: Iterable[S], prepare: Prepare[S], *, concurrenc
         raise ValueError("a closed loop needs a concurrency")
     clock = engine.clock
     t0 = clock.now() if t0 is None else t0
-    slots = _Slots(concurrency, t0)
+    slots = ClientSlots(concurrency, t0)
     it = _ordered(specs, closed_loop)
     pending = next(it, None)
     in_flight: dict[str, S] = {}

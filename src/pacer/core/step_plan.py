@@ -40,7 +40,7 @@ class StepPlan:
         self.budget_reason = "max_num_batched_tokens"
         self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
-        self._shape: StepShape | None = StepShape()         # of `rows`, kept as they are added (None: rebuild)
+        self._shape: StepShape | None = None   # of `rows`: built on the first fit, then kept as rows are added
 
     def limit(self, tokens_left: int, reason: str, chunk_fit: ChunkFit | None) -> None:
         """A policy's budget for the rest of the step: tokens, why, and (slo) the fit every
@@ -52,7 +52,7 @@ class StepPlan:
 
     def shape(self) -> StepShape:
         """The step decided so far, as counts (drafts excluded)."""
-        if self._shape is None:   # after an undo
+        if self._shape is None:   # first asked, or after an undo
             self._shape = StepShape()
             for n, start, sample in self.rows.values():
                 self._shape = self._shape.with_chunk(n, start, sample)

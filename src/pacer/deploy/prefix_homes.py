@@ -52,9 +52,7 @@ class PrefixHomes:
             self._add(old, -1)
             if not self.freq[old]:
                 del self.freq[old]
-                for r in self._homes.pop(old, ()):
-                    if abs(self.traffic[r]) < 1e-9:     # float dust of a prefix no longer here
-                        self.traffic[r] = 0.0
+                self._homes.pop(old, None)
 
     def _add(self, head: int, n: int) -> None:
         self.freq[head] += n

@@ -34,7 +34,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes, namespace
 from pacer.deploy.kv_index import BlockIndex
@@ -157,7 +157,7 @@ class PrefixRouter:
         self._remember(choice, hashes, bs, cluster.index)
         return choice
 
-    def _match(self, replica: str, req: RouteRequest, cluster: Cluster, memo, hashes: list[int]) -> int:
+    def _match(self, replica: str, req: RouteRequest, cluster: Cluster, memo: Any, hashes: list[int]) -> int:
         """Blocks of the request `replica` holds: reported by its KV events, or routed there and not
         reported yet. Once the events cover what was pending, the pending copy goes, so an eviction
         reported later is seen at once."""
@@ -215,9 +215,10 @@ class PrefixRouter:
         it lowers the busiest share (a move that merely swaps the roles never happens)."""
         h = self.homes
         n = h.size() + 1
-        bound = (1 + (self.max_share_slack or 0.0)) * n / len(ids)
-        if (self.max_share_slack is None or len(ids) < 2 or n <= SHARE_START * len(ids)
-                or h.traffic[choice] + 1 <= bound):
+        if self.max_share_slack is None or len(ids) < 2 or n <= SHARE_START * len(ids):
+            return choice
+        bound = (1 + self.max_share_slack) * n / len(ids)
+        if h.traffic[choice] + 1 <= bound:
             return choice
         homes = h.homes(head)
         others = [r for r in ids if r not in homes]

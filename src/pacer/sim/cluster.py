@@ -12,12 +12,12 @@ at the arrival time; a busy one takes the request at its next step, as a real on
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pacer.bench.drive import ClientSlots
 from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
@@ -110,14 +110,13 @@ class _ClusterLoop:
         self.replica_of: dict[str, str] = {}
         self.idle: dict[str, int] = {}
         self.nxt = 0
-        # with a concurrency: when each client slot is free next (a heap; empty: all in flight)
-        self.slots: list[float] | None = None if concurrency is None else [self.t0] * concurrency
+        self.slots = ClientSlots(concurrency, self.t0)   # the drivers' rule: sent when a slot frees
 
     def _next_arrival(self) -> float:
-        if self.nxt >= len(self.order) or self.slots == []:
+        free = self.slots.next_free()
+        if self.nxt >= len(self.order) or free is None:
             return float("inf")
-        at = self.t0 + (self.requests[self.order[self.nxt]].arrival_time or 0.0)
-        return at if self.slots is None else max(at, self.slots[0])
+        return max(self.t0 + (self.requests[self.order[self.nxt]].arrival_time or 0.0), free)
 
     def run(self) -> ClusterResult:
         wall0 = time.perf_counter()
@@ -134,8 +133,7 @@ class _ClusterLoop:
 
     def _arrive(self) -> None:
         arrive_at = self._next_arrival()
-        if self.slots is not None:
-            heapq.heappop(self.slots)
+        self.slots.take()
         i = self.order[self.nxt]
         self.nxt += 1
         req = self.requests[i]
@@ -158,8 +156,7 @@ class _ClusterLoop:
         before = replica.clock.now()
         for out in replica.engine.step():
             if out.finished:
-                if self.slots is not None:
-                    heapq.heappush(self.slots, replica.clock.now())
+                self.slots.release(replica.clock.now())
                 i = self.index_of.pop(out.request_id)
                 r = self.requests[i]
                 self.records[i] = RequestRecord.from_metrics(out.metrics, request_id=r.request_id,

@@ -40,19 +40,15 @@ def _byte_table() -> np.ndarray:
 _TABLE = _byte_table()
 
 
-def _kernels() -> Any | None:
-    from pacer.model import kernels
-
-    return kernels.load()
-
-
 class TokenMasks:
     """The masks of one step: request id -> row of `bitmask()` ([rows, ceil(vocab/32)] int32)."""
 
-    def __init__(self, request_ids: Sequence[str], future: Future[torch.Tensor], stats: Any) -> None:
+    def __init__(self, request_ids: Sequence[str], future: Future[torch.Tensor], stats: Any,
+                 kernels: Any | None = None) -> None:
         self.rows = {rid: i for i, rid in enumerate(request_ids)}
         self._future = future
         self._stats = stats
+        self._kernels = kernels   # pacer's C++ kernels (None: the bias fallback)
         self._bits: torch.Tensor | None = None
 
     def bitmask(self) -> torch.Tensor:
@@ -72,10 +68,9 @@ class TokenMasks:
         bits = self.bitmask()
         dst = torch.tensor([i for i, _ in picked], dtype=torch.int64)
         src = torch.tensor([j for _, j in picked], dtype=torch.int64)
-        kernels = _kernels() if logits.device.type == "cpu" and logits.stride(-1) == 1 else None
         with torch.inference_mode():   # the forward's logits are inference tensors
-            if kernels is not None:
-                kernels.apply_token_bitmask_(logits, bits, dst, src)
+            if self._kernels is not None and logits.device.type == "cpu" and logits.stride(-1) == 1:
+                self._kernels.apply_token_bitmask_(logits, bits, dst, src)
             else:
                 _apply_bias(logits, bits, dst, src)
         return logits
@@ -110,14 +105,16 @@ class MaskComputer:
         # while they may still be read (the engine's per-request retry re-reads them)
         self._buffers: list[np.ndarray] = []
         self._flip = 0
-        _kernels()   # built (or found) now, not in the first constrained step
+        from pacer.model import kernels
+
+        self._kernels = kernels.load()   # built (or found) now, not in the first constrained step
 
     def start(self, items: Sequence[tuple[str, Any]]) -> TokenMasks:
         """Begin computing the masks of `(request id, matcher)` pairs (matchers must not be
         advanced until the result was read)."""
         matchers = [m for _, m in items]
         future = self._pool.submit(self._compute, matchers)
-        return TokenMasks([rid for rid, _ in items], future, self._stats)
+        return TokenMasks([rid for rid, _ in items], future, self._stats, self._kernels)
 
     def _take_buffer(self, rows: int) -> np.ndarray:
         if not self._buffers or self._buffers[0].shape[0] < rows:
