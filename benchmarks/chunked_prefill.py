@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pacer.bench.arrivals import Poisson
-from pacer.bench.report import OVERALL, Report, build_report
-from pacer.bench.runner import run_inprocess
-from pacer.bench.workloads import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
 from pacer.engine import Engine
 from pacer.request import SamplingParams
+from pacer.workload.arrivals import Poisson
+from pacer.workload.generator import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
+from pacer.workload.report import OVERALL, Report, build_report
+from pacer.workload.runner import run_inprocess
 
 
 def workload(args: argparse.Namespace) -> Workload:

@@ -24,7 +24,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pacer.cli import main
+from pacer.cli.main import main
 
 WORKLOADS = {
     "prefill": "classes:\n  - {name: chat, weight: 3, prompt_len: {mean: 96, cv: 0.3}, output_len: 64}\n"

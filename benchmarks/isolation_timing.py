@@ -22,10 +22,11 @@ import threading
 import time
 from pathlib import Path
 
-from pacer.bench.equivalence import tost_paired
 from pacer.bench.timing_channel import log_ratios, run_trials
+from pacer.cli.serve import add_args as add_serve_args
 from pacer.llm import LLM
-from pacer.server.cli import DEFAULT_MODEL_NAME, add_serve_args, build_service
+from pacer.server.cli import DEFAULT_MODEL_NAME, build_service
+from pacer.workload.equivalence import tost_paired
 
 KEYS = {"keys": [{"name": "victim", "key": "victim-key", "tenant": "victim"},
                  {"name": "attacker", "key": "attacker-key", "tenant": "attacker"}]}

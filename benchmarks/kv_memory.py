@@ -9,7 +9,7 @@
    engine thread's CPU clock (one torch thread), which the other processes sharing the cores do
    not stretch (on wall time their noise bends TPOT p99 at random). Per point:
    preemptions, TPOT p50 / p99, output tok/s. The knee is found by `pacer tune`'s rule
-   (pacer.diagnose.method.find_knee): the point before preemptions start (> 0.05 per request)
+   (pacer.tune.method.find_knee): the point before preemptions start (> 0.05 per request)
    or TPOT p99 bends up.
 3. decode: one decode step of 32 sequences x 1,024 context (--full: 64 x 2,048) through
    ModelExecutor.execute, full precision vs int8 vs fp8: each executor's KV holds real values
@@ -36,13 +36,13 @@ import time
 from typing import Any
 
 from pacer.config import EngineConfig
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
-from pacer.diagnose.method import PREEMPTION_TOLERANCE, TURN, find_knee
 from pacer.engine import Engine
-from pacer.model.disk_io import DiskKVTier
 from pacer.model.executor import ModelExecutor
+from pacer.model.kv_io import DiskKVTier
 from pacer.model.runner import executor_for, kv_capacity_line
 from pacer.request import SamplingParams
+from pacer.sched.contract import ScheduledRequest, SchedulerOutput
+from pacer.tune.method import PREEMPTION_TOLERANCE, TURN, find_knee
 
 
 def load() -> str:
@@ -98,7 +98,7 @@ def one_wave(engine: Engine, seqs: int, prompt_len: int, out_len: int) -> dict[s
 def knee(base: Engine, full: bool, repeats: int = 1) -> None:
     """The seed experiment: the max_num_seqs sweep, both KV dtypes at each point side by side,
     the sweep repeated (order alternated) and each point's median taken; the knee by `pacer
-    tune`'s rule (pacer.diagnose.method.find_knee)."""
+    tune`'s rule (pacer.tune.method.find_knee)."""
     prompt_len, out_len = (256, 256) if full else (64, 32)
     memory = "288MiB" if full else "52MiB"
     sweep = [8, 12, 16, 24, 32, 48, 64] + ([96, 128] if full else [])

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pacer.core.block_events import BlockEvent  # noqa: E402
 from pacer.deploy.kv_index import BlockIndex  # noqa: E402
 from pacer.deploy.routers import Cluster, PrefixRouter, RouteRequest, make_router  # noqa: E402
+from pacer.kv.events import BlockEvent  # noqa: E402
 
 ROUTER_NAMES = ("round-robin", "least-loaded", "prefix")
 
@@ -92,9 +92,9 @@ class EngineWorker:
 
 
 def run_real(args: argparse.Namespace) -> None:
-    from pacer.bench.text import TextSource
     from pacer.engine import Engine
     from pacer.request import SamplingParams
+    from pacer.workload.text import TextSource
 
     engines = [Engine.from_kwargs(num_kv_blocks=args.kv_blocks, num_threads=1, max_model_len=2048,
                                   max_num_seqs=args.concurrency) for _ in range(2)]
@@ -192,8 +192,8 @@ def _simulate_real(name: str, trace: list[tuple[str, list[int]]], args: argparse
     """Part (a)'s run on the simulator: 2 simulated SmolLM2 engines (cpu-local) with the same KV
     budget behind the same router, the same trace, a closed loop of the same clients."""
     from pacer.config import EngineConfig
+    from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.cluster import build_cluster, simulate_cluster
-    from pacer.sim.profiles import get_hardware, get_model
     from pacer.sim.simulator import SimRequest
 
     config = EngineConfig.from_kwargs(num_kv_blocks=args.kv_blocks, block_size=16, max_model_len=2048,
@@ -218,8 +218,8 @@ def _summary(tag: str, r: dict) -> None:
 
 def run_sim(args: argparse.Namespace) -> None:
     from pacer.config import EngineConfig
+    from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.cluster import build_cluster, simulate_cluster
-    from pacer.sim.profiles import get_hardware, get_model
     from pacer.sim.simulator import SimRequest
 
     hw, model = get_hardware("h200-sxm"), get_model("llama-3.1-8b")

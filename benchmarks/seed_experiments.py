@@ -25,12 +25,12 @@ import math
 import time
 from typing import Any
 
-from pacer.bench.arrivals import make_arrivals
-from pacer.bench.report import OVERALL, build_report
-from pacer.bench.workloads import builtin_workload, generate_requests
 from pacer.config import EngineConfig
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
+from pacer.workload.arrivals import make_arrivals
+from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.report import OVERALL, build_report
 
 A100, H200 = "a100-80g", "h200-sxm"
 

@@ -6,13 +6,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pacer.bench.arrivals import make_arrivals
-from pacer.bench.report import OVERALL, Report, build_report
-from pacer.bench.workloads import Workload, generate_requests
 from pacer.config import EngineConfig
-from pacer.core.slo import parse_slo
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.config.slo import parse_slo
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
+from pacer.workload.arrivals import make_arrivals
+from pacer.workload.generator import Workload, generate_requests
+from pacer.workload.report import OVERALL, Report, build_report
 
 POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
 _CACHE: dict[tuple[Any, ...], Report] = {}

@@ -10,14 +10,14 @@ import gc
 import statistics
 from typing import Any
 
-from pacer.bench.arrivals import make_arrivals
-from pacer.bench.report import OVERALL, Report, build_report
-from pacer.bench.runner import run_inprocess
-from pacer.bench.workloads import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
-from pacer.core.slo import parse_slo
+from pacer.config.slo import parse_slo
 from pacer.engine import Engine
+from pacer.perf.step_model import CorrectedCostModel
 from pacer.request import SamplingParams
-from pacer.sim.step_model import CorrectedCostModel
+from pacer.workload.arrivals import make_arrivals
+from pacer.workload.generator import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
+from pacer.workload.report import OVERALL, Report, build_report
+from pacer.workload.runner import run_inprocess
 from slo_common import class_table, loadavg, sim_specs_report
 
 # the mixed workload's classes at CPU scale (a 135M model on two shared cores)

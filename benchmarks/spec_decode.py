@@ -29,9 +29,9 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
+from pacer.engine.build import step_cost_model
 from pacer.model.runner import executor_for
 from pacer.request import SamplingParams
-from pacer.sim.step_model import engine_step_cost_model
 
 MODES = ("off", "static", "adaptive")
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -69,7 +69,7 @@ def build_engines(num_blocks: int, threads: int) -> dict[str, Engine]:
             kw.update(speculative_config=SPEC, speculative_policy=mode)
         cfg = EngineConfig.from_kwargs(**kw)
         ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
-        cm = engine_step_cost_model(cfg, arch) if mode == "adaptive" else None
+        cm = step_cost_model(cfg, arch) if mode == "adaptive" else None
         engines[mode] = Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
                                vocab_size=base.vocab_size, cost_model=cm)
     return engines

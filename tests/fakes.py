@@ -15,12 +15,12 @@ from typing import Any
 
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
-from pacer.core.scheduler import Scheduler
-from pacer.core.spec_decode import kept_blocks
-from pacer.core.step_cost import FixedCostModel
 from pacer.engine import Engine, RequestOutput
+from pacer.kv.block_pool import kept_blocks
 from pacer.request import Request, SamplingParams
+from pacer.sched.contract import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
+from pacer.sched.scheduler import Scheduler
+from pacer.sched.step_cost import FixedCostModel
 
 EOS = 7
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pacer.config import EngineConfig
-from pacer.core.slo import Slo
+from pacer.config.slo import Slo
 from pacer.engine import Engine, RequestOutput
-from pacer.engine_inputs import resolve_slo
+from pacer.engine.prepare import resolve_slo
 from pacer.request import SamplingParams
 
 __all__ = ["LLM"]

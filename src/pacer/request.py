@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pacer.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams, sample_seed
 
 if TYPE_CHECKING:
-    from pacer.core.slo import Slo
+    from pacer.config.slo import Slo
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies",
            "FinishReason", "MAX_LOGPROBS", "sample_seed", "ContextLengthError", "check_context_length"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pacer.core.slo import Slo
+    from pacer.config.slo import Slo
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_LOGPROBS", "sample_seed"]
 
@@ -161,7 +161,7 @@ class SamplingParams:
                             f"{type(self.structured_outputs).__name__}")
 
     def _check_slo(self) -> None:
-        from pacer.core.slo import Slo, slo_from_request
+        from pacer.config.slo import Slo, slo_from_request
 
         if self.slo is None or isinstance(self.slo, Slo):
             return

@@ -1,4 +1,4 @@
-"""`pacer bench` end to end through `pacer.cli.main`: against the scripted server (report,
+"""`pacer bench` end to end through `pacer.cli.main.main`: against the scripted server (report,
 --out, plots, sweep, trace replay, compare) and on the in-process engine (default model)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pacer.bench.report import OVERALL, Report
-from pacer.cli import main
+from pacer.cli.main import main
+from pacer.workload.report import OVERALL, Report
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     script = {"ttft": 0.01, "gaps": [0.002]}
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("scripted_server.py")),
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "workload" / "scripted_server.py"),
                              json.dumps(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pacer.bench.report import OVERALL, Report
-from pacer.cli import main
+from pacer.cli.main import main
+from pacer.workload.report import OVERALL, Report
 
 
 class _Server:
@@ -22,7 +22,7 @@ class _Server:
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pacer.cli", "serve", "--port", "0", "--num-threads", "1",
+            [sys.executable, "-m", "pacer.cli.main", "serve", "--port", "0", "--num-threads", "1",
              "--max-model-len", "1024", "--request-log", str(log)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.url: str | None = None

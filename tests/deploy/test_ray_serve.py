@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from pacer.cli import main
+from pacer.cli.main import main
+from pacer.cli.serve import add_args as add_serve_args
 from pacer.deploy.ray_app import aggregate_metrics
-from pacer.server.cli import add_serve_args
 from tests.server.conftest import MODEL, wait_for
 
 SYSTEM = ("You are the support assistant of a bicycle shop. Be brief and friendly, mention the warranty "

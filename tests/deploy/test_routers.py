@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from pacer.config import EngineConfig
-from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.routers import (
     Cluster,
@@ -16,8 +15,9 @@ from pacer.deploy.routers import (
     parse_pools,
     request_namespace,
 )
+from pacer.kv.events import BlockRemovedEvent, BlockStoredEvent, chain_hashes
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.cluster import build_cluster, simulate_cluster
-from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.simulator import SimRequest
 
 BS = 4

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pacer.cli import main
+from pacer.cli.main import main
 
 CONDITIONS = {
     # overload: chats at 6 req/s with 4 sequences
@@ -30,7 +30,7 @@ CONDITIONS = {
 @pytest.fixture(autouse=True)
 def default_calibration(monkeypatch, tmp_path):
     """cpu-local from the packaged default calibration, whatever ~/.cache holds."""
-    monkeypatch.setattr("pacer.sim.profiles.calibration_path", lambda: tmp_path / "none.json")
+    monkeypatch.setattr("pacer.perf.profiles.calibration_path", lambda: tmp_path / "none.json")
 
 
 def _run(tmp_path, name):

@@ -7,14 +7,14 @@ import math
 
 import pytest
 
-from pacer.bench.arrivals import Poisson
-from pacer.bench.workloads import builtin_workload, generate_requests
 from pacer.config import EngineConfig
 from pacer.diagnose.decompose import decompose
 from pacer.diagnose.records import Record
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.request import RequestMetrics
-from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
+from pacer.workload.arrivals import Poisson
+from pacer.workload.generator import builtin_workload, generate_requests
 
 
 def test_metrics_close_a_preemption_once_the_computed_tokens_are_back():

@@ -45,7 +45,7 @@ def test_time_unit_flag_states_the_unit_of_bare_columns(tmp_path):
 
 
 def test_request_log_keeps_finished_requests_and_measured_loss(tmp_path):
-    from pacer.metrics import REQUEST_LOG_FIELDS
+    from pacer.telemetry.prometheus import REQUEST_LOG_FIELDS
 
     def line(**kw):
         d = dict.fromkeys(REQUEST_LOG_FIELDS)
@@ -65,12 +65,12 @@ def test_request_log_keeps_finished_requests_and_measured_loss(tmp_path):
 
 
 def test_run_file_from_the_simulator(tmp_path):
-    from pacer.bench.arrivals import Poisson
-    from pacer.bench.report import build_report
-    from pacer.bench.workloads import builtin_workload, generate_requests
     from pacer.config import EngineConfig
-    from pacer.sim.profiles import get_hardware, get_model
+    from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, simulate
+    from pacer.workload.arrivals import Poisson
+    from pacer.workload.generator import builtin_workload, generate_requests
+    from pacer.workload.report import build_report
 
     specs = generate_requests(builtin_workload("chat"), Poisson(20.0), seed=1, num_requests=12, max_model_len=2048)
     engine, ex, clock = build_sim_engine(EngineConfig.from_kwargs(max_num_seqs=4), get_hardware("a100-80g"),

@@ -11,10 +11,10 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
+from pacer.engine.build import step_cost_model
 from pacer.model.loader import load_checkpoint
 from pacer.model.runner import executor_for
 from pacer.request import SamplingParams
-from pacer.sim.step_model import engine_step_cost_model
 from tests.model.test_parity import default_prompts_from, hf_from_checkpoint, hf_greedy
 
 NEW = 24
@@ -30,7 +30,7 @@ def engine_over(base: Engine, **kw: Any) -> Engine:
     executor = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
     arch = load_checkpoint(None).arch
     return Engine(cfg, executor, base.tokenizer, executor.num_blocks, base.max_model_len, base.eos_token_ids,
-                  vocab_size=base.vocab_size, cost_model=engine_step_cost_model(cfg, arch))
+                  vocab_size=base.vocab_size, cost_model=step_cost_model(cfg, arch))
 
 
 def generate(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> list[Any]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from pacer.core.outputs import ScheduledRequest
 from pacer.model.sampler import Sampler
 from pacer.model.spec_verify import accept_drafts, fold_results, sampling_rows
 from pacer.request import SamplingParams
+from pacer.sched.contract import ScheduledRequest
 
 V = 6
 CHI2_DF5_P001 = 20.52   # chi-square critical value, 5 degrees of freedom, p = 0.001

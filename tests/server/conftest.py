@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from pacer.cli.serve import add_args as add_serve_args
 from pacer.config import EngineConfig
 from pacer.engine import Engine
 from pacer.llm import LLM
 from pacer.model.executor import ModelExecutor
 from pacer.request import SamplingParams
-from pacer.server.cli import add_serve_args, build_service
+from pacer.server.cli import build_service
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from pacer.server.auth import KeyRing, apply_key, bound_slo_targets, hash_key, load_keys_file
-from pacer.server.errors import APIError
-from pacer.server.limits import RequestLimits
-from pacer.server.protocol import parse_chat, parse_completion
+from pacer.server.access.auth import KeyRing, apply_key, bound_slo_targets, hash_key, load_keys_file
+from pacer.server.api.errors import APIError
+from pacer.server.api.limits import RequestLimits
+from pacer.server.api.protocol import parse_chat, parse_completion
 
 KEYS_YAML = """
 tenant_weights: {acme: 2}
@@ -159,7 +159,8 @@ def test_request_limit_flags_are_checked():
 def test_api_key_flags_and_environment(monkeypatch, keys_file):
     import argparse
 
-    from pacer.server.cli import add_serve_args, build_access
+    from pacer.cli.serve import add_args as add_serve_args
+    from pacer.server.cli import build_access
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from pacer.cli import main
+from pacer.cli.main import main
 from pacer.diagnose.analysis import OVERALL
 from pacer.diagnose.baseline import Baseline
 from pacer.diagnose.prometheus import analyze_metrics, scrape
@@ -88,7 +88,7 @@ def test_diagnose_reads_the_servers_request_log(served, client, capsys):
 
 
 def test_tune_verifies_against_a_server(served, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("pacer.sim.profiles.calibration_path", lambda: tmp_path / "none.json")
+    monkeypatch.setattr("pacer.perf.profiles.calibration_path", lambda: tmp_path / "none.json")
     rows = [{"input_tokens": 40 + i, "output_tokens": 4, "ttft": 0.2, "total_latency": 0.5, "timestamp": i * 0.01,
              "feature": "chat"} for i in range(4)]
     trace = tmp_path / "t.jsonl"

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from types import SimpleNamespace
 
-from pacer.engine_stats import EngineSnapshot
+from pacer.engine.stats import EngineSnapshot
 from pacer.request import RequestMetrics, SamplingParams
 from pacer.server.engine_loop import EngineLoop, Route
 

@@ -14,9 +14,9 @@ import math
 
 import pytest
 
-from pacer.bench.equivalence import tost_paired
 from pacer.bench.timing_channel import log_ratios, run_trials
 from pacer.llm import LLM
+from pacer.workload.equivalence import tost_paired
 from tests.server.conftest import MODEL, serve
 
 KEYS = {"keys": [{"name": "victim", "key": "victim-key", "tenant": "victim"},

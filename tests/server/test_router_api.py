@@ -9,9 +9,9 @@ import json
 import httpx
 import openai
 
-from pacer.core.block_events import chain_hashes
 from pacer.deploy.kv_index import BlockIndex, from_wire
-from pacer.kv_events import KVEventSubscriber
+from pacer.kv.events import chain_hashes
+from pacer.telemetry.kv_events import KVEventSubscriber
 from tests.server.conftest import MODEL, serve, wait_for
 
 PROMPT = ("The committee reviewed the quarterly figures in detail and asked each department to explain "

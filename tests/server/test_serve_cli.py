@@ -1,4 +1,4 @@
-"""`python -m pacer.cli serve` as a real process: vLLM metric names, the request log, and
+"""`python -m pacer.cli.main serve` as a real process: vLLM metric names, the request log, and
 SIGTERM draining (in-flight requests finish within --drain-timeout, the rest are cut)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pacer.metrics import read_request_log
+from pacer.telemetry.prometheus import read_request_log
 from tests.server.conftest import MODEL, wait_for
 
 
@@ -22,7 +22,7 @@ class ServerProcess:
     def __init__(self, *flags: str) -> None:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pacer.cli", "serve", "--port", "0", "--num-threads", "1", *flags],
+            [sys.executable, "-m", "pacer.cli.main", "serve", "--port", "0", "--num-threads", "1", *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

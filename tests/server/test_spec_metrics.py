@@ -1,12 +1,12 @@
 """Speculative decoding in /metrics (vLLM's names, prefixed) and in pacer bench's report line."""
 
-from pacer.bench.runner import InprocessStats
-from pacer.bench.tables import spec_decode_line
-from pacer.metrics import ServingMetrics
 from pacer.request import SamplingParams
-from pacer.server.spec_metrics import SpecDecodeCollector
-from tests.core.test_spec_decode import NGRAM, add_requests, copy_model
+from pacer.telemetry.prometheus import ServingMetrics
+from pacer.telemetry.spec_metrics import SpecDecodeCollector
+from pacer.workload.runner import InprocessStats
+from pacer.workload.tables import spec_decode_line
 from tests.fakes import make_engine, run
+from tests.sched.test_spec import NGRAM, add_requests, copy_model
 
 
 def test_spec_decode_series_and_report_line():

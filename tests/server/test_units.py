@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from pacer.core.admission import AdmissionController
-from pacer.metrics import REQUEST_LOG_FIELDS, ClassRules, make_log_record, percentiles, summarize
 from pacer.request import RequestMetrics, sample_seed
-from pacer.server.errors import APIError
-from pacer.server.protocol import parse_chat, parse_completion
+from pacer.sched.admission import AdmissionController
+from pacer.server.api.errors import APIError
+from pacer.server.api.protocol import parse_chat, parse_completion
+from pacer.telemetry.prometheus import REQUEST_LOG_FIELDS, ClassRules, make_log_record, percentiles, summarize
 
 
 def test_admission_caps_and_displaces_lowest_priority_latest_first():

@@ -10,13 +10,13 @@ import dataclasses
 
 import pytest
 
-from pacer.bench.arrivals import make_arrivals
-from pacer.bench.runner import run_inprocess
-from pacer.bench.workloads import builtin_workload, generate_requests
 from pacer.config import EngineConfig
 from pacer.engine import Engine
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
+from pacer.workload.arrivals import make_arrivals
+from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.runner import run_inprocess
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_same_trace_same_steps_as_the_real_engine(real_engine):
 
 @pytest.mark.slow
 def test_validate_command_prints_each_metric_error(tmp_path, capsys):
-    from pacer.cli import main
+    from pacer.cli.main import main
 
     out = tmp_path / "val.json"
     rc = main(["sim", "validate", "--input-len", "24", "--output-len", "4", "--num-prompts", "4", "--request-rate",

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
+from pacer.perf.cost_model import LINEAR_FEATURES, LinearCostModel, batch_features
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.calibrate import Sample, default_grid, fit_samples, synthetic_output
-from pacer.sim.cost_model import LINEAR_FEATURES, LinearCostModel, batch_features
 from pacer.sim.fit import fit_relative, nnls
-from pacer.sim.profiles import get_hardware, get_model
 
 CPU, SMOL = get_hardware("cpu-local"), get_model("smollm2-135m")
 

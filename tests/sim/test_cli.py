@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pacer.bench.report import SCHEMA, Report
-from pacer.cli import main
+from pacer.cli.main import main
+from pacer.workload.report import SCHEMA, Report
 
 
 def test_sim_run_prints_and_saves_the_bench_report(tmp_path, capsys):

@@ -7,18 +7,18 @@ import ast
 import pathlib
 
 import pacer
-from pacer.bench.arrivals import Poisson
-from pacer.bench.workloads import builtin_workload, generate_requests
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.core.kv_manager import KVCacheManager
-from pacer.core.outputs import SchedulerOutput
-from pacer.core.scheduler import Scheduler
 from pacer.engine import Engine
-from pacer.sim.cost_model import RooflineCostModel
+from pacer.kv.manager import KVCacheManager
+from pacer.perf.cost_model import RooflineCostModel
+from pacer.perf.profiles import get_hardware, get_model
+from pacer.sched.contract import SchedulerOutput
+from pacer.sched.scheduler import Scheduler
 from pacer.sim.executor import SimExecutor
-from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.simulator import SimRequest, build_sim_engine, simulate
+from pacer.workload.arrivals import Poisson
+from pacer.workload.generator import builtin_workload, generate_requests
 
 ROOT = pathlib.Path(pacer.__file__).parent
 SIM_FILES = sorted((ROOT / "sim").glob("*.py"))
@@ -48,14 +48,14 @@ def test_no_sim_only_scheduler_path_in_the_source():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pacer.core"):
-                assert node.module in ("pacer.core.outputs", "pacer.core.step_cost", "pacer.core.block_events"), \
+                assert node.module in ("pacer.sched.contract", "pacer.sched.step_cost", "pacer.kv.events"), \
                     f"{path.name} imports {node.module}"
             if isinstance(node, ast.ClassDef):
                 bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
                 assert not bases & core_names, f"{path.name}: class {node.name} subclasses {bases & core_names}"
             if isinstance(node, ast.FunctionDef):
                 assert not node.name.startswith(("schedule", "_schedule", "allocate", "_preempt")), (
-                    f"{path.name} defines {node.name}: scheduling belongs to pacer.core")
+                    f"{path.name} defines {node.name}: scheduling belongs to pacer.sched")
             if isinstance(node, ast.Assign):   # no monkeypatching of core attributes
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pacer.cli import main
+from pacer.cli.main import main
 
 
 def test_sim_reports_budgets_deadlines_slack_and_deprioritised(tmp_path: Path, capsys) -> None:

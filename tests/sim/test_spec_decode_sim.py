@@ -1,7 +1,7 @@
 """The simulator prices verification tokens with its cost model and accepts drafts at a set rate."""
 
 from pacer.config import EngineConfig
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import SimRequest, build_sim_engine, simulate
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}

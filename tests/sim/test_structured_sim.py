@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from pacer.config import EngineConfig
+from pacer.perf.profiles import get_hardware, get_model
 from pacer.request import RequestStatus, SamplingParams, StructuredOutputsParams
-from pacer.sim.profiles import get_hardware, get_model
 from pacer.sim.simulator import SimRequest, build_sim_engine, simulate
 from pacer.sim.structured import StructuredCost
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pacer.core.outputs import ScheduledRequest, SchedulerOutput
-from pacer.sim.cost_model import LINEAR_FEATURES, LinearCostModel
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.perf.cost_model import LINEAR_FEATURES, LinearCostModel
+from pacer.perf.profiles import get_hardware, get_model
+from pacer.sched.contract import ScheduledRequest, SchedulerOutput
 from pacer.sim.validate import StepRecorder, compare_summaries, format_errors, refit_on_steps
 
 

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from pacer.config import EngineConfig
-from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+from pacer.config.args import add_engine_args, engine_kwargs_from_args
 from pacer.request import SamplingParams, StructuredOutputsParams
 
 

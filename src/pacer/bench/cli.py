@@ -1,7 +1,7 @@
 """`pacer bench`: run a workload against an OpenAI-compatible server or an in-process engine,
 print the report, keep it as JSON and PNG plots; `pacer bench compare A.json B.json`.
 
-Listed in `pacer.cli.SUBCOMMANDS`. Glue only: workloads, drivers and reports live in
+Listed in `pacer.cli.main.SUBCOMMANDS`. Glue only: workloads, drivers and reports live in
 their own modules.
 """
 
@@ -24,14 +24,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pacer.bench.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
-from pacer.bench.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
-from pacer.bench.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
-from pacer.bench.tables import compare_table, report_table
-from pacer.bench.text import TokenizerLike
-from pacer.bench.trace import load_trace
-from pacer.bench.workloads import RequestSpec, Workload, iter_requests
-from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+from pacer.config.args import add_engine_args, engine_kwargs_from_args
+from pacer.workload.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
+from pacer.workload.generator import RequestSpec, Workload, iter_requests
+from pacer.workload.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
+from pacer.workload.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
+from pacer.workload.tables import compare_table, report_table
+from pacer.workload.text import TokenizerLike
+from pacer.workload.trace import load_trace
 
 __all__ = ["add_args", "run"]
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             rep.save(path)
             console.print(f"[dim]wrote {path}[/dim]")
         if args.plots:
-            from pacer.bench.plots import plot_report
+            from pacer.workload.plots import plot_report
 
             prefix = "" if len(rates) == 1 else f"rate-{_rate_label(rate)}-"
             for path in plot_report(rep, args.plots, prefix=prefix):
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if len(rates) > 1:
         console.print(_sweep_table(rates, reports))
         if args.plots:
-            from pacer.bench.plots import plot_sweep
+            from pacer.workload.plots import plot_sweep
 
             console.print(f"[dim]wrote {plot_sweep([r or 0.0 for r in rates], reports, args.plots)}[/dim]")
     return 0
@@ -156,7 +156,7 @@ class _Bench:
         self.workload = self._workload()
 
     def _probe_server(self) -> None:
-        from pacer.bench.client import OpenAIClient
+        from pacer.workload.client import OpenAIClient
 
         async def probe() -> tuple[str, int | None]:
             async with OpenAIClient(self.args.base_url, model=self.model_name, api_key=self.args.api_key) as c:
@@ -208,8 +208,8 @@ class _Bench:
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         with self._progress(total) as on_done:
             if self.mode == "inprocess":
-                from pacer.bench.drive import ARRIVAL_NOTE
-                from pacer.bench.runner import run_inprocess
+                from pacer.workload.drive import ARRIVAL_NOTE
+                from pacer.workload.runner import run_inprocess
 
                 records, _, stats = run_inprocess(
                     specs, self.engine, endpoint=args.endpoint, temperature=args.temperature,
@@ -234,8 +234,8 @@ class _Bench:
         return build_report(records, slo=self.slo, meta=meta)
 
     def _run_http(self, specs: Iterator[RequestSpec], closed: bool, on_done: Any) -> list[RequestRecord]:
-        from pacer.bench.client import OpenAIClient
-        from pacer.bench.runner import run_http
+        from pacer.workload.client import OpenAIClient
+        from pacer.workload.runner import run_http
 
         extra = json.loads(self.args.extra_body) if self.args.extra_body else None
 

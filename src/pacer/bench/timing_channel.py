@@ -4,7 +4,7 @@ One trial: the victim (key A) sends a fresh prompt P, so the server caches it; t
 attacker (key B, another tenant) sends P and a fresh prompt Q of the same length that nobody
 has sent, in random order, each with `max_tokens=1`, and times both end to end. If B's P is
 faster than its Q, B learns that someone sent P. The paired log ratio `log(t_P / t_Q)` per
-trial feeds an equivalence test (`pacer.bench.equivalence.tost_paired`): under tenant
+trial feeds an equivalence test (`pacer.workload.equivalence.tost_paired`): under tenant
 isolation it must be equivalent to 0 within the margin; under a shared cache it is not.
 Prompts are random token ids, fresh per trial (never a prefix of one another).
 """

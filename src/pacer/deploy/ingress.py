@@ -22,8 +22,8 @@ from ray import serve
 
 from pacer.deploy.ray_app import aggregate_metrics, live_stats
 from pacer.deploy.routers import request_namespace
-from pacer.server import errors
-from pacer.server.router_api import FAIRNESS_HEADER
+from pacer.server.api import errors
+from pacer.server.api.gateway import FAIRNESS_HEADER
 
 __all__ = ["PacerIngress", "routing_facts"]
 
@@ -77,9 +77,9 @@ def _unavailable(exc: BaseException) -> JSONResponse:
 @serve.ingress(app)
 class PacerIngress:
     def __init__(self, replicas: Any, serve_args: dict[str, Any]) -> None:
-        from pacer.metrics import ClassRules
         from pacer.model.loader import default_model_path
         from pacer.model.tokenizer import Tokenizer
+        from pacer.telemetry.prometheus import ClassRules
 
         args = argparse.Namespace(**serve_args)
         self.replicas = replicas.options(stream=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pacer.core.block_events import (
+from pacer.kv.events import (
     AllBlocksClearedEvent,
     BlockEvent,
     BlockRemovedEvent,

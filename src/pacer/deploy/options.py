@@ -9,8 +9,13 @@ from pacer.deploy.routers import ROUTERS, Router, make_router
 __all__ = ["add_router_args", "router_from_args", "check_replicas"]
 
 
-def add_router_args(p: argparse.ArgumentParser, default_replicas: int = 1) -> None:
+def add_router_args(p: argparse.ArgumentParser, default_replicas: int = 1, serve: bool = False) -> None:
+    """The replica and router flags; `serve`: also where the Ray cluster is."""
     g = p.add_argument_group("replicas and routing")
+    if serve:
+        g.add_argument("--ray-address", default=None,
+                       help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); "
+                            "default: start Ray on this machine")
     g.add_argument("--replicas", type=int, default=default_replicas,
                    help="engine replicas behind one router (serve: Ray Serve replicas; sim: simulated engines)")
     g.add_argument("--router", default="least-loaded", choices=ROUTERS,

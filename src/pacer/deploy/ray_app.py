@@ -168,7 +168,7 @@ class PacerRequestRouter(RequestRouter):
             return self._sync_replicas_locked(replicas)
 
     def _sync_replicas_locked(self, replicas: list[RunningReplica]) -> list[str]:
-        from pacer.kv_events import KVEventSubscriber, connect_address
+        from pacer.telemetry.kv_events import KVEventSubscriber, connect_address
 
         ids = []
         live = live_stats()

@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pacer.core.block_events import BlockRemovedEvent, BlockStoredEvent, chain_hashes, namespace
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.prefix_homes import PrefixHomes
+from pacer.kv.events import BlockRemovedEvent, BlockStoredEvent, chain_hashes, namespace
 
 __all__ = ["RouteRequest", "Cluster", "Router", "RoundRobinRouter", "LeastLoadedRouter", "PrefixRouter",
            "ClassRouter", "ROUTERS", "make_router", "request_namespace", "parse_pools"]

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pacer.bench.report import Slo, SloSet, percentile
 from pacer.diagnose.baseline import Baseline
 from pacer.diagnose.decompose import PARTS, Parts, decompose_all, mean_parts
 from pacer.diagnose.records import Record, Source
 from pacer.diagnose.timeline import RunningTimeline, covered, long_prefills
+from pacer.workload.report import Slo, SloSet, percentile
 
 __all__ = ["ClassReport", "Context", "analyze", "class_report", "name_bottleneck", "OVERALL", "LATENCY_KEYS"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 
-from pacer.sim.cost_model import BatchFeatures, CostModel, make_cost_model
-from pacer.sim.profiles import get_hardware, get_model
+from pacer.perf.cost_model import BatchFeatures, CostModel, make_cost_model
+from pacer.perf.profiles import get_hardware, get_model
 
 __all__ = ["Baseline"]
 

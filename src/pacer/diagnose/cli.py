@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from pacer.core.slo import ClassRules
-from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+from pacer.config.args import add_engine_args, engine_kwargs_from_args
+from pacer.config.slo import ClassRules
 
 __all__ = ["add_args", "run", "load_sources", "today_kwargs", "SIM_SKIP"]
 
@@ -96,12 +96,12 @@ def _analyze(args: argparse.Namespace, slo: Any, base: Any) -> tuple[dict[str, A
 
 
 def run(args: argparse.Namespace) -> int:
-    from pacer.bench.report import parse_slo
     from pacer.diagnose.analysis import OVERALL
     from pacer.diagnose.baseline import Baseline
     from pacer.diagnose.recommend import Settings, recommend
     from pacer.diagnose.render import print_report, to_json
     from pacer.diagnose.replay import SimTarget
+    from pacer.workload.report import parse_slo
 
     if bool(args.sources) == bool(args.metrics_url):
         raise ValueError("give SOURCE files or --metrics-url (one of them)")

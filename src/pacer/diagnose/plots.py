@@ -13,7 +13,7 @@ __all__ = ["plot_diagnosis"]
 
 
 def plot_diagnosis(reports: Mapping[str, ClassReport], source: Source | None, out_dir: str | Path) -> list[Path]:
-    from pacer.bench.plots import _plt
+    from pacer.workload.plots import _plt
 
     plt = _plt()
     out = Path(out_dir)

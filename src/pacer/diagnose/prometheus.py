@@ -21,11 +21,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pacer.bench.report import Slo, SloSet
 from pacer.diagnose.analysis import OVERALL, ClassReport, _evidence, name_bottleneck
 from pacer.diagnose.baseline import Baseline
 from pacer.diagnose.decompose import Parts
 from pacer.diagnose.records import Record, Source
+from pacer.workload.report import Slo, SloSet
 
 __all__ = ["scrape", "parse_samples", "Histogram", "window_deltas", "analyze_metrics", "parse_window"]
 
@@ -37,7 +37,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def parse_window(text: str) -> float:
-    from pacer.bench.report import parse_duration
+    from pacer.workload.report import parse_duration
 
     t = text.strip()
     if t.endswith("m") and not t.endswith("ms"):
@@ -264,7 +264,7 @@ def synthetic_source(reports: dict[str, ClassReport], window_s: float, seed: int
     Poisson rate, lengths drawn with the class's mean and (bucket-estimated) CV."""
     import random
 
-    from pacer.bench.workloads import LengthDist
+    from pacer.workload.generator import LengthDist
 
     rng = random.Random(f"{seed}:metrics")
     src = Source("metrics", "prometheus")

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pacer.bench.report import OVERALL, RequestRecord, SloSet, build_report
-from pacer.bench.workloads import RequestSpec
 from pacer.diagnose.records import Source
+from pacer.workload.generator import RequestSpec
+from pacer.workload.report import OVERALL, RequestRecord, SloSet, build_report
 
 __all__ = ["Replay", "specs_from_source", "SimTarget", "run_real", "run_server", "fmt_ms"]
 
@@ -23,7 +23,7 @@ __all__ = ["Replay", "specs_from_source", "SimTarget", "run_real", "run_server",
 def specs_from_source(source: Source, *, tokenizer: Any = None, seed: int = 0,
                       max_model_len: int | None = None) -> tuple[list[RequestSpec], str]:
     """(specs, how arrivals were made) for replaying the source."""
-    from pacer.bench.trace import specs_from_trace
+    from pacer.workload.trace import specs_from_trace
 
     recs = source.records
     if source.has_times:
@@ -68,7 +68,7 @@ class SimTarget:
 
     def __init__(self, hardware: str = "cpu-local", model: str | None = None, tp: int = 1,
                  gpu_memory_utilization: float = 0.9) -> None:
-        from pacer.sim.profiles import get_hardware, get_model
+        from pacer.perf.profiles import get_hardware, get_model
 
         self.hw, self.model = get_hardware(hardware), get_model(model)
         self.tp, self.gpu_memory_utilization = tp, gpu_memory_utilization
@@ -107,7 +107,7 @@ def run_real(label: str, engine: Any, specs: Sequence[RequestSpec], slo: SloSet 
              recorder: Any = None) -> Replay:
     """Run `specs` on a real in-process engine (open loop at their arrival times); `recorder`
     (a `pacer.sim.validate.StepRecorder`) listens to every step when given."""
-    from pacer.bench.runner import run_inprocess
+    from pacer.workload.runner import run_inprocess
 
     if recorder is not None:
         engine.schedule_listeners.append(recorder.on_schedule)
@@ -133,8 +133,8 @@ def run_server(label: str, base_url: str, specs: Sequence[RequestSpec], slo: Slo
     """Run `specs` against an OpenAI-compatible server (as `pacer bench --base-url` does)."""
     import asyncio
 
-    from pacer.bench.client import OpenAIClient
-    from pacer.bench.runner import run_http
+    from pacer.workload.client import OpenAIClient
+    from pacer.workload.runner import run_http
 
     async def go() -> list[RequestRecord]:
         async with OpenAIClient(base_url, model=model) as client:

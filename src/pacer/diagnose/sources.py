@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pacer.diagnose.records import Record, Source
-from pacer.metrics import ClassRules
+from pacer.telemetry.prometheus import ClassRules
 
 __all__ = ["load_source", "parse_table_rows", "TIME_UNITS", "COLUMNS"]
 
@@ -229,7 +229,7 @@ def _is_request_log(obj: Mapping[str, Any]) -> bool:
 
 
 def _read_request_log(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> Source:
-    """pacer's `--request-log` (schema in `pacer.metrics`): finished, successful requests."""
+    """pacer's `--request-log` (schema in `pacer.telemetry.prometheus`): finished, successful requests."""
     src = Source(str(path), "request_log")
     measured = all("preempted_time" in row for _, row in rows)
     for lineno, row in rows:
@@ -259,7 +259,7 @@ def _read_request_log(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> Sou
 
 def _read_run(path: Path, data: Mapping[str, Any]) -> Source:
     """A `pacer bench` / `pacer sim` run file (schema pacer.bench.run/1)."""
-    from pacer.bench.report import Report
+    from pacer.workload.report import Report
 
     try:
         report = Report.from_dict(data)

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pacer.bench.report import SloSet
 from pacer.diagnose.analysis import ClassReport
 from pacer.diagnose.recommend import Recommendation
 from pacer.diagnose.records import Source
 from pacer.diagnose.replay import Replay, SimTarget, specs_from_source
+from pacer.workload.report import SloSet
 
 __all__ = ["WhatIf", "what_if", "WHAT_IF_METRICS"]
 

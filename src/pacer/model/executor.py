@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from pacer.core.outputs import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
 from pacer.model.attention import AttentionMetadata, ChunkSpan, build_metadata
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.sampler import Sampler, TokenHistory
 from pacer.model.spec_verify import fold_results, sampling_rows
 from pacer.request import SamplingParams
+from pacer.sched.contract import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
 
 __all__ = ["ModelExecutor"]
 

@@ -66,10 +66,10 @@ def stream_nll(model: LlamaModel, token_ids: Sequence[int], fmt: KVFormat, chunk
 
 def calibrate_fp8_scales(model: LlamaModel, fmt: KVFormat, tokenizer: Any, num_tokens: int = 512) -> KVFormat:
     """Per-layer K / V scales, max |x| / fp8 max, from a warm-up prefill in the model's dtype over
-    the bench corpus (text shipped in pacer.bench.text). int8 and auto need none: returned as is."""
+    the bench corpus (text shipped in pacer.workload.text). int8 and auto need none: returned as is."""
     if fmt.name not in FP8_MAX:
         return fmt
-    from pacer.bench.text import CORPUS
+    from pacer.corpus import CORPUS
 
     ids = list(tokenizer.encode(" ".join(CORPUS)))[:num_tokens]
     caches = forward_stream(model, ids, model.kv_format("auto"))

@@ -16,17 +16,17 @@ output distribution is the target's. Greedy rows take the argmax at every positi
 greedy outputs equal those without speculation up to floating-point near-ties.
 
 Logprobs come per emitted position (the sampler's rows). Requests with penalties or
-structured outputs are never drafted (pacer.core.spec_decode).
+structured outputs are never drafted (pacer.sched.spec).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pacer.core.outputs import RequestResult, ScheduledRequest
-from pacer.core.spec_decode import kept_blocks
+from pacer.kv.block_pool import kept_blocks
 from pacer.model.sampler import SamplingRow, TokenHistory
 from pacer.request import SamplingParams
+from pacer.sched.contract import RequestResult, ScheduledRequest
 
 __all__ = ["accept_drafts", "sampling_rows", "fold_results"]
 

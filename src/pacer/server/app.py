@@ -21,17 +21,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pacer.core.slo import Slo, slo_from_request
+from pacer.config.slo import Slo, slo_from_request
 from pacer.engine import RequestOutput
-from pacer.server import errors
-from pacer.server.auth import STATE_KEY, AuthMiddleware, apply_key
-from pacer.server.errors import APIError
-from pacer.server.limits import read_body
-from pacer.server.logprobs import TokenText, chat_logprobs, completion_logprobs
-from pacer.server.protocol import ParsedRequest, parse_chat, parse_completion
-from pacer.server.router_api import add_router_endpoints, tenant_from_headers
+from pacer.server.access.auth import STATE_KEY, AuthMiddleware, apply_key
+from pacer.server.api import errors
+from pacer.server.api.errors import APIError
+from pacer.server.api.gateway import add_router_endpoints, tenant_from_headers
+from pacer.server.api.limits import read_body
+from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
+from pacer.server.api.protocol import ParsedRequest, parse_chat, parse_completion
 from pacer.server.service import Job, Service
-from pacer.tools.stream import ToolDeltaStream, tool_message
+from pacer.server.tools.stream import ToolDeltaStream, tool_message
 
 __all__ = ["create_app"]
 
@@ -295,7 +295,7 @@ class _Chunks:
 
     def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
         """Deltas of a choice whose tool calls are parsed: content, then each call's id and
-        name, then its argument fragments (pacer.tools.stream); text held back for stop
+        name, then its argument fragments (pacer.server.tools.stream); text held back for stop
         strings is parsed once it is released."""
         stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
         deltas = stream.update(out.text[:self.sent.get(index, 0)], out.finished)

@@ -1,4 +1,7 @@
-"""`pacer serve`: the OpenAI-compatible server on uvicorn (listed in `pacer.cli.SUBCOMMANDS`).
+"""One engine over HTTP from the command line: the server's flags (`add_server_args`), the
+`Service` they build (`build_service`, also what each Ray Serve replica runs) and `serve`, the
+app on uvicorn. `pacer serve` (`pacer.cli.serve`) adds the engine and replica flags and picks
+between one engine and replicas.
 
 SIGTERM / Ctrl-C: stop accepting connections, let in-flight requests finish for up to
 `--drain-timeout` seconds, then cancel (abort) what is left and exit.
@@ -12,14 +15,15 @@ import os
 import sys
 from typing import Any
 
-from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+from pacer.config.args import engine_kwargs_from_args
 
-__all__ = ["add_serve_args", "run_serve", "build_service", "DEFAULT_MODEL_NAME"]
+__all__ = ["add_server_args", "serve", "build_service", "build_access", "DEFAULT_MODEL_NAME"]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The flags of one server: HTTP, request classes, prewarm, KV events, tools, keys and limits."""
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -32,7 +36,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--metrics-prefix", default="pacer",
                    help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
     s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
-                   help="append one JSON line per finished request (schema: pacer.metrics)")
+                   help="append one JSON line per finished request (schema: pacer.telemetry.prometheus)")
     s.add_argument("--rag-threshold", "--long-context-threshold", dest="long_context_threshold", type=int,
                    default=1024, help="request class rag (alias long_context): prompts longer than this many "
                                       "tokens, unless the client names its class (x-pacer-class header)")
@@ -49,12 +53,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="publish KV cache events as vLLM does (its KVEventsConfig fields), e.g. "
                         '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
                         '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
-    s.add_argument("--ray-address", default=None,
-                   help="with --replicas: join this Ray cluster (e.g. ray://head:10001 or auto); "
-                        "default: start Ray on this machine")
-    from pacer.deploy.options import add_router_args
-
-    add_router_args(p)
     t = p.add_argument_group("tools and chat template (vLLM's flags)")
     t.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
@@ -66,12 +64,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(default: the model's, or pacer's tool-aware ChatML template when tools are given and "
                         "the model's template has no tool support)")
     add_access_args(p)
-    add_engine_args(p)
 
 
 def add_access_args(p: argparse.ArgumentParser) -> None:
-    from pacer.server.auth import TENANT_HEADER
-    from pacer.server.limits import LIMIT_FLAGS
+    from pacer.server.access.auth import TENANT_HEADER
+    from pacer.server.api.limits import LIMIT_FLAGS
 
     a = p.add_argument_group("API keys and tenants (README: API keys)")
     a.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
@@ -91,7 +88,7 @@ def add_access_args(p: argparse.ArgumentParser) -> None:
 
 def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
     """The Access (key rings) for parsed args, and the keys file's tenant_weights."""
-    from pacer.server.auth import Access, KeyRing, load_keys_file
+    from pacer.server.access.auth import Access, KeyRing, load_keys_file
 
     plain = getattr(args, "api_key", None) or [
         k for k in (os.environ.get("PACER_API_KEY"), os.environ.get("VLLM_API_KEY")) if k][:1]
@@ -110,7 +107,7 @@ def attach_kv_events(service: Any, config_json: str | None, replica_index: int =
     binds the configured ports + i. Closed, and detached from the engine, at shutdown."""
     import time
 
-    from pacer.kv_events import KVEventPublisher, parse_kv_events_config
+    from pacer.telemetry.kv_events import KVEventPublisher, parse_kv_events_config
 
     config = parse_kv_events_config(config_json)
     if not config.enabled:
@@ -171,11 +168,11 @@ def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
 def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     """The Service for parsed `serve` args; builds the engine unless one is given (tests)."""
     from pacer.engine import Engine
-    from pacer.metrics import ClassRules
-    from pacer.server.limits import RequestLimits
+    from pacer.server.api.limits import RequestLimits
     from pacer.server.service import Service, ServiceOptions
-    from pacer.tools.serving import ToolOptions
-    from pacer.tools.template import load_chat_template
+    from pacer.server.tools.serving import ToolOptions
+    from pacer.server.tools.template import load_chat_template
+    from pacer.telemetry.prometheus import ClassRules
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -189,7 +186,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     limits = RequestLimits.from_args(args)
     template = load_chat_template(args.chat_template) if args.chat_template else None
     tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
-    from pacer.kv_events import parse_kv_events_config
+    from pacer.telemetry.kv_events import parse_kv_events_config
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
     if engine is None:
@@ -206,14 +203,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     return service
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from pacer.deploy.options import check_replicas
-
-    check_replicas(args.replicas)
-    if args.replicas > 1 or args.ray_address or args.router != "least-loaded":
-        from pacer.deploy.launch import run_replicas
-
-        return run_replicas(args)
+def serve(args: argparse.Namespace) -> int:
+    """Serve one engine on uvicorn until SIGTERM / Ctrl-C (then drain)."""
     import prometheus_client
     import uvicorn
 

@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pacer.core.admission import AdmissionController
-from pacer.core.slo import SLO_KEYS, ClassRules, Slo
+from pacer.config.slo import SLO_KEYS, ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
-from pacer.metrics import RequestLogWriter, ServingMetrics, make_log_record
 from pacer.request import ContextLengthError, SamplingParams
-from pacer.server import errors
-from pacer.server.auth import Access, APIKey, bound_slo_targets
+from pacer.sched.admission import AdmissionController
+from pacer.server.access.auth import Access, APIKey, bound_slo_targets
+from pacer.server.access.key_limits import KeyLimiters
+from pacer.server.api import errors
+from pacer.server.api.errors import APIError, bad_request
+from pacer.server.api.limits import RequestLimits
+from pacer.server.api.logprobs import TokenText
+from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
-from pacer.server.errors import APIError, bad_request
-from pacer.server.key_limits import KeyLimiters
-from pacer.server.limits import RequestLimits
-from pacer.server.logprobs import TokenText
-from pacer.server.protocol import ParsedRequest
-from pacer.tools.serving import ToolOptions, plan_tools
+from pacer.server.tools.serving import ToolOptions, plan_tools
+from pacer.telemetry.prometheus import RequestLogWriter, ServingMetrics, make_log_record
 
 __all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
 
@@ -82,7 +82,7 @@ class Job:
     contexts: list[RequestContext]
     queue: asyncio.Queue[Any]
     finished: set[int] = field(default_factory=set)
-    tool_parser: Any = None     # pacer.tools.parsers.ToolParser reading the output's tool calls
+    tool_parser: Any = None     # pacer.server.tools.parsers.ToolParser reading the output's tool calls
 
     @property
     def done(self) -> bool:
@@ -105,20 +105,20 @@ class Service:
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
-        from pacer.structured.metrics import StructuredOutputsCollector
+        from pacer.telemetry.structured_metrics import StructuredOutputsCollector
 
         self.metrics.registry.register(StructuredOutputsCollector(engine, self.metrics.name, self.model_name))
-        from pacer.server.tier_metrics import KVTierCollector
+        from pacer.telemetry.tier_metrics import KVTierCollector
 
         self.metrics.registry.register(KVTierCollector(engine, self.metrics.name, self.model_name))
-        from pacer.server.spec_metrics import SpecDecodeCollector
+        from pacer.telemetry.spec_metrics import SpecDecodeCollector
 
         self.metrics.registry.register(SpecDecodeCollector(engine, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
-        self.kv_publisher: Any = None                  # pacer.kv_events.KVEventPublisher when enabled
+        self.kv_publisher: Any = None                  # pacer.telemetry.kv_events.KVEventPublisher when enabled
         snap = engine.snapshot()
         self.metrics.set_cache_config(block_size=engine.config.cache.block_size, num_gpu_blocks=snap.num_blocks,
                                       enable_prefix_caching=snap.prefix_caching)
@@ -227,7 +227,7 @@ class Service:
                 tok = self.engine.tokenizer
                 if tok is None:
                     raise bad_request("messages", "this model has no tokenizer / chat template")
-                from pacer.tools.template import render_chat
+                from pacer.server.tools.template import render_chat
 
                 tools = parsed.tools.tools if parsed.tools is not None else None
                 return [render_chat(tok, parsed.messages, tools, self.options.tools.chat_template)]

@@ -1,33 +1,19 @@
-"""pacer.sim: the real scheduler on simulated hardware (cost models, profiles, event loop,
-calibration against the real engine). Imports no torch (calibration imports it when run)."""
+"""pacer.sim: the real engine and scheduler on simulated hardware: an event loop on a virtual
+clock (`simulator`), the executor that prices each step with a `pacer.perf` cost model
+(`executor`), N engines behind one router (`cluster`), the offline tools that time this
+machine (`calibrate`, `validate`) and the command line (`cli`). Imports no torch (calibration
+imports it when run)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pacer.sim.cost_model import (
-    BatchFeatures,
-    CostModel,
-    LinearCostModel,
-    RooflineCostModel,
-    StepCost,
-    batch_features,
-    make_cost_model,
-)
-from pacer.sim.profiles import HARDWARE, MODELS, HardwareProfile, ModelProfile, get_hardware, get_model
-
-__all__ = [
-    "BatchFeatures", "CostModel", "LinearCostModel", "RooflineCostModel", "StepCost", "batch_features",
-    "make_cost_model", "HARDWARE", "MODELS", "HardwareProfile", "ModelProfile", "get_hardware", "get_model",
-    "SimRequest", "SimResult", "build_sim_engine", "simulate",
-]
-
-_LAZY = {"SimRequest", "SimResult", "build_sim_engine", "simulate"}
+__all__ = ["SimRequest", "SimResult", "build_sim_engine", "simulate"]
 
 
 def __getattr__(name: str) -> Any:
-    # the event loop imports the executor, which imports this package: load it on first use
-    if name in _LAZY:
+    # lazy: `import pacer.sim` stays cheap, and the event loop's imports run on first use
+    if name in __all__:
         from pacer.sim import simulator
 
         return getattr(simulator, name)

@@ -27,22 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from pacer.config import EngineConfig
-from pacer.core.outputs import Executor, ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.perf.cost_model import LINEAR_FEATURES, BatchFeatures, StepCounts, batch_features, feature_vector
+from pacer.perf.grid import GridPoint, decode_point, default_grid, synthetic_output, time_points
+from pacer.perf.profiles import HardwareProfile, ModelProfile, get_hardware
 from pacer.request import SamplingParams
-from pacer.sim.cost_model import LINEAR_FEATURES, BatchFeatures, StepCounts, batch_features, feature_vector
+from pacer.sched.contract import Executor, ModelOutput, SchedulerOutput
 from pacer.sim.fit import FitStats, fit_relative
-from pacer.sim.profiles import HardwareProfile, ModelProfile, get_hardware
 
-__all__ = ["GridPoint", "default_grid", "synthetic_output", "fit_samples", "calibrate", "Sample"]
-
-Row = tuple[int, int, bool]   # (tokens this step, start position, sample)
-
-
-@dataclass(frozen=True, slots=True)
-class GridPoint:
-    name: str
-    rows: tuple[Row, ...]
-
+__all__ = ["time_grid", "fit_samples", "calibrate", "Sample"]
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -50,78 +42,13 @@ class Sample:
     seconds: float
 
 
-def _decode(batch: int, ctx: int) -> GridPoint:
-    return GridPoint(f"decode b={batch} ctx={ctx}", tuple((1, ctx - 1, True) for _ in range(batch)))
-
-
-def default_grid(quick: bool = False) -> list[GridPoint]:
-    """Prefill sizes x start positions, decode batch x context, and mixed steps."""
-    prefill = [16, 64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
-    grid = [GridPoint(f"prefill {n}", ((n, 0, True),)) for n in prefill]
-    for n, start in ([(256, 1024)] if quick else [(256, 256), (256, 1024), (256, 2048), (512, 1536), (1024, 64)]):
-        grid.append(GridPoint(f"chunk {n}@{start}", ((n, start, False),)))
-    grid.append(GridPoint("4 chunks of 128", tuple((128, 0, True) for _ in range(4))))
-    if not quick:
-        grid.append(GridPoint("8 chunks of 64", tuple((64, 0, True) for _ in range(8))))
-    batches = [1, 4, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64]
-    contexts = [64, 1024] if quick else [32, 256, 1024, 2048]
-    grid += [_decode(b, c) for b in batches for c in contexts]
-    rng = random.Random(0)
-    grid.append(GridPoint("decode b=16 ctx 32..2048", tuple((1, rng.randrange(32, 2048), True) for _ in range(16))))
-    grid.append(GridPoint("decode 16@512 + chunk 256", (*_decode(16, 512).rows, (256, 0, True))))
-    if not quick:
-        grid.append(GridPoint("decode 64@128 + chunk 512@512", (*_decode(64, 128).rows, (512, 512, False))))
-        grid.append(GridPoint("decode 8@1024 + chunk 512", (*_decode(8, 1024).rows, (512, 0, True))))
-    return grid
-
-
-def synthetic_output(point: GridPoint, step_id: int, block_size: int, num_blocks: int,
-                     finished_ids: Sequence[str] = ()) -> SchedulerOutput:
-    """A SchedulerOutput for one grid point: every row is a new request with its own block
-    table (block ids wrap around the pool; only the timing matters)."""
-    scheduled: list[ScheduledRequest] = []
-    params = SamplingParams(temperature=0.0, max_tokens=1)
-    offset = 0
-    num_prefill = num_decode = 0
-    for i, (n, start, sample) in enumerate(point.rows):
-        nb = -(-(start + n) // block_size)
-        blocks = [(offset + j) % num_blocks for j in range(nb)]
-        offset += nb
-        is_prefill = n > 1
-        scheduled.append(ScheduledRequest(
-            request_id=f"cal-{step_id}-{i}", token_ids=[(17 * (start + k)) % 1000 + 1 for k in range(n)],
-            start_position=start, block_ids=blocks, is_new=True, sample=sample, is_prefill=is_prefill,
-            num_output_tokens=0, sampling_params=params))
-        if is_prefill:
-            num_prefill += n
-        else:
-            num_decode += n
-    return SchedulerOutput(step_id=step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
-                           num_decode_tokens=num_decode, finished_ids=list(finished_ids))
-
-
 def time_grid(executor: Any, grid: Sequence[GridPoint], block_size: int, num_blocks: int, repeats: int = 3,
               log: Callable[[str], None] = print) -> list[Sample]:
-    """Median executor time of each grid point. The grid is timed in `repeats` round-robin
-    passes (after warming up on a small prefill and a small decode) rather than point by point,
-    so a slow spell of a shared machine spreads over all points instead of skewing a few."""
-    times: list[list[float]] = [[] for _ in grid]
-    step = 0
-    prev: list[str] = []
-    for point in (GridPoint("warm-up prefill", ((32, 0, True),)), _decode(4, 64)):
-        executor.execute(synthetic_output(point, step, block_size, num_blocks, prev))
-        prev = [f"cal-{step}-{i}" for i in range(len(point.rows))]
-        step += 1
-    for r in range(1, repeats + 1):
-        for i, point in enumerate(grid):
-            out = synthetic_output(point, step, block_size, num_blocks, prev)
-            t0 = time.perf_counter()
-            executor.execute(out)
-            dt = time.perf_counter() - t0
-            prev = [sr.request_id for sr in out.scheduled]
-            step += 1
-            times[i].append(dt)
-        log(f"  pass {r}/{repeats} done")
+    """Median executor time of each grid point, timed in `repeats` round-robin passes after
+    warming up on a small prefill and a small decode (`pacer.perf.grid.time_points`)."""
+    warmup = (GridPoint("warm-up prefill", ((32, 0, True),)), decode_point(4, 64))
+    times = time_points(executor, grid, block_size, num_blocks, repeats, warmup,
+                        on_pass=lambda r: log(f"  pass {r}/{repeats} done"))
     samples: list[Sample] = []
     for point, ts in zip(grid, times):
         sec = statistics.median(ts)

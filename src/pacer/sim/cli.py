@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pacer.bench.options import DEFAULT_NUM_PROMPTS
-from pacer.engine_args import add_engine_args, engine_kwargs_from_args
+from pacer.config.args import add_engine_args, engine_kwargs_from_args
+from pacer.workload.options import DEFAULT_NUM_PROMPTS
 
 __all__ = ["add_args", "run", "add_workload_args", "build_specs"]
 
@@ -25,7 +25,7 @@ DEFAULT_VALIDATE_PROMPTS = 24
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The workload, arrival and report flags of `pacer bench` (the same definition)."""
-    from pacer.bench.options import add_workload_args as add_bench_workload_args
+    from pacer.workload.options import add_workload_args as add_bench_workload_args
 
     add_bench_workload_args(p, num_prompts_help=(f"requests to send (default {DEFAULT_NUM_PROMPTS}; "
                                                  f"validate: {DEFAULT_VALIDATE_PROMPTS})"))
@@ -33,7 +33,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def parse_rates(text: str | None, concurrency: int | None) -> list[float | None]:
     """`--request-rate` as a list; None means closed loop (only with --concurrency), else inf."""
-    from pacer.bench.options import parse_rates as parse_bench_rates
+    from pacer.workload.options import parse_rates as parse_bench_rates
 
     return [math.inf if r is None and concurrency is None else r for r in parse_bench_rates(text)]
 
@@ -41,10 +41,10 @@ def parse_rates(text: str | None, concurrency: int | None) -> list[float | None]
 def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int, tokenizer: Any = None,
                 default_num: int = 0) -> tuple[list[Any], str, str]:
     """(request specs, workload name, arrivals description) from the workload and arrival flags."""
-    from pacer.bench.arrivals import ClosedLoop, make_arrivals
-    from pacer.bench.options import workload_from_args
-    from pacer.bench.trace import load_trace
-    from pacer.bench.workloads import generate_requests
+    from pacer.workload.arrivals import ClosedLoop, make_arrivals
+    from pacer.workload.generator import generate_requests
+    from pacer.workload.options import workload_from_args
+    from pacer.workload.trace import load_trace
 
     num = args.num_prompts
     if num is None and args.duration is None:
@@ -66,7 +66,7 @@ def build_specs(args: argparse.Namespace, rate: float | None, max_model_len: int
 def _meta(args: argparse.Namespace, kwargs: dict[str, Any], workload: str, arrivals: str, rate: float | None,
           n: int) -> dict[str, Any]:
     """Keys of `pacer bench`'s meta, plus what was simulated."""
-    from pacer.bench.drive import ARRIVAL_NOTE
+    from pacer.workload.drive import ARRIVAL_NOTE
 
     return {"target": "sim", "engine": "sim", "model": args.model, "workload": workload, "arrivals": arrivals,
             "request_rate": rate if rate is None or math.isfinite(rate) else "inf", "burstiness": args.burstiness, "concurrency": args.concurrency,
@@ -102,7 +102,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def _print_report(report: Any, title: str) -> None:
     from rich.console import Console
 
-    from pacer.bench.tables import report_table
+    from pacer.workload.tables import report_table
 
     console = Console()
     if not console.is_terminal:
@@ -111,11 +111,11 @@ def _print_report(report: Any, title: str) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from pacer.bench.budget import BudgetTally
-    from pacer.bench.report import OVERALL, build_report, parse_slo
     from pacer.config import EngineConfig
-    from pacer.sim.profiles import get_hardware, get_model
+    from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, simulate, utilisation_summary, write_chrome_trace
+    from pacer.workload.budget import BudgetTally
+    from pacer.workload.report import OVERALL, build_report, parse_slo
 
     hw, model = get_hardware(args.hardware), get_model(args.model)
     kwargs = engine_kwargs_from_args(args)
@@ -169,8 +169,8 @@ def _ms(v: Any) -> str:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    from pacer.perf.profiles import calibration_path, get_model
     from pacer.sim.calibrate import calibrate
-    from pacer.sim.profiles import calibration_path, get_model
 
     out = Path(args.calibration_out) if args.calibration_out else calibration_path()
     kwargs = engine_kwargs_from_args(args)
@@ -184,9 +184,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _run_validate(args: argparse.Namespace) -> int:
-    from pacer.bench.runner import run_inprocess
     from pacer.engine import Engine
     from pacer.sim.validate import StepRecorder
+    from pacer.workload.runner import run_inprocess
 
     kwargs = engine_kwargs_from_args(args)
     real_engine = Engine.from_kwargs(**kwargs)
@@ -211,12 +211,12 @@ def _compare_with_sim(args: argparse.Namespace, kwargs: dict[str, Any], specs: l
     the run itself; print each metric's error for both."""
     import dataclasses
 
-    from pacer.bench.report import build_report
     from pacer.config import EngineConfig
-    from pacer.sim.cost_model import LinearCostModel
-    from pacer.sim.profiles import get_hardware, get_model
+    from pacer.perf.cost_model import LinearCostModel
+    from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, resolve_dtype, simulate
     from pacer.sim.validate import compare_summaries, format_errors, refit_on_steps
+    from pacer.workload.report import build_report
 
     real = build_report(records, meta={**meta, "target": "inprocess", "engine": "inprocess"})
     hw = get_hardware(args.hardware)

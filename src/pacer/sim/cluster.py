@@ -17,17 +17,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pacer.bench.drive import ClientSlots
-from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
-from pacer.core.block_events import BlockEvent
 from pacer.deploy.kv_index import BlockIndex
 from pacer.deploy.routers import Cluster, Router, RouteRequest, request_namespace
 from pacer.engine import Engine
+from pacer.kv.events import BlockEvent
 from pacer.request import SamplingParams
 from pacer.sim.executor import SimExecutor
 from pacer.sim.simulator import TraceRequest, build_sim_engine
+from pacer.workload.drive import ClientSlots
+from pacer.workload.report import RequestRecord
 
 __all__ = ["Replica", "ClusterResult", "build_cluster", "simulate_cluster"]
 
@@ -177,8 +177,8 @@ def run_cluster_cli(args: Any, config: EngineConfig, hw: Any, model: Any, rates:
                     slo: Any, make_specs: Any, print_report: Any, make_meta: Any) -> int:
     """`pacer sim --replicas N --router NAME`: one cluster run per rate, pacer bench's report,
     plus the routing figures (hit rate, load split)."""
-    from pacer.bench.report import build_report
     from pacer.deploy.options import router_from_args
+    from pacer.workload.report import build_report
 
     for rate in rates:
         router = router_from_args(args)   # a fresh router (and its rotation) per run

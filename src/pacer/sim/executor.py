@@ -26,8 +26,8 @@ import random
 from collections.abc import Sequence
 
 from pacer.clock import VirtualClock
-from pacer.core.outputs import ModelOutput, RequestResult, SchedulerOutput
-from pacer.sim.cost_model import CostModel, StepCost, batch_features
+from pacer.perf.cost_model import CostModel, StepCost, batch_features
+from pacer.sched.contract import ModelOutput, RequestResult, SchedulerOutput
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, StructuredCost
 
 __all__ = ["SimExecutor", "DEFAULT_ACCEPTANCE_RATE"]

@@ -1,6 +1,6 @@
 """The simulator: arrivals on a virtual clock, the real Engine with a SimExecutor.
 
-Requests are fed by the one driver (`pacer.bench.drive`) that `pacer bench --engine
+Requests are fed by the one driver (`pacer.workload.drive`) that `pacer bench --engine
 inprocess` also runs: a request arrives when its client hands it over, the engine sees it at
 the next step boundary, and when the engine is idle the virtual clock jumps to the next
 arrival. Scheduling, KV bookkeeping, preemption and stop rules are the real `Engine`,
@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pacer.bench.drive import DriveSpec, drive
-from pacer.bench.report import RequestRecord
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.engine import Engine, StepStats
+from pacer.perf.cost_model import CostModel, StepCost, make_cost_model
+from pacer.perf.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
+from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams, StructuredOutputsParams
-from pacer.sim.cost_model import CostModel, StepCost, make_cost_model
 from pacer.sim.executor import SimExecutor
-from pacer.sim.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
-from pacer.sim.step_model import SchedulerCostModel
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, SimStructured, StructuredCost
 from pacer.sim.trace_requests import request_spans
+from pacer.workload.drive import DriveSpec, drive
+from pacer.workload.report import RequestRecord
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
            "write_chrome_trace", "utilisation_summary"]
 
-TraceRequest = DriveSpec   # what the simulator needs of a request; `pacer.bench.workloads.RequestSpec` is one
+TraceRequest = DriveSpec   # what the simulator needs of a request; `pacer.workload.generator.RequestSpec` is one
 
 
 @dataclass(frozen=True, slots=True)

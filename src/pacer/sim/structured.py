@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pacer.clock import VirtualClock
-from pacer.core.outputs import SchedulerOutput
 from pacer.request import FinishReason, Request, StructuredOutputsParams
+from pacer.sched.contract import SchedulerOutput
 
 __all__ = ["StructuredCost", "SimStructured", "SimMasks", "DEFAULT_STRUCTURED_COST"]
 

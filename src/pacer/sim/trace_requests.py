@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pacer.bench.report import STATUS_REJECTED, RequestRecord
+from pacer.workload.report import STATUS_REJECTED, RequestRecord
 
 __all__ = ["request_spans"]
 

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pacer.sim.cost_model import BatchFeatures, CostModel, batch_features
+from pacer.perf.cost_model import BatchFeatures, CostModel, batch_features
 
 if TYPE_CHECKING:
-    from pacer.core.outputs import SchedulerOutput
     from pacer.engine import StepStats
+    from pacer.sched.contract import SchedulerOutput
 
 __all__ = ["MetricError", "compare_summaries", "VALIDATION_METRICS", "format_errors", "StepRecorder",
            "refit_on_steps", "STALL_RATIO"]

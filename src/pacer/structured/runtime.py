@@ -14,8 +14,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from pacer.config import StructuredOutputsConfig
-from pacer.core.outputs import SchedulerOutput
 from pacer.request import FinishReason, Request, StructuredOutputsParams
+from pacer.sched.contract import SchedulerOutput
 from pacer.structured.gate import GrammarWaits
 from pacer.structured.manager import StructuredOutputManager
 

@@ -1,0 +1,107 @@
+"""How an engine is built from a config: the model executor (`pacer.model.runner`), the step-cost
+model the scheduler predicts with (from `pacer.perf`: this machine's fit or a profile, corrected by
+a start-up calibration on the executor), and the KV tiers that do I/O (the disk tier).
+
+The engine itself never makes a cost model or an executor: it receives both. Tests and the
+simulator build an `Engine` directly over their own executor and cost model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pacer.clock import Clock
+from pacer.config import EngineConfig
+from pacer.perf.cost_model import make_cost_model
+from pacer.perf.profiles import ModelProfile, calibration_path, get_hardware, get_model, model_from_hf_config
+from pacer.perf.startup_calibration import calibrate_at_startup, calibration_key
+from pacer.perf.step_model import SchedulerCostModel
+from pacer.sched.contract import Executor
+
+if TYPE_CHECKING:
+    from pacer.engine.engine import Engine
+
+__all__ = ["build_engine", "step_cost_model", "needs_cost_model"]
+
+log = logging.getLogger("pacer.engine")
+
+
+def needs_cost_model(config: EngineConfig) -> bool:
+    """Whether the scheduler predicts step times: the slo policy, or adaptive speculation."""
+    sc = config.scheduler
+    adaptive_spec = sc.speculative_config is not None and sc.speculative_policy == "adaptive"
+    return sc.scheduling_policy == "slo" or adaptive_spec
+
+
+def build_engine(config: EngineConfig, clock: Clock | None = None) -> Engine:
+    """An engine on the model `config` names: executor, cost model (when the scheduler needs
+    one) and tiers, built here and handed to `Engine`."""
+    from pacer.engine.engine import Engine
+    from pacer.model.runner import build_model_executor
+
+    executor, ckpt, num_blocks = build_model_executor(config)
+    cost_model = step_cost_model(config, ckpt.arch, executor, num_blocks) if needs_cost_model(config) else None
+    engine = Engine(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
+                    ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
+    if config.cache.kv_offloading_dir:
+        from pacer.model.kv_io import DiskKVTier
+
+        DiskKVTier.attach(engine, config.cache.kv_offloading_dir)
+    return engine
+
+
+def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None = None,
+                    num_blocks: int = 0) -> SchedulerCostModel:
+    """The real engine's predictor: this machine's `pacer sim calibrate` fit when it was made for
+    this model, dtype and thread count; else the fit shipped with pacer (CPU) or the h100-sxm
+    roofline, corrected by a start-up calibration on `executor` (seconds, cached: see
+    `pacer.perf.startup_calibration`); refitted online from measured steps either way."""
+    model = _model_profile(config, arch)
+    on_cpu = config.model.device == "cpu"
+    hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
+    dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
+        "bfloat16" if config.model.dtype == "auto" else config.model.dtype)
+    threads = config.model.num_threads or _torch_threads()
+    cm = SchedulerCostModel(make_cost_model(hw, model, dtype, 1, config.cache.block_size), refit=True)
+    calib = hw.calibration or {}
+    if on_cpu and calibration_path().is_file() and (calib.get("model"), calib.get("dtype"), calib.get("threads")) \
+            == (model.name, dtype, threads):
+        log.info("scheduling_policy=slo: predicting step times with %s (%s), refitted online", cm.base.name,
+                 calibration_path())
+        return cm
+    how = "`pacer sim calibrate` makes a full fit of this machine"
+    if executor is None:
+        log.warning("scheduling_policy=slo: no calibration of this machine for %s %s x%d threads; predicting "
+                    "with %s, refitted online from measured steps; %s", model.name, dtype, threads, cm.base.name, how)
+        return cm
+    key = calibration_key(device=config.model.device, model=model.name, dtype=dtype, threads=threads,
+                          base=cm.base.name)
+    entry = calibrate_at_startup(cm, executor, key=key, block_size=config.cache.block_size, num_blocks=num_blocks)
+    scales = ", ".join(f"{k} x{v:.2f}" for k, v in cm.scale.items())
+    if entry["cached"]:
+        log.info("scheduling_policy=slo: start-up calibration read from %s (%s of %s)", entry["path"], scales,
+                 cm.base.name)
+    else:
+        log.warning("scheduling_policy=slo: no calibration of this machine for %s %s x%d threads; timed %d steps "
+                    "in %.1fs: %s of %s, cached at %s, refitted online while serving; %s", model.name, dtype,
+                    threads, len(entry["samples"]), entry["seconds"], scales, cm.base.name, entry["path"], how)
+    return cm
+
+
+def _model_profile(config: EngineConfig, arch: Any) -> ModelProfile:
+    try:
+        return get_model(config.model.model)
+    except ValueError:
+        return model_from_hf_config({
+            "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_heads,
+            "num_hidden_layers": arch.num_layers, "intermediate_size": arch.intermediate_size,
+            "num_key_value_heads": arch.num_kv_heads, "head_dim": arch.head_dim, "vocab_size": arch.vocab_size,
+            "max_position_embeddings": arch.max_position_embeddings,
+            "tie_word_embeddings": arch.tie_word_embeddings}, arch.name or "model")
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())

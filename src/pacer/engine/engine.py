@@ -1,0 +1,387 @@
+"""Engine: add_request / abort_request / step(). The loop reads schedule -> execute -> update.
+
+Thread-safety: `add_request` and `abort_request` may be called from any thread (the server's
+event loop); they validate synchronously and hand the work to the stepping thread through
+an inbox that `step()` drains first. Only the stepping thread touches the scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pacer.clock import Clock, WallClock
+from pacer.config import EngineConfig
+from pacer.config.slo import ClassRules, Slo
+from pacer.engine.outputs import RequestOutput, TrackedRequest
+from pacer.engine.prepare import check_request_args, resolve_slo, tokenize_prompt
+from pacer.engine.prewarm import prewarm
+from pacer.engine.retry import execute_each
+from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
+from pacer.kv.events import BlockEvent, EventSinks
+from pacer.kv.manager import KVCacheManager
+from pacer.request import FinishReason, Request, SamplingParams, check_context_length
+from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
+from pacer.sched.scheduler import Scheduler
+from pacer.sched.step_cost import StepCostModel, StepShape
+
+__all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor"]
+
+log = logging.getLogger("pacer.engine")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
+                 num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
+                 clock: Clock | None = None, vocab_size: int | None = None,
+                 cost_model: StepCostModel | None = None, refit_cost_model: bool = True) -> None:
+        self.config = config
+        self.clock: Clock = clock or WallClock()
+        self.scheduler_config = config.scheduler.resolved(model_max_len)
+        self.kv = KVCacheManager.from_config(config.cache, num_kv_blocks, self.clock.now,
+                                             block_bytes=executor.kv_block_bytes,
+                                             max_model_len=self.scheduler_config.max_model_len or model_max_len)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.clock, cost_model)
+        self.cost_model = cost_model
+        self._refit = refit_cost_model and cost_model is not None
+        self.slo_set = self.scheduler_config.slo_set()
+        self.class_rules = ClassRules()
+        self._executor = executor   # fixed: wrap it when building the engine, never swap it
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.vocab_size = vocab_size
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._ids = itertools.count()
+        self._seq = itertools.count()
+        self._live_ids: set[str] = set()
+        self._id_lock = threading.Lock()
+        self._tracked: dict[str, TrackedRequest] = {}
+        self.step_stats: deque[StepStats] = deque(maxlen=10_000)
+        self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
+        self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
+        self._kv_sinks = EventSinks()
+        self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
+        self._num_steps = 0
+        self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
+        self.disk_tier: Any = None     # pacer.model.kv_io.DiskKVTier with kv_offloading_dir
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, clock: Clock | None = None) -> Engine:
+        """An engine on the model `config` names (see `pacer.engine.build.build_engine`)."""
+        from pacer.engine.build import build_engine
+
+        return build_engine(config, clock)
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: with a disk tier, the device's and host's cached blocks are written
+        to it (a restarted engine hits them). Idempotent; the engine stays usable."""
+        if self.disk_tier is not None:
+            self.disk_tier.flush()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Engine:
+        return cls.from_config(EngineConfig.from_kwargs(**kwargs))
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @property
+    def num_steps(self) -> int:
+        """Steps that ran (scheduled work); an idle step does not count."""
+        return self._num_steps
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    @property
+    def structured_outputs(self) -> Any:
+        """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
+        if self._structured is None:
+            from pacer.structured.runtime import default_manager
+
+            self.install_structured_outputs(default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                            self.config.structured))
+        return self._structured.manager
+
+    def install_structured_outputs(self, manager: Any) -> None:
+        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout, or a
+        whole runtime such as the simulator's SimStructured), closing the current one; None: a
+        default one at the next use. Call from the stepping thread while no constrained
+        request is in flight."""
+        from pacer.structured.runtime import StructuredRuntime
+
+        if self.num_waiting_for_grammar:
+            raise RuntimeError("requests are waiting for grammars of the current manager")
+        if self._structured is not None:
+            self._structured.close()
+        runtime = manager if manager is None or hasattr(manager, "with_masks") else StructuredRuntime(manager)
+        self._structured = runtime
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        """Queued requests whose grammar is still compiling (RequestStatus.WAITING_FOR_GRAMMAR)."""
+        return self.scheduler.num_waiting_for_grammar
+
+    def structured_stats(self) -> dict[str, float]:
+        """Structured-output counters ({} before the first constrained request)."""
+        return {} if self._structured is None else self._structured.stats()
+
+    # ------------------------------------------------------------------ requests
+
+    def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        return tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The most tokens (prompt + output) one request may have: max_model_len or the whole KV cache."""
+        return min(self.max_model_len, self.kv.capacity_tokens)
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int, field: str = "prompt") -> None:
+        """Raises ContextLengthError (naming `field`) when such a request can never run."""
+        check_context_length(num_prompt_tokens, max_tokens, self.max_model_len, self.kv.capacity_tokens, field)
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, priority: int = 0, tenant: str = "default",
+                    arrival_time: float | None = None, request_class: str | None = None,
+                    slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None) -> str:
+        """Validate and queue a request; raises ValueError/TypeError naming the bad field.
+
+        `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
+        the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
+        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top (default:
+        `params.slo`).
+        `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
+        params = check_request_args(params, priority, tenant, cache_salt)
+        ids = self.tokenize_prompt(prompt)
+        self.check_fits(len(ids), params.max_tokens)
+        rclass, targets = resolve_slo(self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
+                                      len(ids), params.max_tokens, request_class,
+                                      params.slo if slo is None else slo)
+        with self._id_lock:
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+                while request_id in self._live_ids:
+                    request_id = f"req-{next(self._ids)}"
+            elif request_id in self._live_ids:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._live_ids.add(request_id)
+        req = Request(request_id, ids, params,
+                      arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+                      priority=priority, tenant=tenant, arrival_seq=next(self._seq),
+                      eos_token_ids=self.eos_token_ids, request_class=rclass, slo=targets, cache_salt=cache_salt)
+        detok = None
+        if self.tokenizer is not None:
+            from pacer.model.tokenizer import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(self.tokenizer)
+        tracked = TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)
+        if params.structured_outputs is None:
+            self._inbox.append(("add", tracked))
+            return request_id
+        try:
+            _ = self.structured_outputs   # the manager is made on first use
+            future = self._structured.request(params.structured_outputs)
+        except BaseException:
+            with self._id_lock:
+                self._live_ids.discard(request_id)
+            raise
+        self._inbox.append(("add_structured", (tracked, future)))
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort from any thread; takes effect at the start of the next step."""
+        self._inbox.append(("abort", request_id))
+        if self._structured is not None:
+            self._structured.wake()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outs: list[RequestOutput] = []
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                tracked: TrackedRequest = item
+                self._tracked[tracked.req.request_id] = tracked
+                self.scheduler.add_request(tracked.req)
+            elif kind == "add_structured":   # queued as WAITING_FOR_GRAMMAR until its compile finishes
+                tracked, future = item
+                self._tracked[tracked.req.request_id] = tracked
+                self.scheduler.add_request(tracked.req, ready=False)
+                self._structured.waits.add(tracked.req.request_id, future)
+            else:
+                tracked_or_none = self._tracked.get(item)
+                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
+                    outs.append(self._finish_output(tracked_or_none, [], ""))
+        if self._structured is not None and len(self._structured.waits):
+            outs.extend(self._admit_compiled())
+        return outs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar finished compiling: ready to schedule with their matcher, or
+        finished with the compile error (`RequestOutput.error`)."""
+        outs = []
+        for rid, compiled, error in self._structured.waits.take_done():
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue   # aborted or shed while it compiled
+            if error is None:
+                self._structured.bind(rid, compiled)
+                self.scheduler.mark_ready(rid)
+                continue
+            self.scheduler.finish_request(req, FinishReason.ERROR)
+            self._tracked[rid].error = str(error)
+            outs.append(self._finish_output(self._tracked[rid], [], ""))
+        return outs
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> execute -> update. Returns outputs of requests that
+        gained tokens or finished."""
+        outputs = self._drain_inbox()
+        self.kv.drop_expired()
+        t0 = time.perf_counter()
+        sched_out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        for listener in self.schedule_listeners:
+            listener(sched_out)
+        for rid in self.scheduler.take_shed():
+            outputs.append(self._finish_output(self._tracked[rid], [], ""))
+        if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
+            if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
+                self._executor.execute(sched_out)
+            self._kv_sinks.publish(self.clock.now, self.kv.take_events)
+            if not outputs and self.num_waiting_for_grammar:
+                self._structured.wait(0.05)   # only compiles pending: sleep until one finishes
+            return outputs
+        if self._structured is not None:
+            sched_out = self._structured.with_masks(sched_out)
+        try:
+            result = self._executor.execute(sched_out)
+        except Exception:
+            log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
+            result = execute_each(self._executor, sched_out, self.scheduler.requests, self.kv.block_table)
+        t2 = time.perf_counter()
+        self._finish_failed(sched_out, result, outputs)
+        updated = self.scheduler.update_from_output(sched_out, result)
+        if self._structured is not None:
+            for req, reason in self._structured.advance(updated):
+                self.scheduler.finish_request(req, reason)
+        for req, num_new in updated:
+            outputs.append(self._emit(req, num_new, result.results[req.request_id]))
+        t3 = time.perf_counter()
+        self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
+        if self._refit and self.cost_model is not None:
+            self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
+        self._kv_sinks.publish(self.clock.now, self.kv.take_events)
+        return outputs
+
+    def add_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        """After every step that changed the prefix cache, `sink(now, events)` gets its
+        store/remove events in order (blocks cached already arrive first as stores)."""
+        if self.kv.enable_events() is None:
+            raise ValueError("KV cache events need enable_prefix_caching=True")
+        self._kv_sinks.add(sink)
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request holds (vLLM's reset_prefix_cache); KV event sinks
+        hear of it now, not at the next step. Returns the number of blocks freed."""
+        freed = self.kv.reset_prefix_cache()
+        self._kv_sinks.publish(self.clock.now, self.kv.take_events)
+        return freed
+
+    def remove_kv_event_sink(self, sink: Callable[[float, list[BlockEvent]], None]) -> None:
+        self._kv_sinks.remove(sink)
+
+    def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
+        """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
+        for sr in out.scheduled:
+            res = result.results.get(sr.request_id)
+            req = self.scheduler.requests.get(sr.request_id)
+            if res is None or not res.failed or req is None or req.is_finished:
+                continue
+            req.num_computed_tokens = sr.start_position   # this step's KV is unreliable: never cache it
+            self.scheduler.finish_request(req, FinishReason.ERROR)
+            outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
+
+    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
+        tracked = self._tracked[req.request_id]
+        new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
+        if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
+            self.scheduler.drop_output_tail(req, num_new - len(new_ids))
+            num_new = len(new_ids)
+        if stop is not None:
+            req.stop_reason = stop
+            self.scheduler.finish_request(req, FinishReason.STOP)
+        if req.is_finished:
+            return self._finish_output(tracked, new_ids, new_text, new_logprobs)
+        return tracked.output(new_ids, new_text, new_logprobs)
+
+    def _finish_output(self, tracked: TrackedRequest, new_ids: list[int], new_text: str,
+                       new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
+        out = tracked.output(new_ids, new_text, new_logprobs)
+        rid = tracked.req.request_id
+        self._tracked.pop(rid, None)
+        if self._structured is not None:
+            self._structured.release(rid)
+        with self._id_lock:
+            self._live_ids.discard(rid)
+        return out
+
+    def _record_stats(self, out: SchedulerOutput, result: ModelOutput, sched_s: float,
+                      exec_s: float, update_s: float) -> None:
+        prepare, sample = result.prepare_s, result.sample_s
+        forward = exec_s if result.forward_s is None else result.forward_s
+        stats = StepStats(
+            step_id=out.step_id, time=self.clock.now(), num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting, batch_size=len(out.scheduled),
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+            num_preempted=len(out.preempted_ids), kv_usage=self.kv.usage, schedule_s=sched_s,
+            prepare_s=prepare, forward_s=forward, sample_s=sample,
+            update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
+            num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
+            num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
+            token_budget=out.token_budget, budget_reason=out.budget_reason,
+            **(self.scheduler.spec.take_step_counts() if self.scheduler.spec is not None else {}),
+        )
+        self._hit_tokens_seen = self.kv.stats.hit_tokens
+        self._num_steps += 1
+        self.step_stats.append(stats)
+        for listener in self.stats_listeners:
+            listener(stats)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state now, as one frozen record (the one view the server, the simulator
+        and reports read). Call it from the stepping thread, between steps."""
+        return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
+                           block_bytes=self._executor.kv_block_bytes or 0,
+                           disk_tier=self.disk_tier.index.tier_stats() if self.disk_tier is not None else None)
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
+        reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
+        return self.snapshot().cache_stats()
+
+    def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
+                tenant: str = "default", pin: bool = True) -> list[int]:
+        """Compute `prompts` into the prefix cache now, pinned and (when `public`) visible to every
+        tenant: see `pacer.engine.prewarm.prewarm`. Returns the cached tokens of each prompt."""
+        return prewarm(self, prompts, public=public, tenant=tenant, pin=pin)
+
+    def run_until_done(self) -> list[RequestOutput]:
+        """Step until every queued request finished; returns the final outputs."""
+        finals: list[RequestOutput] = []
+        while self.has_unfinished_requests():
+            finals.extend(o for o in self.step() if o.finished)
+        return finals

@@ -1,0 +1,169 @@
+"""What the outside world may read of an engine: one `StepStats` per step that ran, and one
+`EngineSnapshot` of its state on demand (`Engine.snapshot()`).
+
+The server (`/metrics`, `/debug/state`), `pacer bench`, the simulator's reports and
+`Engine.cache_stats()` read these records, never the scheduler or the KV manager: the
+engine stays free to change inside. Both are frozen; counters are monotonic totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from pacer.kv.tiers.offload import tier_stats
+
+if TYPE_CHECKING:
+    from pacer.kv.manager import KVCacheManager
+    from pacer.sched.scheduler import Scheduler
+
+__all__ = ["StepStats", "EngineSnapshot", "snapshot_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    step_id: int
+    time: float                   # the engine clock when the step ended
+    num_running: int
+    num_waiting: int
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_usage: float
+    schedule_s: float
+    prepare_s: float
+    forward_s: float              # the executor's (simulated: the cost model's step time)
+    sample_s: float
+    update_s: float
+    num_cached_tokens: int = 0    # prefix-cache hit tokens of the requests admitted this step
+    num_swap_out_blocks: int = 0  # KV blocks copied to / from the CPU tier this step
+    num_swap_in_blocks: int = 0
+    token_budget: int = 0                          # the budget the scheduler chose for this step
+    budget_reason: str = "max_num_batched_tokens"  # and why (slo: the ITL target that set it)
+    # speculative decoding this step (vLLM's spec_decode counters): rows that drafted, drafted and
+    # accepted tokens, and accepted tokens by draft position
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+    num_spec_rejections: int = 0   # drafting rows whose drafts did not all hold
+
+    @property
+    def total_s(self) -> float:
+        return self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
+
+    @property
+    def kind(self) -> str:
+        """prefill, decode or mixed (both in one step)."""
+        if self.num_prefill_tokens and self.num_decode_tokens:
+            return "mixed"
+        return "prefill" if self.num_prefill_tokens else "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """The engine's state between two steps: requests, KV blocks, prefix-cache and swap counters."""
+
+    num_running: int
+    num_waiting: int
+    num_steps: int                    # steps that ran (scheduled work)
+    num_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int            # held by the prefix cache (some also by requests)
+    num_evictable_blocks: int         # cached and held by no request
+    num_available_blocks: int         # free plus evictable
+    kv_usage: float                   # 1 - available / total
+    capacity_tokens: int
+    max_model_len: int
+    prefix_caching: bool
+    num_pinned_prefixes: int
+    prefix_cache_queried_tokens: int  # tokens looked up in the prefix cache at admission
+    prefix_cache_hit_tokens: int      # of those, served from the cache
+    evicted_blocks: Mapping[str, int]  # by reason: capacity, ttl, quota
+    num_recompute_preemptions: int
+    num_swap_preemptions: int
+    swap_out_requests: int
+    swap_out_blocks: int
+    swap_in_requests: int
+    swap_in_blocks: int
+    swap_fallbacks: int               # swap preemptions that had to recompute (tier full)
+    kv_block_bytes: int               # 0: the executor does not say
+    num_cpu_blocks: int
+    num_cpu_blocks_used: int
+    tiers: Mapping[str, Mapping[str, float]]   # per tier (device, host, disk): blocks, usage, hits, promotions,
+    #                                            demotions, bytes in / out
+    spec_decode: Mapping[str, Any] | None = None   # speculation totals (vLLM's counters); None when off
+    num_waiting_for_grammar: int = 0  # of num_waiting, those whose grammar is compiling (no seat, no KV)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.num_recompute_preemptions + self.num_swap_preemptions
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / q if q else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evicted_blocks"] = dict(self.evicted_blocks)
+        d["tiers"] = {name: dict(t) for name, t in self.tiers.items()}
+        d["num_preemptions"] = self.num_preemptions
+        d["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
+        return d
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The KV / prefix-cache counters under the names reports and /metrics use."""
+        bb = self.kv_block_bytes
+        return {
+            "prefix_caching": self.prefix_caching,
+            "num_blocks": self.num_blocks,
+            "free_blocks": self.num_free_blocks,
+            "cached_blocks": self.num_cached_blocks,
+            "evictable_blocks": self.num_evictable_blocks,
+            "pinned_prefixes": self.num_pinned_prefixes,
+            "kv_usage": self.kv_usage,
+            "prefix_cache_queried_tokens": self.prefix_cache_queried_tokens,
+            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "evicted_blocks": dict(self.evicted_blocks),
+            "swap_out_requests": self.swap_out_requests,
+            "swap_in_requests": self.swap_in_requests,
+            "swap_out_bytes": self.swap_out_blocks * bb,
+            "swap_in_bytes": self.swap_in_blocks * bb,
+            "swap_fallbacks": self.swap_fallbacks,
+            "cpu_blocks": self.num_cpu_blocks,
+            "cpu_blocks_used": self.num_cpu_blocks_used,
+            "tiers": {name: dict(t) for name, t in self.tiers.items()},
+            "preemptions": {"recompute": self.num_recompute_preemptions, "swap": self.num_swap_preemptions},
+        }
+
+
+def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
+                block_bytes: int, disk_tier: Mapping[str, float] | None = None) -> EngineSnapshot:
+    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`); `disk_tier`:
+    the disk tier's row of `tiers`, when there is one."""
+    st = kv.stats
+    return EngineSnapshot(
+        num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=num_steps,
+        num_blocks=kv.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
+        num_cached_blocks=kv.num_cached_blocks,
+        num_evictable_blocks=kv.cache.num_evictable_blocks if kv.cache else 0,
+        num_available_blocks=kv.num_available_blocks(), kv_usage=kv.usage,
+        capacity_tokens=kv.capacity_tokens, max_model_len=max_model_len,
+        prefix_caching=kv.cache is not None, num_pinned_prefixes=len(kv.pins),
+        prefix_cache_queried_tokens=st.queried_tokens, prefix_cache_hit_tokens=st.hit_tokens,
+        evicted_blocks=dict(st.evicted_blocks),
+        num_recompute_preemptions=sched.num_preemptions - sched.num_swap_preemptions,
+        num_swap_preemptions=sched.num_swap_preemptions,
+        swap_out_requests=st.swap_out_requests, swap_out_blocks=st.swap_out_blocks,
+        swap_in_requests=st.swap_in_requests, swap_in_blocks=st.swap_in_blocks,
+        swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
+        num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
+        tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
+        | ({"disk": dict(disk_tier)} if disk_tier is not None else {}),
+        spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
+        num_waiting_for_grammar=sched.num_waiting_for_grammar,
+    )

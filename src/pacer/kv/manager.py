@@ -1,0 +1,387 @@
+"""KV cache manager: which blocks each request holds. Pure Python.
+
+Owns the `BlockPool`, the per-request block tables, the prefix cache (optional) and the
+CPU swap tier (`swap_tier.py`). The scheduler looks up cached prefixes (`lookup_prefix`,
+which takes no references), asks for slots (`allocate_slots`, which commits a looked-up hit
+with the allocation, or changes nothing) and returns blocks (`free`, `swap_out`); "can this
+fit?" is O(1).
+
+Holders of a block: each request whose table lists it, plus the cache node that owns it.
+The manager is the only one that changes ref counts: a committed hit adds the request's ref,
+`insert` reports the blocks the cache adopted (one ref each), eviction drops the cache's
+ref. A running request's full computed blocks are inserted as soon as they are computed
+(its lock moves down the path), and the rest when it finishes, aborts or is preempted by
+recompute, so concurrent requests, the next turn of a conversation and the resumed
+request hit them.
+
+Tenants (namespaces, quotas, eviction groups): `tenancy.py`. The host tier of
+`kv_offloading_size` (`host_tier.py`, glued to the tree by `offload.py`): evicted blocks are
+demoted to it, and a look-up continues a device match there (promoted when committed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from pacer.kv.block_pool import BlockPool, kept_blocks
+from pacer.kv.checks import check_kv_invariants
+from pacer.kv.events import BlockEvent, BlockEventLog
+from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
+from pacer.kv.records import KVStats, PrefixHit
+from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
+from pacer.kv.tiers.host import HostKVTier
+from pacer.kv.tiers.offload import PrefixOffload
+from pacer.kv.tiers.swap import CpuSwapTier, SwapPairs
+from pacer.request import Request
+
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
+
+__all__ = ["KVCacheManager", "KVStats", "PrefixHit", "OTHER_TENANTS"]
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None, *,
+                 tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
+                 num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.block_tables: dict[str, list[int]] = {}
+        self.cache = prefix_cache
+        self.tenants = TenantSpaces(tenant_isolation, tenant_quotas, num_blocks, reserve_blocks)
+        # one host pool for swap and the offload tier when there is a host tier (kv_offloading_size)
+        self.host_tier = host_tier
+        self.swap = CpuSwapTier(num_cpu_blocks, host_tier)
+        self.offload = PrefixOffload(host_tier, prefix_cache) if host_tier and prefix_cache else None
+        self._handles: dict[str, PrefixMatch] = {}
+        self._public_ids: set[str] = set()              # prewarm requests inserted as PUBLIC
+        self._pin_ids: set[str] = set()                 # prewarm requests whose prefix is pinned
+        self.pins: dict[tuple[int, ...], PrefixMatch] = {}
+        self._deferred_quota: list[str] = []
+        self.stats = KVStats()
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, num_blocks: int, now: Callable[[], float],
+                    block_bytes: int | None = None, max_model_len: int = 0) -> KVCacheManager:
+        """Build from a CacheConfig; `block_bytes` (bytes of one KV block) sizes the swap tier;
+        in partitioned mode the quotas must leave one `max_model_len` request's blocks free."""
+        cache = None
+        if config.enable_prefix_caching:
+            group_of = group_fn(config.tenant_isolation, dict(config.tenant_quotas or {}))
+            cache = PrefixCache.from_config(config, now, group_of)
+        num_cpu = config.num_cpu_blocks
+        if num_cpu is None:
+            num_cpu = int(config.swap_space * 1024**3 // block_bytes) if block_bytes else 0
+        host = HostKVTier.from_config(config, now, block_bytes, num_blocks)
+        return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
+                   tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
+                   num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host)
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.block_size
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.cache.num_cached_blocks if self.cache else 0
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests or pinned (evictable cached blocks count as free)."""
+        return 1.0 - self.num_available_blocks() / self.pool.num_blocks
+
+    def num_available_blocks(self, tenant: str | None = None) -> int:
+        """Blocks that can be handed out now: free, plus what the cache may evict for
+        `tenant` (in partitioned mode only the tenant's own cache; otherwise all of it)."""
+        if self.cache is None:
+            return self.pool.num_free_blocks
+        return self.pool.num_free_blocks + self.cache.evictable_blocks(self.tenants.evict_groups(tenant))
+
+    # ------------------------------------------------------------------ prefix cache
+
+    def _owner(self, req: Request) -> str:
+        return self.tenants.owner(req, req.request_id in self._public_ids)
+
+    def _owners(self, req: Request) -> tuple[str, ...]:
+        return self.tenants.owners(req, req.request_id in self._public_ids)
+
+    def lookup_prefix(self, req: Request) -> PrefixHit | None:
+        """On admission (or resume after recompute preemption): the longest cached prefix of
+        the request's tokens, in whole blocks and short of its last token (whose logits are
+        needed). Takes no references; None without a cache or when the request holds blocks."""
+        if self.cache is None or req.request_id in self.block_tables:
+            return None
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        tokens = req.token_ids_slice(0, req.num_tokens)
+        match = self.cache.match_prefix(tokens, self._owners(req), max_blocks, req.tenant)
+        promoted: tuple[tuple[int, int], ...] = ()
+        if self.offload is not None:   # the host tier's continuation of the device match
+            hits = self.offload.lookup(match.node, match.num_blocks, tokens, self._owners(req), max_blocks)
+            room = self.num_available_blocks(req.tenant) - self.cache.evictable_on_path(
+                match, self.tenants.evict_groups(req.tenant))   # what is left once the match is locked
+            promoted = tuple(hits[:max(0, room)])
+        num_tokens = (match.num_blocks + len(promoted)) * self.block_size
+        return PrefixHit(match, num_tokens, req.num_tokens, promoted)
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Device-tier tokens `lookup_prefix` would find for `req` now, without splitting or
+        touching the tree (for ordering by it)."""
+        if self.cache is None or req.request_id in self.block_tables:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        tokens = req.token_ids_slice(0, req.num_tokens)
+        return self.cache.lookup_blocks(tokens, self._owners(req), max_blocks) * self.block_size
+
+    def _commit_hit(self, req: Request, hit: PrefixHit) -> None:
+        """The request holds and locks the hit's device blocks, and its host-tier blocks are
+        promoted (locked before the allocation that follows may evict and demote); the
+        look-up counts in the stats."""
+        assert self.cache is not None
+        self.stats.queried_tokens += hit.num_queried_tokens
+        self.stats.hit_tokens += hit.num_tokens
+        if hit.match.block_ids:
+            self.cache.lock(hit.match)
+            self._handles[req.request_id] = hit.match
+            self.pool.incref(hit.match.block_ids)
+            self.block_tables[req.request_id] = list(hit.match.block_ids)
+        if hit.promoted:
+            assert self.offload is not None
+            self.offload.commit(req.request_id, list(hit.promoted))
+
+    def mark_prewarm(self, request_id: str, public: bool, pin: bool = True) -> None:
+        """Before the request is first scheduled: when it finishes, its prompt's blocks are
+        cached as public (visible to every tenant) and/or pinned (never evicted)."""
+        if public:
+            self._public_ids.add(request_id)
+        if pin:
+            self._pin_ids.add(request_id)
+
+    def unpin(self, token_ids: list[int] | None = None) -> int:
+        """Unpin one prewarmed prefix (by its token ids) or all; returns how many."""
+        if self.cache is None:
+            return 0
+        keys = list(self.pins) if token_ids is None else [k for k in self.pins if list(k) == list(token_ids)]
+        for key in keys:
+            self.cache.unpin(self.pins.pop(key))
+        return len(keys)
+
+    def enable_events(self) -> BlockEventLog | None:
+        """Start recording the prefix cache's store/remove events (None without a cache)."""
+        log = self.cache.enable_events() if self.cache is not None else None
+        if log is not None and self.host_tier is not None:   # the host tier's events, medium CPU, in the same log
+            self.host_tier.events = log
+        return log
+
+    def take_events(self) -> list[BlockEvent]:
+        """The store/remove events since the last call, in order (empty when not enabled)."""
+        return self.cache.take_events() if self.cache is not None else []
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
+        stay). Each dropped block is reported as removed. Returns how many were dropped."""
+        if self.cache is None:
+            return 0
+        freed = self.cache.evict(self.cache.num_evictable_blocks)
+        self._release(freed, "capacity")
+        return len(freed)
+
+    def drop_expired(self) -> None:
+        """Proactively drop cache nodes idle longer than the TTL (cheap when nothing is due)."""
+        if self.cache is not None:
+            self._release(self.cache.expire(), "ttl")
+
+    def _release(self, block_ids: list[int], reason: str) -> None:
+        if block_ids:
+            self.pool.free(block_ids)
+            self.stats.evicted_blocks[reason] = self.stats.evicted_blocks.get(reason, 0) + len(block_ids)
+
+    def _cache_progress(self, req: Request) -> None:
+        """Share a running request's newly completed blocks at once (not only when it
+        finishes), so requests admitted meanwhile hit them. The request's lock moves to the
+        deeper node, keeping what it uses out of eviction."""
+        rid = req.request_id
+        table = self.block_tables.get(rid)
+        if self.cache is None or not table or self.swap.holds(rid) or rid in self._public_ids:
+            return
+        n_full = min(req.num_computed_tokens // self.block_size, len(table))
+        old = self._handles.get(rid)
+        if n_full <= (old.num_blocks if old else 0):
+            return
+        handle = self._insert(req, table, n_full, old, self._owner(req), self._owners(req))
+        self.cache.lock(handle)
+        if old is not None:
+            self.cache.unlock(old)
+        self._handles[rid] = handle
+
+    def _insert(self, req: Request, table: list[int], n_full: int, start: PrefixMatch | None,
+                owner: str, owners: tuple[str, ...]) -> PrefixMatch:
+        """Cache the request's first `n_full` blocks under `owner`, reusing nodes of `owners`
+        (the cache adopts the blocks it lacks)."""
+        assert self.cache is not None
+        tokens = req.token_ids_slice(0, n_full * self.block_size)
+        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start, owners=owners)
+        self.pool.incref(adopted)
+        return handle
+
+    def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> None:
+        assert self.cache is not None
+        n_full = min(req.num_computed_tokens // self.block_size, len(table))
+        rid = req.request_id
+        owner, owners = self._owner(req), self._owners(req)   # a public prewarm walks public nodes only
+        self._public_ids.discard(rid)
+        if n_full == 0:
+            self._pin_ids.discard(rid)
+            return
+        handle = self._insert(req, table, n_full, start, owner, owners)
+        if rid in self._pin_ids:
+            self._pin_ids.discard(rid)
+            key = tuple(req.prompt_token_ids[: n_full * self.block_size])
+            if key not in self.pins and handle.block_ids:
+                self.cache.pin(handle)
+                self.pins[key] = handle
+        if self.tenants.partitioned and owner != PUBLIC:
+            group = self.tenants.quota_group(req.tenant)
+            if self.cache.cached_blocks(group) > self.tenants.quota(group):
+                self._deferred_quota.append(group)
+
+    def _enforce_quotas(self) -> None:
+        assert self.cache is not None
+        while self._deferred_quota:
+            group = self._deferred_quota.pop()
+            over = self.cache.cached_blocks(group) - self.tenants.quota(group)
+            if over > 0:
+                self._release(self.cache.evict(over, [group]), "quota")
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, hit: PrefixHit | None = None) -> list[int] | None:
+        """Ensure room for `num_new_tokens` more tokens (after `hit`'s, when a looked-up hit is
+        given: it is committed here), evicting cached blocks on demand; returns the blocks
+        added, or None (and changes nothing) when they cannot be had. A swapped-out request
+        gets its CPU blocks scheduled for swap-in here."""
+        self._cache_progress(req)
+        groups = self.tenants.evict_groups(req.tenant)
+        available = self.num_available_blocks(req.tenant)
+        computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))
+        if hit is not None:   # locking the hit protects its own evictable blocks: they cannot be handed out too
+            assert self.cache is not None
+            computed, held = hit.num_tokens, hit.match.num_blocks
+            available -= self.cache.evictable_on_path(hit.match, groups)
+        need = max(0, -(-(computed + num_new_tokens) // self.block_size) - held)
+        if need > available:
+            return None
+        if hit is not None:
+            self._commit_hit(req, hit)
+        short = need - self.pool.num_free_blocks
+        if short > 0 and self.cache is not None:
+            self._release(self.cache.evict(short, groups), "capacity")
+        new_blocks = self.pool.allocate(need) if need else []
+        if hit is not None and hit.promoted:   # the first new blocks are filled by this step's promotions
+            assert self.offload is not None
+            self.offload.bind(req.request_id, new_blocks[:len(hit.promoted)])
+        table = self.block_tables.setdefault(req.request_id, [])
+        table.extend(new_blocks)
+        self.swap.plan_swap_in(req.request_id, table)
+        return new_blocks
+
+    def trim_to_computed(self, req: Request) -> None:
+        """After verifying drafts: free the blocks past those holding the request's computed
+        (verified) tokens; only rejected drafts used them, so none is cached or shared."""
+        table = self.block_tables.get(req.request_id)
+        if not table:
+            return
+        keep = kept_blocks(req.num_computed_tokens, self.block_size)
+        if len(table) > keep:
+            extra = table[keep:]
+            del table[keep:]
+            self.pool.free(extra)
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self.block_tables.get(request_id, [])
+
+    def free(self, req: Request) -> None:
+        """Drop the request's hold on all its blocks (finish, abort or recompute preemption),
+        caching its full computed blocks first."""
+        rid = req.request_id
+        table = self.block_tables.pop(rid, None)
+        match = self._handles.pop(rid, None)
+        swapping_in = self.swap.drop(rid)   # then its blocks hold no KV yet
+        if self.cache is not None and table and not swapping_in:
+            self._cache_request(req, table, match)
+        if match is not None and self.cache is not None:
+            self.cache.unlock(match)
+        if table:
+            self.pool.free(table)
+        if self.offload is not None:   # admitted and preempted in one step: blocks the tree kept still get their copy
+            self.offload.cancel(rid, lambda b: self.pool.ref_count(b) > 0)
+        if self.cache is not None:
+            self._enforce_quotas()
+        self._public_ids.discard(rid)
+        self._pin_ids.discard(rid)
+
+    # ------------------------------------------------------------------ swap
+
+    def swap_out(self, req: Request) -> bool:
+        """Preempt by swapping: reserve CPU slots for the request's computed blocks and free
+        its device blocks, keeping `num_computed_tokens`. False (nothing changed) when the
+        CPU tier cannot hold them; the caller then recomputes."""
+        rid = req.request_id
+        if self.swap.is_swapping_in(rid):   # resumed earlier in this same step: its KV is still on CPU
+            self.swap.cancel_swap_in(rid)
+            self._drop_device_blocks(req)
+            self.stats.swap_out_requests += 1
+            return True
+        n = -(-req.num_computed_tokens // self.block_size)
+        table = self.block_tables.get(rid, [])
+        promoting = self.offload is not None and self.offload.is_promoting(rid)   # its KV is not there yet
+        if n == 0 or n > len(table) or promoting or not self.swap.reserve(rid, table[:n]):
+            self.stats.swap_fallbacks += 1
+            return False
+        self._drop_device_blocks(req)
+        self.stats.swap_out_requests += 1
+        self.stats.swap_out_blocks += n
+        return True
+
+    def _drop_device_blocks(self, req: Request) -> None:
+        table = self.block_tables.pop(req.request_id, None)
+        match = self._handles.pop(req.request_id, None)
+        if match is not None and self.cache is not None:
+            self.cache.unlock(match)
+        if table:
+            self.pool.free(table)
+        if match is not None and self.cache is not None and self.tenants.partitioned:
+            self._deferred_quota.append(self.tenants.quota_group(req.tenant))   # its blocks became evictable
+            self._enforce_quotas()
+
+    def take_swap_ops(self) -> tuple[SwapPairs, SwapPairs]:
+        """The step's copies, in execution order: swap-outs (device, cpu) first, then
+        swap-ins (cpu, device)."""
+        out, ins_by_request = self.swap.take_ops()
+        ins: SwapPairs = []
+        for pairs in ins_by_request.values():
+            ins.extend(pairs)
+            self.stats.swap_in_requests += 1
+            self.stats.swap_in_blocks += len(pairs)
+        if self.offload is not None:   # demotions after swap-outs, promotions after swap-ins
+            demoted, promoted = self.offload.take_ops()
+            out.extend(demoted)
+            ins.extend(promoted)
+        return out, ins
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """free + cached + held == total; each block's ref count == its holders (request
+        tables + one cache node); cache counts match its tree (see `kv_checks`)."""
+        check_kv_invariants(self.pool, self.block_tables, self.cache, set(self._handles))
+        self.swap.check_invariants()   # with a host tier: free + offloaded + swapped == total
+

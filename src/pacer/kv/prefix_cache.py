@@ -1,0 +1,391 @@
+"""Prefix cache: a radix tree over full KV blocks. Pure Python; no requests, no pool.
+
+Contract (handle-based): `match_prefix` -> `lock(handle)` -> ... -> `insert` -> `unlock`.
+`evict(n)` / `expire()` return the block ids they dropped; the cache never frees blocks and
+never reads or writes request fields — the KV manager owns both. A node holds exactly one
+reference on each of its blocks (the KV manager takes it when `insert` reports adoption).
+
+Each node carries a run of whole blocks (token ids + block ids) and an `owner`: the tenant
+namespace whose requests may match it (`PUBLIC` = everyone). Children are keyed by
+(owner, first block's tokens), so a tenant sees only its own and public branches. A node is
+split when a match or insert diverges inside it.
+
+Lock counts propagate to the root, and evictable / protected block counts are kept
+incrementally (per eviction group too), so "how many blocks could I get?" is O(1).
+Eviction takes blocks from the tail of the best unlocked leaf under a small key function
+(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from pacer.config import EVICTION_POLICIES
+from pacer.kv.events import (
+    BlockEvent,
+    BlockEventLog,
+    BlockRemovedEvent,
+)
+from pacer.kv.radix_node import EVICTION_KEYS, EvictableLeaves, PrefixMatch, RadixNode
+
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
+
+__all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
+
+PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
+
+class PrefixCache:
+    """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
+
+    weighted-lru is GreedyDual: on access a node's priority becomes max(priority, L + weight)
+    of the accessing tenant, and L rises to the priority of each evicted node. A weight-w
+    node outlives ~(w - 1) turnovers of weight-1 churn without being touched; with equal
+    weights it is plain LRU.
+    """
+
+    def __init__(self, block_size: int, now: Callable[[], float], eviction_policy: str = "lru",
+                 tenant_weights: Mapping[str, float] | None = None, ttl: float | None = None,
+                 group_of: Callable[[str], str] | None = None) -> None:
+        if eviction_policy not in EVICTION_KEYS:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {eviction_policy!r}")
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"cache_ttl must be > 0 seconds, got {ttl}")
+        self.block_size = block_size
+        self.policy = eviction_policy
+        self._key = EVICTION_KEYS[eviction_policy]
+        self._now = now
+        self._weights = dict(tenant_weights or {})
+        self.ttl = ttl
+        self._group_of = group_of or (lambda owner: PUBLIC)
+        self._ids = itertools.count(1)
+        self._ticks = itertools.count(1)
+        self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
+        self.root.lock_ref = 1  # never evicted, never a leaf candidate
+        self._inflation = 0.0
+        self._leaves = EvictableLeaves(self._key)
+        self.num_cached_blocks = 0
+        self.num_evictable_blocks = 0
+        self._cached_by_group: dict[str, int] = {}
+        self._evictable_by_group: dict[str, int] = {}
+        self._pinned: dict[int, tuple[RadixNode, int]] = {}  # node id -> (node, pin count)
+        self._next_expiry_scan = float("-inf")
+        self.events: BlockEventLog | None = None   # store/remove events, when someone publishes them
+        # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
+        # (core/offload.py) keeps a copy of them
+        self.on_drop: Callable[[RadixNode, int], None] | None = None
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, now: Callable[[], float],
+                    group_of: Callable[[str], str] | None = None) -> PrefixCache:
+        """The cache a CacheConfig describes (the ttl policy's TTL defaults to 30 minutes)."""
+        ttl = config.cache_ttl
+        if ttl is None and config.eviction_policy == "ttl":
+            ttl = 1800.0
+        return cls(config.block_size, now, config.eviction_policy, tenant_weights=config.tenant_weights, ttl=ttl,
+                   group_of=group_of)
+
+    def enable_events(self) -> BlockEventLog:
+        """Record a BlockStoredEvent per adopted run of blocks and a BlockRemovedEvent per
+        dropped one from now on (blocks cached already are reported as stored first); returns
+        the log (the same one when already recording)."""
+        if self.events is None:
+            self.events = BlockEventLog()
+            for node in self.iter_nodes():   # parents before children, so each event's parent hash is known
+                self.events.record_stored(node, self.block_size)
+        return self.events
+
+    def take_events(self) -> list[BlockEvent]:
+        """The store/remove events since the last call, in order (empty when not recording)."""
+        return self.events.take() if self.events is not None else []
+
+    # ------------------------------------------------------------------ queries
+
+    def cached_blocks(self, group: str) -> int:
+        return self._cached_by_group.get(group, 0)
+
+    def evictable_blocks(self, groups: Sequence[str] | None = None) -> int:
+        if groups is None:
+            return self.num_evictable_blocks
+        return sum(self._evictable_by_group.get(g, 0) for g in groups)
+
+    @property
+    def num_protected_blocks(self) -> int:
+        return self.num_cached_blocks - self.num_evictable_blocks
+
+    def iter_nodes(self) -> Iterator[RadixNode]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ------------------------------------------------------------------ match / insert
+
+    def match_prefix(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int,
+                     tenant: str = PUBLIC) -> PrefixMatch:
+        """Longest cached run of whole blocks (at most `max_blocks`) visible to `owners`.
+        Splits a node when the match ends inside it; touches the matched path."""
+        bs = self.block_size
+        limit = min(len(token_ids) // bs, max_blocks)
+        node = self.root
+        blocks: list[int] = []
+        while len(blocks) < limit:
+            pos = len(blocks) * bs
+            child = self._child(node, owners, token_ids[pos:pos + bs])
+            if child is None:
+                break
+            k = self._common_blocks(child, token_ids, pos, limit - len(blocks))
+            if k < len(child.block_ids):
+                child = self._split(child, k)
+            blocks.extend(child.block_ids)
+            node = child
+        self._touch(node, tenant)
+        return PrefixMatch(node, tuple(blocks))
+
+    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int) -> int:
+        """How many whole blocks `match_prefix` would match, looked up only: no split, no touch."""
+        bs = self.block_size
+        limit = min(len(token_ids) // bs, max_blocks)
+        node, num = self.root, 0
+        while num < limit:
+            child = self._child(node, owners, token_ids[num * bs:(num + 1) * bs])
+            if child is None:
+                break
+            k = self._common_blocks(child, token_ids, num * bs, limit - num)
+            num += k
+            if k < len(child.block_ids):
+                break
+            node = child
+        return num
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
+               tenant: str = PUBLIC, start: PrefixMatch | None = None,
+               owners: Sequence[str] | None = None) -> tuple[list[int], PrefixMatch]:
+        """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens
+        [i*bs, (i+1)*bs)). Returns the block ids newly adopted (the caller adds one ref to
+        each) and a handle to the deepest node of the path. Blocks already cached for the
+        same tokens are kept; the caller's duplicates are not adopted. `start`, a locked
+        handle on a prefix of `token_ids`, skips the walk down to it. `owners` are the
+        namespaces the walk may reuse (default: `owner`, then public)."""
+        bs = self.block_size
+        n = min(len(token_ids) // bs, len(block_ids))
+        if owners is None:
+            owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
+        node, done, adopted = self.root, 0, []
+        if start is not None and start.num_blocks <= n:
+            node, done = start.node, start.num_blocks
+        while done < n:
+            pos = done * bs
+            child = self._child(node, owners, token_ids[pos:pos + bs])
+            if child is None:
+                child = self._add_child(node, owner, list(token_ids[pos:n * bs]), list(block_ids[done:n]))
+                adopted = list(block_ids[done:n])
+                node = child
+                break
+            k = self._common_blocks(child, token_ids, pos, n - done)
+            if k < len(child.block_ids):
+                child = self._split(child, k)
+            done += k
+            node = child
+        self._touch(node, tenant)
+        path = self._path_blocks(node)
+        return adopted, PrefixMatch(node, tuple(path))
+
+    def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
+        key_tokens = tuple(first)
+        for owner in owners:
+            child = node.children.get((owner, key_tokens))
+            if child is not None:
+                return child
+        return None
+
+    def _common_blocks(self, node: RadixNode, token_ids: Sequence[int], pos: int, most: int) -> int:
+        bs = self.block_size
+        k, n = 1, min(len(node.block_ids), most)  # the first block matched by key
+        while k < n and node.tokens[k * bs:(k + 1) * bs] == list(token_ids[pos + k * bs:pos + (k + 1) * bs]):
+            k += 1
+        return k
+
+    def _path_blocks(self, node: RadixNode) -> list[int]:
+        parts: list[list[int]] = []
+        while node.parent is not None:
+            parts.append(node.block_ids)
+            node = node.parent
+        return [b for part in reversed(parts) for b in part]
+
+    def _add_child(self, parent: RadixNode, owner: str, tokens: list[int], block_ids: list[int]) -> RadixNode:
+        group = self._group_of(owner)
+        child = RadixNode(next(self._ids), parent, owner, group, tokens, block_ids)
+        child.key = (owner, tuple(tokens[:self.block_size]))
+        parent.children[child.key] = child
+        self._leaves.update(parent, False)
+        n = len(block_ids)
+        self.num_cached_blocks += n
+        self.num_evictable_blocks += n
+        self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
+        self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
+        self._leaves.update(child, True)
+        if self.events is not None:
+            self.events.record_stored(child, self.block_size)
+        return child
+
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Cut `node` after k blocks; returns the new upper part (the matched prefix).
+        Handles to `node` stay valid: it keeps the tail, and the new parent copies its lock."""
+        bs = self.block_size
+        parent = node.parent
+        if parent is None:
+            raise ValueError("cannot split the root")
+        upper = RadixNode(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
+        upper.lock_ref = node.lock_ref
+        upper.last_access, upper.tick, upper.priority = node.last_access, node.tick, node.priority
+        upper.key = node.key
+        parent.children[upper.key] = upper
+        node.tokens = node.tokens[k * bs:]
+        node.block_ids = node.block_ids[k:]
+        upper.hashes, node.hashes = node.hashes[:k], node.hashes[k:]
+        node.parent = upper
+        node.key = (node.owner, tuple(node.tokens[:bs]))
+        upper.children[node.key] = node
+        return upper
+
+    def _touch(self, node: RadixNode, tenant: str) -> None:
+        now = self._now()
+        floor = self._inflation + self._weights.get(tenant, 1.0)
+        while node.parent is not None:
+            node.last_access = now
+            node.tick = next(self._ticks)
+            node.priority = max(node.priority, floor)
+            if node.is_leaf_candidate:
+                self._leaves.push(node)
+            node = node.parent
+
+    # ------------------------------------------------------------------ lock / pin
+
+    def lock(self, handle: PrefixMatch) -> None:
+        """Protect the handle's path from eviction until `unlock`."""
+        node: RadixNode | None = handle.node
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self._move_evictable(node, -len(node.block_ids))
+                self._leaves.update(node, False)
+            node.lock_ref += 1
+            node = node.parent
+
+    def evictable_on_path(self, handle: PrefixMatch, groups: Sequence[str] | None = None) -> int:
+        """Blocks of the handle's path that eviction (of `groups`) could take now: what
+        `lock(handle)` would protect."""
+        n = 0
+        node: RadixNode | None = handle.node
+        while node is not None and node.parent is not None and node.lock_ref == 0:   # locks reach the root
+            if groups is None or node.group in groups:
+                n += len(node.block_ids)
+            node = node.parent
+        return n
+
+    def unlock(self, handle: PrefixMatch) -> None:
+        node: RadixNode | None = handle.node
+        while node is not None and node.parent is not None:
+            if node.lock_ref <= 0:
+                raise ValueError(f"unlock of unlocked node {node.id}")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._move_evictable(node, len(node.block_ids))
+                if not node.children:
+                    self._leaves.update(node, True)
+            node = node.parent
+
+    def pin(self, handle: PrefixMatch) -> None:
+        """Keep the handle's path until `unpin` (a lock with no owner request)."""
+        if handle.node.parent is None:
+            return
+        self.lock(handle)
+        node, count = self._pinned.get(handle.node.id, (handle.node, 0))
+        self._pinned[node.id] = (node, count + 1)
+
+    def unpin(self, handle: PrefixMatch) -> None:
+        entry = self._pinned.get(handle.node.id)
+        if entry is None:
+            raise ValueError("unpin of a prefix that is not pinned")
+        node, count = entry
+        if count == 1:
+            del self._pinned[node.id]
+        else:
+            self._pinned[node.id] = (node, count - 1)
+        self.unlock(handle)
+
+    def _move_evictable(self, node: RadixNode, delta: int) -> None:
+        self.num_evictable_blocks += delta
+        self._evictable_by_group[node.group] = self._evictable_by_group.get(node.group, 0) + delta
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict(self, n: int, groups: Sequence[str] | None = None) -> list[int]:
+        """Drop up to n blocks from unlocked, unpinned leaves (tail blocks first) of the
+        given eviction groups (all when None), best key first. Returns the dropped block ids;
+        the caller releases the cache's reference on each."""
+        freed: list[int] = []
+        while len(freed) < n:
+            best = self._leaves.best(groups)
+            if best is None:
+                break
+            if self.policy == "weighted-lru":
+                self._inflation = max(self._inflation, best.priority)
+            freed.extend(self._trim(best, n - len(freed)))
+        return freed
+
+    def _trim(self, node: RadixNode, most: int) -> list[int]:
+        """Remove up to `most` blocks from the tail of an evictable leaf."""
+        take = min(most, len(node.block_ids))
+        if self.on_drop is not None and take:
+            self.on_drop(node, take)
+        dropped = node.block_ids[-take:]
+        node.block_ids = node.block_ids[:-take]
+        node.tokens = node.tokens[:len(node.block_ids) * self.block_size]
+        if self.events is not None:
+            self.events.append(BlockRemovedEvent(tuple(node.hashes[-take:])))
+            node.hashes = node.hashes[:-take]
+        self.num_cached_blocks -= take
+        self._cached_by_group[node.group] -= take
+        self._move_evictable(node, -take)
+        if not node.block_ids:
+            self._leaves.update(node, False)
+            parent = node.parent
+            if parent is not None:
+                del parent.children[node.key]
+                self._leaves.update(parent, True)
+        return dropped
+
+    def expire(self) -> list[int]:
+        """Drop every unlocked leaf idle longer than the TTL (repeatedly, so idle parents
+        follow). Scans at most ~10 times per TTL period. Returns the dropped block ids."""
+        if self.ttl is None:
+            return []
+        now = self._now()
+        if now < self._next_expiry_scan:
+            return []
+        self._next_expiry_scan = now + self.ttl / 10
+        deadline = now - self.ttl
+        freed: list[int] = []
+        stack = [n for n in self._leaves if n.last_access < deadline]
+        while stack:
+            node = stack.pop()
+            if not node.is_leaf_candidate or node.last_access >= deadline:
+                continue
+            parent = node.parent
+            freed.extend(self._trim(node, len(node.block_ids)))
+            if parent is not None and parent.is_leaf_candidate:
+                stack.append(parent)
+        return freed
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """Counts match the tree; lock refs cover locks below; leaf sets exact; owners nest
+        (see `kv_checks.check_prefix_cache`)."""
+        from pacer.kv.checks import check_prefix_cache
+
+        check_prefix_cache(self)

@@ -1,0 +1,224 @@
+"""Ordering policies: each orders requests by a key. Smaller key = served first.
+
+The scheduler uses a policy's `key` for the waiting queue's order and the running requests'
+order within a step, and `victim_key` for preemption (the running request with the largest
+is preempted first). Policies never schedule; they only order. `fcfs`, `priority` and `sjf`
+are static keys; `lpm` (longest prefix match first, SGLang's policy) re-keys the queue every
+step from the prefix cache; `slo` (least slack first) lives in `pacer.sched.slo_policy`.
+
+Aging (`WaitingQueue(max_queue_delay=...)`): a request that has waited longer than
+`max_queue_delay` seconds is served in arrival order ahead of every request that has not,
+whatever the policy, so no policy starves a request.
+
+A request may wait while not ready to run (`WaitingQueue.add(req, ready=False)`: its
+grammar is compiling). It keeps its place in the order, but the head is chosen among the
+ready ones only, so it never blocks the requests behind it; `mark_ready` ends that state.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+from collections.abc import Callable, Iterator
+
+from pacer.config import SCHEDULING_POLICIES
+from pacer.request import Request, RequestStatus
+
+__all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
+           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
+
+Key = tuple[float, ...]
+DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none is given
+LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
+
+
+class Policy:
+    """First come, first served (the base: arrival order)."""
+
+    name = "fcfs"
+    preempts_for_waiting = False   # may a better waiting request preempt a running one?
+    preempts_for_budget = True     # ... also for the step's token share (not only seats / KV)?
+    dynamic = False                # keys change between steps: the queue re-keys every step
+    default_max_queue_delay: float | None = None
+
+    def key(self, r: Request) -> Key:
+        return (r.arrival_time, r.arrival_seq)
+
+    def victim_key(self, r: Request) -> Key:
+        """Preemption order among running requests: the largest goes first."""
+        return self.key(r)
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        """Whether `a` is strictly more important than `b` (for preemption by a waiting request)."""
+        return self.preempts_for_waiting and a.priority < b.priority
+
+    def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
+        """Which of the sorted waiting items is served first (the slo policy skips hopeless ones)."""
+        return 0
+
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        """Whether a waiting request takes the step's prefill share before a running request's
+        partial prefill (only the slo policy: by slack; the others finish what they started)."""
+        return False
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        """Called once per step before scheduling (dynamic policies re-key here)."""
+
+
+class PrioritySchedulingPolicy(Policy):
+    name = "priority"
+    preempts_for_waiting = True
+
+    def key(self, r: Request) -> Key:
+        return (r.priority, r.arrival_time, r.arrival_seq)
+
+
+class SjfPolicy(Policy):
+    """Shortest (prompt + max output) first: sorted batching for throughput; starves long jobs
+    without aging."""
+
+    name = "sjf"
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def key(self, r: Request) -> Key:
+        return (r.num_prompt_tokens + r.sampling_params.max_tokens, r.arrival_time, r.arrival_seq)
+
+
+class LpmPolicy(Policy):
+    """Longest cached prefix first (cache locality). Matches are looked up, never taken, each
+    step; past LPM_MAX_QUEUE waiting requests the order falls back to fcfs."""
+
+    name = "lpm"
+    dynamic = True
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def __init__(self, cached_prefix_tokens: Callable[[Request], int] | None = None) -> None:
+        self.cached_prefix_tokens = cached_prefix_tokens or (lambda r: 0)
+        self._fcfs = False
+
+    def key(self, r: Request) -> Key:
+        if self._fcfs or r.num_computed_tokens:
+            return (0.0, r.arrival_time, r.arrival_seq)
+        return (-float(self.cached_prefix_tokens(r)), r.arrival_time, r.arrival_seq)
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        self._fcfs = len(queue) > LPM_MAX_QUEUE
+        queue.rekey()
+
+
+_POLICIES: dict[str, type[Policy]] = {
+    "fcfs": Policy, "priority": PrioritySchedulingPolicy, "sjf": SjfPolicy, "lpm": LpmPolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A static policy by name (`lpm` and `slo` need the scheduler's collaborators: see Scheduler)."""
+    try:
+        return _POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {name!r}") from None
+
+
+class WaitingQueue:
+    """Requests kept sorted by the policy key (a preempted request returns to its place), with
+    aging: the oldest request is served first once it has waited `max_queue_delay` seconds."""
+
+    def __init__(self, policy: Policy, max_queue_delay: float | None = None) -> None:
+        if max_queue_delay is not None and not max_queue_delay > 0:
+            raise ValueError(f"max_queue_delay must be > 0 seconds (or None for off), got {max_queue_delay!r}")
+        self.policy = policy
+        self.max_queue_delay = None if max_queue_delay is None or math.isinf(max_queue_delay) else max_queue_delay
+        self._items: list[tuple[Key, Request]] = []
+        self._by_arrival: list[tuple[float, int, Request]] = []   # kept only with aging
+        self._not_ready: set[str] = set()   # ids of queued requests not ready to run
+        self._now = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (r for _, r in self._items)
+
+    @property
+    def num_ready(self) -> int:
+        return len(self._items) - len(self._not_ready)
+
+    @property
+    def num_not_ready(self) -> int:
+        return len(self._not_ready)
+
+    def is_ready(self, req: Request) -> bool:
+        return req.request_id not in self._not_ready
+
+    def mark_ready(self, req: Request) -> bool:
+        """A not-ready request may now be served (status WAITING); False if it was not waiting so."""
+        if req.request_id not in self._not_ready:
+            return False
+        self._not_ready.discard(req.request_id)
+        req.status = RequestStatus.WAITING
+        return True
+
+    def add(self, req: Request, ready: bool = True) -> None:
+        if not ready:
+            self._not_ready.add(req.request_id)
+        insort(self._items, (self.policy.key(req), req), key=lambda item: item[0])
+        if self.max_queue_delay is not None:
+            insort(self._by_arrival, (req.arrival_time, req.arrival_seq, req), key=lambda item: item[:2])
+
+    def refresh(self, now: float) -> None:
+        """Start of a step: the time aging and slack are judged at; dynamic policies re-key."""
+        self._now = now
+        self.policy.refresh(self, now)
+
+    def rekey(self) -> None:
+        self._items = sorted(((self.policy.key(r), r) for _, r in self._items), key=lambda item: item[0])
+
+    def is_aged(self, req: Request) -> bool:
+        return self.max_queue_delay is not None and self._now - req.arrival_time > self.max_queue_delay
+
+    def _head(self) -> int:
+        """Index of the request served first, among the ready ones (there must be one)."""
+        if not self._not_ready:
+            items, index = self._items, None
+        else:
+            index = [i for i, (_, r) in enumerate(self._items) if r.request_id not in self._not_ready]
+            items = [self._items[i] for i in index]
+        oldest = next((r for _, _, r in self._by_arrival if r.request_id not in self._not_ready), None)
+        if oldest is not None and self.is_aged(oldest):
+            return next(i for i, (_, r) in enumerate(self._items) if r is oldest)
+        head = self.policy.head_index(items, self._now)
+        return head if index is None else index[head]
+
+    def peek(self) -> Request:
+        """The ready request served first (callers check `num_ready` first)."""
+        return self._items[self._head()][1]
+
+    def pop(self) -> Request:
+        req = self._items.pop(self._head())[1]
+        self._drop_arrival(req)
+        return req   # ready: _head never picks another
+
+    def remove(self, req: Request) -> bool:
+        for i, (_, r) in enumerate(self._items):
+            if r is req:
+                del self._items[i]
+                self._drop_arrival(req)
+                self._not_ready.discard(req.request_id)
+                return True
+        return False
+
+    def _drop_arrival(self, req: Request) -> None:
+        for i, (_, _, r) in enumerate(self._by_arrival):
+            if r is req:
+                del self._by_arrival[i]
+                return
+
+    def take(self, pred: Callable[[Request], bool]) -> list[Request]:
+        """Remove and return the requests for which `pred` holds (in queue order)."""
+        taken = [r for _, r in self._items if pred(r)]
+        for r in taken:
+            self.remove(r)
+        return taken

@@ -1,0 +1,397 @@
+"""Iteration-level scheduler: who runs this step, with how many tokens. Pure Python.
+
+One token rule: a request's `num_computed_tokens` catches up with its `num_tokens` under
+the step's token budget. A prefill chunk, a decode token and recompute after preemption
+are all "schedule min(remaining, budget) tokens".
+
+With chunked prefill (default) a step is: running decodes first, then running partial
+prefills, then new requests from the waiting queue, while the budget admits them. Without
+it (classic), a step either prefills whole waiting prompts or decodes the running ones.
+
+When KV blocks run out the request with the largest policy key (lowest priority, latest
+arrival) is preempted by recompute: it frees its blocks (leaving its computed ones in the
+prefix cache, where its resume may hit them) and goes back to the waiting queue at its
+place. With preemption_mode="swap" its blocks go to the KV manager's CPU tier instead and
+come back on resume (recompute when the tier is full). Under the `priority` policy a waiting request of strictly higher
+priority preempts the worst running one when max_num_seqs or KV is what holds it back
+(even one already picked for this step: its share of the budget is handed back).
+
+Under `slo` (pacer.sched.slo_policy) the policy also caps each step's token budget by the
+tightest ITL target among the step's decodes, a newcomer with less slack than a partial
+prefill is served before it, victims are the running requests with the most slack (also to
+free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
+that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
+ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in the queue but is
+never admitted (no seat, no KV, never a victim) and blocks no one behind it.
+"""
+
+from __future__ import annotations
+
+from pacer.clock import Clock
+from pacer.config import SchedulerConfig
+from pacer.kv.manager import KVCacheManager
+from pacer.request import FinishReason, Request, RequestStatus, check_context_length
+from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.sched.policy import LpmPolicy, Policy, WaitingQueue, make_policy
+from pacer.sched.slo_policy import SloPolicy
+from pacer.sched.spec import SpecDecoder
+from pacer.sched.step_cost import StepCostModel
+from pacer.sched.step_plan import Budget, StepPlan
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Clock,
+                 cost_model: StepCostModel | None = None) -> None:
+        if config.max_num_batched_tokens is None or config.max_model_len is None:
+            raise ValueError("Scheduler needs a resolved SchedulerConfig (call config.resolved(model_max_len))")
+        self.config = config
+        self.max_num_batched_tokens: int = config.max_num_batched_tokens
+        self.max_model_len: int = config.max_model_len
+        self.kv = kv
+        self.clock = clock
+        cap = config.long_prefill_token_threshold
+        self._prefill_cap: int = cap if cap is not None and config.enable_chunked_prefill else self.max_num_batched_tokens
+        self.policy = self._build_policy(cost_model)
+        delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
+        self.waiting = WaitingQueue(self.policy, delay)
+        self._shed_since_step: list[str] = []
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_step: list[str] = []
+        self._step_id = 0
+        self.num_preemptions = 0
+        self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
+        spec = config.speculative()
+        self.spec = None if spec is None else SpecDecoder(spec, config.speculative_policy, cost_model)
+
+    def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
+        name = self.config.scheduling_policy
+        if name == "lpm":
+            return LpmPolicy(self.kv.cached_prefix_tokens)
+        if name == "slo":
+            if cost_model is None:
+                raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
+                                 "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
+            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens,
+                             arrival_ttft_s=self.config.slo_set().tightest_ttft())
+        return make_policy(name)
+
+    # ------------------------------------------------------------------ admission / exit
+
+    def add_request(self, req: Request, ready: bool = True) -> None:
+        """Queue a validated request. Raises ContextLengthError if it can never fit. `ready=False`:
+        WAITING_FOR_GRAMMAR until `mark_ready`, queued and counted but never admitted."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use")
+        check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
+                             self.kv.capacity_tokens)
+        self.requests[req.request_id] = req
+        req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
+        self.waiting.add(req, ready)
+
+    def mark_ready(self, request_id: str) -> Request | None:
+        """A WAITING_FOR_GRAMMAR request may now be scheduled (None: unknown or finished)."""
+        req = self.requests.get(request_id)
+        return req if req is not None and self.waiting.mark_ready(req) else None
+
+    def abort_request(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        self.finish_request(req, FinishReason.ABORT)
+        return req
+
+    def finish_request(self, req: Request, reason: FinishReason) -> None:
+        if req.is_finished:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._finished_since_step.append(req.request_id)
+        else:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        if self.spec is not None:
+            self.spec.finish(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.metrics.finish_time = self.clock.now()
+        del self.requests[req.request_id]
+
+    @property
+    def num_waiting(self) -> int:   # those waiting for their grammar included
+        return len(self.waiting)
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        return self.waiting.num_not_ready
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock.now()
+        self.waiting.refresh(now)
+        if self.config.shed_hopeless and isinstance(self.policy, SloPolicy):
+            self._shed_hopeless(self.policy, now)
+        step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
+        if self.config.enable_chunked_prefill:
+            ordered = sorted(self.running, key=self.policy.key)
+            decodes = [r for r in ordered if r.num_remaining_tokens == 1]
+            partial = [r for r in ordered if r.num_remaining_tokens > 1]
+            self._schedule_running(step, decodes)
+            if isinstance(self.policy, SloPolicy):
+                self._budget_by_itl(self.policy, step, decodes, partial, now)
+                if partial:   # newcomers with less slack than the partial prefills take the share first
+                    self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
+            self._schedule_running(step, partial)
+            self._schedule_waiting(step, chunked=True)
+        else:
+            self._schedule_waiting(step, chunked=False)
+            if not step.num_tokens:
+                self._schedule_running(step, sorted(self.running, key=self.policy.key))
+        if self.spec is not None:
+            self._plan_drafts(step, self.spec)
+        return self._build_output(step)
+
+    def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
+        """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
+        for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
+            blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
+            if blocks is not None:
+                step.new_blocks[rid].extend(blocks)
+                step.drafts[rid] = drafts
+                step.num_tokens[rid] += len(drafts)
+                step.budget.tokens_left -= len(drafts)
+
+    def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
+                       now: float) -> None:
+        head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
+        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
+        budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
+        step.limit(budget.tokens, budget.reason, policy.chunk_fitter(budget.time_limit))
+
+    def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
+        for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None
+                                     and policy.is_hopeless(r, now)):
+            req.metrics.shed = True
+            self.finish_request(req, FinishReason.ABORT)
+            self._shed_since_step.append(req.request_id)
+
+    def take_shed(self) -> list[str]:
+        """Ids of requests shed as hopeless since the last call (finished: the engine reports them)."""
+        shed, self._shed_since_step = self._shed_since_step, []
+        return shed
+
+    def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
+        chunked = self.config.enable_chunked_prefill
+        for req in candidates:
+            if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
+                continue  # preempted earlier in this step
+            if step.budget.tokens_left <= 0 or step.budget.seqs_left <= 0:
+                return
+            n = req.num_remaining_tokens
+            if chunked:
+                n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), req.num_computed_tokens)
+                if n <= 0:
+                    return
+            elif n > step.budget.tokens_left:
+                continue
+            blocks = self._allocate_or_preempt(step, req, n)
+            if blocks is not None:
+                step.add(req, n, blocks, is_new=False)
+
+    def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
+        """Allocate for a running request, preempting the worst running ones as needed."""
+        while True:
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is not None:
+                return blocks
+            victim = max(self.running, key=self.policy.victim_key)
+            self._preempt(step, victim)
+            if victim is req:
+                return None
+
+    def _schedule_waiting(self, step: StepPlan, chunked: bool, ahead_of: Request | None = None) -> None:
+        while self.waiting.num_ready:
+            req = self.waiting.peek()
+            if ahead_of is not None and not self.policy.serves_before(req, ahead_of):
+                return
+            budget = step.budget
+            if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
+                if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and self._make_room_for(step, req):
+                    continue
+                return
+            # new, or resuming after recompute preemption: look up its cached prefix (no refs yet)
+            hit = self.kv.lookup_prefix(req) if req.num_computed_tokens == 0 else None
+            computed = req.num_computed_tokens if hit is None else hit.num_tokens
+            n = req.num_tokens - computed
+            if not chunked and n > step.budget.tokens_left:
+                return
+            n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), computed)
+            if n <= 0:
+                return
+            blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
+            if blocks is None:
+                if self._make_room_for(step, req):
+                    continue
+                return
+            req.num_computed_tokens = computed
+            if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
+                req.num_cached_tokens = req.metrics.cached_tokens = computed
+                req.metrics.cached_tokens_host = len(hit.promoted) * self.kv.block_size   # of them, promoted
+            self.waiting.pop()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = self.clock.now()
+            step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
+
+    def _make_room_for(self, step: StepPlan, head: Request) -> bool:
+        """Priority policy: preempt the worst running request if `head` outranks it.
+        Returns whether anything was preempted (so the caller may retry)."""
+        if not self.running:
+            return False
+        worst = max(self.running, key=self.policy.victim_key)
+        if not self.policy.outranks(head, worst):
+            return False
+        if self.waiting.is_aged(worst) and (worst.arrival_time, worst.arrival_seq) < (head.arrival_time, head.arrival_seq):
+            return False   # aging serves it ahead of `head`: preempting it would only bring it back
+        self._preempt(step, worst)
+        return True
+
+    def _preempt(self, step: StepPlan, req: Request) -> None:
+        step.undo(req)
+        self.running.remove(req)
+        req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
+        if self.config.preemption_mode == "swap" and self.kv.swap_out(req):
+            self.num_swap_preemptions += 1   # keeps num_computed_tokens: its KV waits on the CPU tier
+        else:
+            self.kv.free(req)                # caches its full blocks, so the resume may hit them
+            req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.metrics.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add(req)
+        step.preempted.append(req.request_id)
+
+    def _build_output(self, step: StepPlan) -> SchedulerOutput:
+        scheduled: list[ScheduledRequest] = []
+        num_prefill = num_decode = 0
+        for req_id, n in step.num_tokens.items():
+            req = self.requests[req_id]
+            start = req.num_computed_tokens
+            is_new = req_id in step.is_new
+            drafts = step.drafts.get(req_id, [])
+            end = start + n - len(drafts)
+            is_prefill = (is_new and not drafts) or end - start > 1 or start < req.num_prompt_tokens
+            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
+            scheduled.append(ScheduledRequest(
+                request_id=req_id,
+                token_ids=req.token_ids_slice(start, end),
+                start_position=start,
+                block_ids=step.new_blocks[req_id],
+                is_new=is_new,
+                sample=end == req.num_tokens,
+                is_prefill=is_prefill,
+                num_output_tokens=req.num_output_tokens,
+                sampling_params=req.sampling_params if is_new else None,
+                prompt_token_ids=prompt_history,
+                output_token_ids=output_history,
+                draft_token_ids=drafts,
+            ))
+            req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
+            if is_prefill:
+                num_prefill += n
+                req.metrics.prefill_tokens += n
+            else:
+                num_decode += n
+        finished, self._finished_since_step = self._finished_since_step, []
+        swap_out, swap_in = self.kv.take_swap_ops()
+        out = SchedulerOutput(
+            step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
+            swap_out=swap_out, swap_in=swap_in, token_budget=step.token_budget, budget_reason=step.budget_reason,
+        )
+        self._step_id += 1
+        return out
+
+    # ------------------------------------------------------------------ results
+
+    def update_from_output(self, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
+        """Append sampled tokens, stamp times, apply token-based stop rules (a request that
+        stops keeps none of the tokens after its stop). Requests the executor failed must be
+        finished before this is called.
+
+        Returns the requests that received tokens this step (finished ones included), each
+        with how many it kept.
+        """
+        now = self.clock.now()
+        touched: list[tuple[Request, int]] = []
+        for sr in output.scheduled:
+            req = self.requests.get(sr.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # aborted or failed while the step ran
+            req.metrics.on_step_end(now, req.num_computed_tokens)
+            if not sr.sample:
+                continue
+            tokens = result.results[sr.request_id].token_ids
+            if sr.draft_token_ids and self.spec is not None:
+                tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
+            kept = 0
+            for token in tokens:
+                kept += 1
+                req.output_token_ids.append(token)
+                req.metrics.token_times.append(now)
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = now
+                reason = self._stop_reason(req, token)
+                if reason is not None:
+                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
+                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+                    self.finish_request(req, reason)
+                    break
+            touched.append((req, kept))
+            if sr.draft_token_ids and not req.is_finished:
+                self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
+        return touched
+
+    def drop_output_tail(self, req: Request, num_tokens: int) -> None:
+        """Drop the newest `num_tokens` outputs of a request about to finish (a stop string
+        ended it inside a multi-token step), and the KV claim past them."""
+        del req.output_token_ids[len(req.output_token_ids) - num_tokens:]
+        del req.metrics.token_times[len(req.metrics.token_times) - num_tokens:]
+        req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+
+    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
+        # a stop token that is also the last allowed one reports "stop", as vLLM does
+        sp = req.sampling_params
+        n_out = req.num_output_tokens
+        if n_out >= sp.min_tokens:
+            if token in sp.stop_token_ids:
+                req.stop_reason = token
+                return FinishReason.STOP
+            if not sp.ignore_eos and token in req.eos_token_ids:
+                return FinishReason.STOP
+        if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def check_invariants(self) -> None:
+        self.kv.check_invariants()
+        if len(self.running) > self.config.max_num_seqs:
+            raise AssertionError(f"{len(self.running)} running > max_num_seqs={self.config.max_num_seqs}")
+        for r in self.running:
+            if r.status is not RequestStatus.RUNNING:
+                raise AssertionError(f"{r} in running with status {r.status}")
+        held = set(self.kv.block_tables)
+        live = {r.request_id for r in self.running}
+        if not held <= live:
+            raise AssertionError(f"blocks held by requests not running: {held - live}")

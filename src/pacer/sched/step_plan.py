@@ -1,0 +1,90 @@
+"""One schedule() call's working state: the step's remaining token and sequence budget, and
+what has been decided so far (tokens per request, new blocks, preemptions, drafts). Pure
+Python; the scheduler (pacer.sched.scheduler) is its only writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pacer.request import Request
+from pacer.sched.step_cost import StepShape
+
+__all__ = ["Budget", "StepPlan", "ChunkFit"]
+
+# (the step so far, tokens wanted, chunk start, whether the whole chunk samples, whether it is the
+# step's first prefill chunk) -> tokens that fit
+ChunkFit = Callable[[StepShape, int, int, bool, bool], int]
+
+
+class Budget:
+    """The step's remaining token and sequence budget."""
+
+    __slots__ = ("tokens_left", "seqs_left")
+
+    def __init__(self, tokens: int, seqs: int) -> None:
+        self.tokens_left = tokens
+        self.seqs_left = seqs
+
+
+class StepPlan:
+    """What has been decided so far in one schedule() call."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.num_tokens: dict[str, int] = {}      # request id -> tokens this step (insertion order)
+        self.new_blocks: dict[str, list[int]] = {}
+        self.is_new: set[str] = set()
+        self.preempted: list[str] = []
+        self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
+        self.token_budget = budget.tokens_left
+        self.budget_reason = "max_num_batched_tokens"
+        self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
+        self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
+        self._shape: StepShape | None = None   # of `rows`: built on the first fit, then kept as rows are added
+
+    def limit(self, tokens_left: int, reason: str, chunk_fit: ChunkFit | None) -> None:
+        """A policy's budget for the rest of the step: tokens, why, and (slo) the fit every
+        chunk added from here on must pass."""
+        self.budget.tokens_left = tokens_left
+        self.token_budget = tokens_left + sum(self.num_tokens.values())
+        self.budget_reason = reason
+        self.chunk_fit = chunk_fit
+
+    def shape(self) -> StepShape:
+        """The step decided so far, as counts (drafts excluded)."""
+        if self._shape is None:   # first asked, or after an undo
+            self._shape = StepShape()
+            for n, start, sample in self.rows.values():
+                self._shape = self._shape.with_chunk(n, start, sample)
+        return self._shape
+
+    def fit(self, req: Request, n: int, start: int) -> int:
+        """Of `n` prefill tokens of `req` from `start`, how many keep the step within its time
+        (all of them without a limit); the step's first chunk always gets the prefill floor."""
+        if self.chunk_fit is None or n <= 1:
+            return n
+        shape = self.shape()
+        first = not shape.chunks and shape.num_sampled == shape.num_seqs   # only sampling one-token rows yet
+        return self.chunk_fit(shape, n, start, n >= req.num_tokens - start, first)
+
+    def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
+        self.num_tokens[req.request_id] = n
+        start = req.num_computed_tokens
+        row = self.rows[req.request_id] = (n, start, n >= req.num_tokens - start)
+        if self._shape is not None:
+            self._shape = self._shape.with_chunk(*row)
+        self.new_blocks[req.request_id] = blocks
+        if is_new:
+            self.is_new.add(req.request_id)
+        self.budget.tokens_left -= n
+        self.budget.seqs_left -= 1
+
+    def undo(self, req: Request) -> None:
+        n = self.num_tokens.pop(req.request_id, None)
+        if self.rows.pop(req.request_id, None) is not None:
+            self._shape = None
+        if n is not None:
+            self.new_blocks.pop(req.request_id)
+            self.is_new.discard(req.request_id)
+            self.budget.tokens_left += n
+            self.budget.seqs_left += 1

@@ -1,0 +1,292 @@
+"""OpenAI request parsing: JSON body -> `ParsedRequest`, every error naming its field.
+
+Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs` plus
+`top_logprobs`), `presence_penalty`, `frequency_penalty` and `n` (1..MAX_N) included, and
+vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
+`priority`; `tenant` is a pacer extension, also read from `user` (with an API key `user` is an
+end-user id and the tenant comes from the key: pacer.server.access.auth). Options we do not implement
+(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are
+refused with a 400 naming the field rather than ignored. Unknown keys are ignored, as
+OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
+`structured_outputs`, `guided_*`) are read by pacer.server.api.structured, `tools` /
+`tool_choice` by pacer.server.tools.api; a chat request with tools is also of class `agent`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pacer.config.slo import Slo, slo_from_request
+from pacer.request import MAX_LOGPROBS
+from pacer.server.api.errors import bad_request
+from pacer.server.api.structured import parse_structured
+from pacer.server.tools.api import ToolRequest, parse_tool_calls, parse_tools
+
+__all__ = ["ParsedRequest", "parse_completion", "parse_chat", "MAX_N"]
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 8   # most choices per prompt (`n`): each is its own engine request
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    endpoint: str                                   # "completions" | "chat"
+    model: str
+    prompts: list[str | list[int]]                  # completions: one entry per prompt (n choices each)
+    messages: list[dict[str, Any]] | None           # chat: role/content (+ tool_calls, tool_call_id)
+    max_tokens: int | None                          # as requested; None: server default
+    sampling: dict[str, Any] = field(default_factory=dict)   # SamplingParams kwargs but max_tokens
+    n: int = 1                                      # choices per prompt
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0
+    tenant: str = "default"
+    has_tools: bool = False
+    cache_salt: str | None = None                   # vLLM's: share cached blocks only with the same salt
+    tenant_given: bool = False                      # `tenant` or `user` was in the body
+    tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
+    structured_param: str | None = None             # the field that constrained the output, if any
+    slo: Slo = Slo()                                # the request's own targets (body `slo`)
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    body = _object(body)
+    common = _common(body)
+    _refuse_if(body, "echo", lambda v: v is True, "echo is not supported")
+    _refuse_if(body, "suffix", lambda v: v not in (None, ""), "suffix is not supported")
+    _refuse_if(body, "best_of", lambda v: v not in (None, 1), "best_of other than 1 is not supported")
+    logprobs = _opt_int(body, "logprobs", low=0, high=MAX_LOGPROBS)
+    if logprobs is not None:
+        common["sampling"]["logprobs"] = logprobs
+    _add_structured(body, common)
+    return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
+                         max_tokens=_opt_int(body, "max_tokens", low=1), **common)
+
+
+def parse_chat(body: Any) -> ParsedRequest:
+    body = _object(body)
+    common = _common(body)
+    top_logprobs = _opt_int(body, "top_logprobs", low=0, high=MAX_LOGPROBS)
+    if _opt_bool(body, "logprobs"):
+        common["sampling"]["logprobs"] = top_logprobs or 0
+    elif top_logprobs:
+        raise bad_request("top_logprobs", "top_logprobs needs logprobs to be true")
+    _add_structured(body, common)
+    max_tokens = _opt_int(body, "max_completion_tokens", low=1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", low=1)
+    tools = parse_tools(body)
+    if tools is not None and tools.forced and "structured_outputs" in common["sampling"]:
+        raise bad_request("tool_choice", f"tool_choice {tools.choice!r} forces a tool call and cannot be combined "
+                                         f"with {common['structured_param']}")
+    common["has_tools"] = tools is not None
+    common["tools"] = tools
+    return ParsedRequest(endpoint="chat", prompts=[], messages=_messages(body.get("messages", ...)),
+                         max_tokens=max_tokens, **common)
+
+
+def _add_structured(body: dict[str, Any], common: dict[str, Any]) -> None:
+    structured, param = parse_structured(body)
+    if structured is not None:
+        common["sampling"]["structured_outputs"] = structured
+        common["structured_param"] = param
+
+
+def _common(body: dict[str, Any]) -> dict[str, Any]:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model", "model is required and must be a non-empty string")
+    n = _opt_int(body, "n", low=1, high=MAX_N)
+    _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
+    _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
+    stream = _opt_bool(body, "stream") or False
+    include_usage = False
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_request("stream_options", "stream_options must be an object")
+        if not stream:
+            raise bad_request("stream_options", "stream_options is only allowed when stream is true")
+        include_usage = bool(_opt_bool(opts, "include_usage", "stream_options.include_usage"))
+    priority = _opt_int(body, "priority", low=None)
+    try:
+        slo = slo_from_request(body.get("slo"))
+    except (ValueError, TypeError) as e:
+        raise bad_request("slo", str(e)) from None
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request("cache_salt", "cache_salt must be a non-empty string")
+    return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
+            "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams kwargs common to both endpoints (not max_tokens, not logprobs)."""
+    sampling: dict[str, Any] = {}
+    temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    sampling["temperature"] = 1.0 if temperature is None else temperature
+    top_p = _opt_number(body, "top_p", 0.0, 1.0)
+    if top_p is not None:
+        if top_p <= 0.0:
+            raise bad_request("top_p", f"top_p must be in (0, 1], got {top_p}")
+        sampling["top_p"] = top_p
+    top_k = _opt_int(body, "top_k", low=-1)
+    if top_k is not None:
+        sampling["top_k"] = max(top_k, 0)        # vLLM's -1 and 0 both mean "off"
+    for name in ("seed", "min_tokens"):
+        v = _opt_int(body, name, low=None if name == "seed" else 0)
+        if v is not None:
+            sampling[name] = v
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalty = _opt_number(body, name, -2.0, 2.0)
+        if penalty is not None:
+            sampling[name] = penalty
+    rep = body.get("repetition_penalty")
+    if rep is not None:
+        if isinstance(rep, bool) or not isinstance(rep, int | float) or not 0.0 < rep < math.inf:
+            raise bad_request("repetition_penalty",
+                              f"repetition_penalty must be a number > 0 (1 is off), got {rep!r}")
+        sampling["repetition_penalty"] = float(rep)
+    ignore_eos = _opt_bool(body, "ignore_eos")
+    if ignore_eos is not None:
+        sampling["ignore_eos"] = ignore_eos
+    sampling["stop"] = _stop(body.get("stop"))
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+            raise bad_request("stop_token_ids", "stop_token_ids must be a list of non-negative integers")
+        sampling["stop_token_ids"] = tuple(stop_ids)
+    return sampling
+
+
+def _tenant(body: dict[str, Any]) -> str:
+    for name in ("tenant", "user"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, str) or not v:
+            raise bad_request(name, f"{name} must be a non-empty string")
+        return v
+    return "default"
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    if prompt is ...:
+        raise bad_request("prompt", "prompt is required")
+    if isinstance(prompt, str):
+        return [_nonempty_text(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [_nonempty_text(p) for p in prompt]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request("prompt", "prompt must be a non-empty string, a list of strings, a list of token ids "
+                                "or a list of token-id lists")
+
+
+def _nonempty_text(p: str) -> str:
+    if not p:
+        raise bad_request("prompt", "prompt must not be empty")
+    return p
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    if messages is ...:
+        raise bad_request("messages", "messages is required")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "messages must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise bad_request(f"messages[{i}]", "each message must be an object")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"messages[{i}].role", f"role must be one of {', '.join(_ROLES)}; got {role!r}")
+        entry: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), i, role)}
+        if role == "assistant" and msg.get("tool_calls") is not None:
+            entry["tool_calls"] = parse_tool_calls(msg["tool_calls"], i)
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise bad_request(f"messages[{i}].tool_call_id", "a tool message needs its tool_call_id")
+            entry["tool_call_id"] = call_id
+        out.append(entry)
+    return out
+
+
+def _content(content: Any, i: int, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role in ("assistant", "tool"):
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content", "only text content parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"messages[{i}].content", "content must be a string or a list of text parts")
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("stop", "stop must be a non-empty string or a list of non-empty strings")
+    return tuple(stop)
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request(None, "the request body must be a JSON object")
+    return body
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_int(body: dict[str, Any], name: str, low: int | None, high: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad_request(name, f"{name} must be an integer, got {type(v).__name__}")
+    if low is not None and v < low:
+        raise bad_request(name, f"{name} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise bad_request(name, f"{name} must be <= {high}, got {v}")
+    return int(v)
+
+
+def _opt_number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise bad_request(name, f"{name} must be a number, got {type(v).__name__}")
+    if not low <= v <= high:
+        raise bad_request(name, f"{name} must be in [{low:g}, {high:g}], got {v}")
+    return float(v)
+
+
+def _opt_bool(body: dict[str, Any], name: str, param: str | None = None) -> bool | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise bad_request(param or name, f"{param or name} must be a boolean, got {type(v).__name__}")
+    return v
+
+
+def _refuse_if(body: dict[str, Any], name: str, bad: Any, message: str) -> None:
+    if name in body and bad(body[name]):
+        raise bad_request(name, message)

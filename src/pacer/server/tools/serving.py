@@ -1,0 +1,65 @@
+"""How the server serves one chat request's tools: which parser reads the output, and, for
+`tool_choice` "required" or a named function, the grammar that forces the calls.
+
+Follows vLLM: `auto` needs `--enable-auto-tool-choice` and `--tool-call-parser`; forced
+calls are generated under a grammar (in the parser's format, `hermes` when none is set);
+`none` renders the tools but parses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pacer.request import StructuredOutputsParams
+from pacer.server.api.errors import bad_request
+from pacer.server.api.protocol import ParsedRequest
+from pacer.server.tools.grammar import forced_call_grammar
+from pacer.server.tools.parsers import ParseResult, ToolParser, get_parser
+
+__all__ = ["ToolOptions", "plan_tools"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOptions:
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None      # a name in pacer.server.tools.parsers.TOOL_PARSERS
+    chat_template: str | None = None         # --chat-template's text: overrides the model's
+
+    def __post_init__(self) -> None:
+        if self.tool_call_parser is not None:
+            get_parser(self.tool_call_parser)   # raises naming the choices
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
+
+
+class _AtMostOne(ToolParser):
+    """parallel_tool_calls=false: only the first call counts."""
+
+    def __init__(self, inner: ToolParser) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def parse(self, text: str, final: bool) -> ParseResult:
+        result = self.inner.parse(text, final)
+        return result if len(result.calls) <= 1 else ParseResult(result.content, result.calls[:1])
+
+
+def plan_tools(parsed: ParsedRequest, options: ToolOptions) -> tuple[ParsedRequest, ToolParser | None]:
+    """The request to run (with the forcing grammar when the calls are forced) and the
+    parser for its output (None: plain content)."""
+    tools = parsed.tools
+    if tools is None or tools.choice == "none":
+        return parsed, None
+    name = options.tool_call_parser or "hermes"
+    parser = get_parser(name)
+    if not tools.parallel:
+        parser = _AtMostOne(parser)
+    if tools.forced:
+        grammar = forced_call_grammar(name, tools.forced_tools(), tools.parallel)
+        sampling = {**parsed.sampling, "structured_outputs": StructuredOutputsParams(grammar=grammar)}
+        return dataclasses.replace(parsed, sampling=sampling, structured_param="tools"), parser
+    if not options.enable_auto_tool_choice:
+        raise bad_request("tool_choice", '"auto" tool choice requires --enable-auto-tool-choice and '
+                                         "--tool-call-parser to be set")
+    return parsed, parser

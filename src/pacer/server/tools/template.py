@@ -1,0 +1,50 @@
+"""Chat prompts with tools: the model's own chat template when it knows about tools, else
+the tool-aware ChatML template pacer ships (`templates/chatml_tools.jinja`, Hermes tool
+format); `--chat-template PATH` overrides both, for every request, as in vLLM."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["render_chat", "shipped_template", "load_chat_template"]
+
+
+@cache
+def shipped_template() -> str:
+    return resources.files("pacer.server.tools").joinpath("templates/chatml_tools.jinja").read_text(encoding="utf-8")
+
+
+def load_chat_template(path: str) -> str:
+    """--chat-template: a file with a Jinja template."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template {path}: {e}") from None
+    if not text.strip():
+        raise ValueError(f"--chat-template {path}: the file is empty")
+    return text
+
+
+def _template_for(tokenizer: Any, tools: list[dict[str, Any]] | None, override: str | None) -> str | None:
+    if override is not None:
+        return override
+    own = tokenizer.hf.chat_template
+    if not tools:
+        return None
+    if isinstance(own, str) and "tools" in own:
+        return None
+    return shipped_template()
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                chat_template: str | None = None) -> list[int]:
+    """Token ids of `messages` (with `tools`) rendered for generation."""
+    template = _template_for(tokenizer, tools, chat_template)
+    if template is None and not tools:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    text = tokenizer.hf.apply_chat_template(messages, tools=tools or None, chat_template=template,
+                                            add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.hf.encode(text, add_special_tokens=False))

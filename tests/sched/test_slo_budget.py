@@ -1,0 +1,98 @@
+"""The slo policy's step budget beyond ITL: a step stays within a share of the tightest
+configured TTFT (for requests yet to arrive), and the plan keeps the cost model's measured
+margin for prediction noise."""
+
+from __future__ import annotations
+
+import random
+
+from pacer.perf.cost_model import make_cost_model
+from pacer.perf.profiles import get_hardware, get_model
+from pacer.perf.step_model import SchedulerCostModel
+from pacer.request import SamplingParams
+from pacer.sched.slo_policy import ARRIVAL_SHARE, BUDGET_SAFETY
+from pacer.sched.step_cost import FixedCostModel, StepShape
+from tests.fakes import make_engine, reference_output, run
+from tests.sched.test_slo_policy import chats_decoding
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+LONG = [i % 997 + 1 for i in range(3000)]
+COST = FixedCostModel(5e-3, 1e-4)    # 2,048 tokens: 210 ms
+
+
+class _Noisy(FixedCostModel):
+    """A stated model that says its steps run up to 1.5x over its predictions."""
+
+    def upper_ratio(self) -> float:
+        return 1.5
+
+
+def _long_prompt_alone(policy: str, slo: list[str], cost: FixedCostModel = COST) -> list:
+    eng, ex = make_engine(scheduling_policy=policy, slo=slo, num_blocks=600, block_size=16, max_len=4096,
+                          max_num_batched_tokens=2048, cost_model=cost)
+    eng.add_request(LONG, GREEDY, request_id="long")
+    assert run(eng, ex)["long"].token_ids == reference_output(LONG, GREEDY)
+    return [s for s in ex.steps if s.num_prefill_tokens]
+
+
+def test_a_prefill_step_stays_within_a_share_of_the_tightest_ttft() -> None:
+    steps = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"])
+    cap = ARRIVAL_SHARE * 0.2
+    assert len(steps) > 2
+    for s in steps:
+        assert s.budget_reason.startswith(f"arrival ttft {cap * 1e3:.1f}ms"), s.budget_reason
+        assert COST.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * cap + 1e-9
+    # the cap is what splits the prompt: with only loose targets, and under fcfs, steps take the full budget
+    for policy, slo in (("slo", ["ttft=10s"]), ("fcfs", ["ttft=10s", "chat:ttft=200ms"])):
+        loose = _long_prompt_alone(policy, slo)
+        assert max(s.num_prefill_tokens for s in loose) == 2048
+        assert len(loose) < len(steps)
+
+
+def test_the_budget_keeps_the_cost_models_measured_margin() -> None:
+    noisy = _Noisy(5e-3, 1e-4)
+    steps = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"], noisy)
+    exact = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"])
+    for s in steps:
+        assert noisy.predict_step_s(StepShape.from_output(s)) * 1.5 <= ARRIVAL_SHARE * 0.2 + 1e-9
+    assert max(s.num_prefill_tokens for s in steps) < max(s.num_prefill_tokens for s in exact)
+
+
+def test_the_refitted_predictor_learns_how_far_steps_stray_from_its_predictions() -> None:
+    cm = SchedulerCostModel(make_cost_model(get_hardware("cpu-local"), get_model(None), "float32", 1, 16))
+    shape = StepShape().with_decode(300).with_chunk(128, 0)
+    assert cm.upper_ratio() == 1.0          # nothing measured yet
+    base = cm.predict_step_s(shape)
+    for _ in range(100):                    # steady 2x slower: the scale absorbs it, the spread stays small
+        cm.observe(shape, 2.0 * base)
+    steady = cm.upper_ratio()
+    assert 1.0 <= steady < 1.05
+    rng = random.Random(0)
+    for _ in range(200):                    # +-30% noise around 2x
+        cm.observe(shape, 2.0 * base * rng.uniform(0.7, 1.3))
+    assert 1.2 < cm.upper_ratio() <= 2.0
+    assert cm.upper_ratio() > steady
+
+
+class _PerRow(FixedCostModel):
+    """A stated model whose every sampled row costs 5 ms more (an LM head per row)."""
+
+    def predict_step_s(self, shape: StepShape) -> float:
+        return super().predict_step_s(shape) + 5e-3 * shape.num_sampled if shape.num_seqs else 0.0
+
+
+def test_every_chunk_added_to_a_step_keeps_the_whole_step_within_the_itl_target() -> None:
+    """Several short prompts share one step's budget: each chunk samples and is a row of its
+    own, so the step is priced as built, not as one chunk of the budget's size."""
+    cm = _PerRow(5e-3, 5e-4)
+    eng, ex = chats_decoding("slo", "100ms", cm, max_tokens=30)
+    chat = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    for i in range(8):
+        eng.add_request([i + 50] * 12, chat, request_id=f"short{i}")
+    finals = run(eng, ex)
+    assert all(o.finish_reason == "length" for o in finals.values())
+    mixed = [s for s in ex.steps if s.num_prefill_tokens and s.num_decode_tokens and s.budget_reason.startswith("itl")]
+    assert any(sum(1 for sr in s.scheduled if len(sr.token_ids) > 1) > 1 for s in mixed), "meant to share steps"
+    for s in mixed:
+        bound = float(s.budget_reason.split("ms")[0].removeprefix("itl "))
+        assert cm.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * bound / 1000 + 1e-9, s.budget_reason
