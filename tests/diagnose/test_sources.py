@@ -45,7 +45,7 @@ def test_time_unit_flag_states_the_unit_of_bare_columns(tmp_path):
 
 
 def test_request_log_keeps_finished_requests_and_measured_loss(tmp_path):
-    from pacer.telemetry.prometheus import REQUEST_LOG_FIELDS
+    from pacer.telemetry.request_log import REQUEST_LOG_FIELDS
 
     def line(**kw):
         d = dict.fromkeys(REQUEST_LOG_FIELDS)

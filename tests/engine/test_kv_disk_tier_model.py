@@ -12,7 +12,7 @@ import pytest
 from pacer.engine import Engine
 from pacer.model.kv_io import DiskKVTier
 from pacer.request import SamplingParams
-from pacer.telemetry.prometheus import make_log_record
+from pacer.telemetry.request_log import make_log_record
 from tests.conftest import make
 from tests.engine.test_prefix_cache_model import QUESTIONS, chat_ids, generate
 

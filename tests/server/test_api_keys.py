@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pacer.telemetry.prometheus import read_request_log
+from pacer.telemetry.request_log import read_request_log
 from tests.server.conftest import MODEL, GatedExecutor, serve, wait_for, wrapped_engine
 
 METRICS_KEY = "metrics-secret"

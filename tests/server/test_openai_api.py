@@ -11,7 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pacer.telemetry.prometheus import REQUEST_LOG_FIELDS, read_request_log
+from pacer.telemetry.request_log import REQUEST_LOG_FIELDS, read_request_log
 from tests.server.conftest import GREEDY, MODEL, serve, wait_for
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Roses are red,"]

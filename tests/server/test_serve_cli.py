@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pacer.telemetry.prometheus import read_request_log
+from pacer.telemetry.request_log import read_request_log
 from tests.server.conftest import MODEL, wait_for
 
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pacer.telemetry.prometheus import read_request_log
+from pacer.telemetry.request_log import read_request_log
 from tests.server.conftest import MODEL, serve
 
 

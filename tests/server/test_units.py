@@ -7,11 +7,12 @@ import math
 
 import pytest
 
+from pacer.config.slo import ClassRules
 from pacer.request import RequestMetrics, sample_seed
 from pacer.sched.admission import AdmissionController
 from pacer.server.api.errors import APIError
 from pacer.server.api.protocol import parse_chat, parse_completion
-from pacer.telemetry.prometheus import REQUEST_LOG_FIELDS, ClassRules, make_log_record, percentiles, summarize
+from pacer.telemetry.request_log import REQUEST_LOG_FIELDS, make_log_record, percentiles, summarize
 
 
 def test_admission_caps_and_displaces_lowest_priority_latest_first():

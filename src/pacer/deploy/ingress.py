@@ -77,9 +77,9 @@ def _unavailable(exc: BaseException) -> JSONResponse:
 @serve.ingress(app)
 class PacerIngress:
     def __init__(self, replicas: Any, serve_args: dict[str, Any]) -> None:
+        from pacer.config.slo import ClassRules
         from pacer.model.loader import default_model_path
         from pacer.model.tokenizer import Tokenizer
-        from pacer.telemetry.prometheus import ClassRules
 
         args = argparse.Namespace(**serve_args)
         self.replicas = replicas.options(stream=True)

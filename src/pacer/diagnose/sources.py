@@ -38,8 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pacer.config.slo import ClassRules
 from pacer.diagnose.records import Record, Source
-from pacer.telemetry.prometheus import ClassRules
 
 __all__ = ["load_source", "parse_table_rows", "TIME_UNITS", "COLUMNS"]
 
@@ -229,7 +229,7 @@ def _is_request_log(obj: Mapping[str, Any]) -> bool:
 
 
 def _read_request_log(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> Source:
-    """pacer's `--request-log` (schema in `pacer.telemetry.prometheus`): finished, successful requests."""
+    """pacer's `--request-log` (schema in `pacer.telemetry.request_log`): finished, successful requests."""
     src = Source(str(path), "request_log")
     measured = all("preempted_time" in row for _, row in rows)
     for lineno, row in rows:

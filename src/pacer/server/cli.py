@@ -36,7 +36,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--metrics-prefix", default="pacer",
                    help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
     s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
-                   help="append one JSON line per finished request (schema: pacer.telemetry.prometheus)")
+                   help="append one JSON line per finished request (schema: pacer.telemetry.request_log)")
     s.add_argument("--rag-threshold", "--long-context-threshold", dest="long_context_threshold", type=int,
                    default=1024, help="request class rag (alias long_context): prompts longer than this many "
                                       "tokens, unless the client names its class (x-pacer-class header)")
@@ -167,12 +167,12 @@ def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
 
 def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     """The Service for parsed `serve` args; builds the engine unless one is given (tests)."""
+    from pacer.config.slo import ClassRules
     from pacer.engine import Engine
     from pacer.server.api.limits import RequestLimits
     from pacer.server.service import Service, ServiceOptions
     from pacer.server.tools.serving import ToolOptions
     from pacer.server.tools.template import load_chat_template
-    from pacer.telemetry.prometheus import ClassRules
 
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")

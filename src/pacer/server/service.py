@@ -28,7 +28,8 @@ from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.tools.serving import ToolOptions, plan_tools
-from pacer.telemetry.prometheus import RequestLogWriter, ServingMetrics, make_log_record
+from pacer.telemetry.prometheus import ServingMetrics
+from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 
 __all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
 
