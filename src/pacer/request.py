@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pacer.errors import FieldValueError
 from pacer.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams, sample_seed
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ __all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatu
            "FinishReason", "MAX_LOGPROBS", "sample_seed", "ContextLengthError", "check_context_length"]
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(FieldValueError):
     """A request that can never fit: its prompt plus max_tokens exceed max_model_len or the
     whole KV cache. Carries the field to blame, so an API maps it by type."""
 
@@ -31,12 +32,12 @@ class ContextLengthError(ValueError):
 
     def __init__(self, num_prompt_tokens: int, max_tokens: int, limit: int, limit_name: str,
                  field: str = "prompt") -> None:
-        self.field, self.limit = field, limit
+        self.limit = limit
         self.num_prompt_tokens, self.max_tokens = num_prompt_tokens, max_tokens
         total = num_prompt_tokens + max_tokens
-        super().__init__(f"This model's maximum context length is {limit} tokens ({limit_name}). However, you "
-                         f"requested {total} tokens ({num_prompt_tokens} in the {field}, {max_tokens} for the "
-                         f"completion): {total} exceeds {limit_name}")
+        super().__init__(field, f"This model's maximum context length is {limit} tokens ({limit_name}). However, "
+                                f"you requested {total} tokens ({num_prompt_tokens} in the {field}, {max_tokens} "
+                                f"for the completion): {total} exceeds {limit_name}")
 
 
 def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int, kv_capacity_tokens: int,

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pacer.errors import FieldTypeError, FieldValueError
+
 if TYPE_CHECKING:
     from pacer.config.slo import Slo
 
@@ -43,30 +45,36 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         if self.choice is not None:
             if isinstance(self.choice, str) or not isinstance(self.choice, list | tuple):
-                raise TypeError(f"structured_outputs.choice must be a list of strings, got {self.choice!r}")
+                raise FieldTypeError("structured_outputs.choice",
+                                     f"structured_outputs.choice must be a list of strings, got {self.choice!r}")
             object.__setattr__(self, "choice", tuple(self.choice))
         given = [k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object; "
-                             f"got {', '.join(given) or 'none'}")
+            raise FieldValueError("structured_outputs", "structured_outputs needs exactly one of json, regex, "
+                                  f"choice, grammar, json_object; got {', '.join(given) or 'none'}")
         if isinstance(self.json, str):
             try:
                 object.__setattr__(self, "json", json.loads(self.json))
             except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+                raise FieldValueError("structured_outputs.json",
+                                      f"structured_outputs.json is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, dict | bool):
-            raise TypeError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
+            raise FieldTypeError("structured_outputs.json", "structured_outputs.json must be a JSON schema object, "
+                                 f"got {type(self.json).__name__}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise TypeError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+                raise FieldTypeError(f"structured_outputs.{name}",
+                                     f"structured_outputs.{name} must be a non-empty string, got {value!r}")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
-            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
-                             f"got {list(self.choice)!r}")
+            raise FieldValueError("structured_outputs.choice", "structured_outputs.choice must be a non-empty "
+                                  f"list of non-empty strings, got {list(self.choice)!r}")
         if self.json_object not in (None, True, False):
-            raise TypeError(f"structured_outputs.json_object must be a boolean, got {self.json_object!r}")
+            raise FieldTypeError("structured_outputs.json_object",
+                                 f"structured_outputs.json_object must be a boolean, got {self.json_object!r}")
         if not isinstance(self.disable_any_whitespace, bool):
-            raise TypeError("structured_outputs.disable_any_whitespace must be a boolean")
+            raise FieldTypeError("structured_outputs.disable_any_whitespace",
+                                 "structured_outputs.disable_any_whitespace must be a boolean")
 
     @property
     def kind(self) -> str:
@@ -130,34 +138,35 @@ class SamplingParams:
         _check_int("top_k", self.top_k, low=0)
         _check_int("min_tokens", self.min_tokens, low=0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens}, max_tokens={self.max_tokens}"
-            )
+            raise FieldValueError("min_tokens", f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens}, "
+                                                f"max_tokens={self.max_tokens}")
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise FieldValueError("temperature", f"temperature must be >= 0, got {self.temperature}")
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise FieldValueError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             _check_int("seed", self.seed, low=None)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+                raise FieldValueError("stop", f"stop must be a list of non-empty strings, got {self.stop!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_number(name, value)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise FieldValueError(name, f"{name} must be in [-2, 2], got {value}")
         _check_number("repetition_penalty", self.repetition_penalty)
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+            raise FieldValueError("repetition_penalty",
+                                  f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+                raise FieldValueError("logprobs", f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise TypeError("structured_outputs must be StructuredOutputsParams, got "
+            raise FieldTypeError("structured_outputs",
+                                 "structured_outputs must be StructuredOutputsParams, got "
                             f"{type(self.structured_outputs).__name__}")
 
     def _check_slo(self) -> None:
@@ -166,7 +175,8 @@ class SamplingParams:
         if self.slo is None or isinstance(self.slo, Slo):
             return
         if not isinstance(self.slo, dict):
-            raise TypeError(f"slo must be a Slo or a dict such as {{'ttft_ms': 300}}, got {type(self.slo).__name__}")
+            raise FieldTypeError("slo",
+                                 f"slo must be a Slo or a dict such as {{'ttft_ms': 300}}, got {type(self.slo).__name__}")
         object.__setattr__(self, "slo", slo_from_request(self.slo, "slo"))
 
     def for_sample(self, index: int) -> SamplingParams:
@@ -196,11 +206,11 @@ def sample_seed(seed: int, index: int) -> int:
 
 def _check_int(name: str, value: object, low: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        raise FieldTypeError(name, f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise FieldValueError(name, f"{name} must be >= {low}, got {value}")
 
 
 def _check_number(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        raise FieldTypeError(name, f"{name} must be a number, got {type(value).__name__} {value!r}")
