@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pacer.config import EngineConfig
 from pacer.config.slo import Slo
 from pacer.engine import Engine, RequestOutput
-from pacer.engine.prepare import resolve_slo
+from pacer.errors import FieldTypeError
 from pacer.request import SamplingParams
 
 __all__ = ["LLM"]
@@ -74,16 +75,14 @@ class LLM:
         tenants = _per_prompt("tenant", tenant, n, "default")
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
-        for i, (p, sp) in enumerate(zip(prompt_list, params)):   # validate all before queueing any
+        prepared = []
+        for p, sp, pr, te, so, rc in zip(prompt_list, params, prios, tenants, slos, classes):   # all before any
             if not isinstance(sp, SamplingParams):
-                raise TypeError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-            num_tokens = len(self.engine.tokenize_prompt(p))
-            self.engine.check_fits(num_tokens, sp.max_tokens)
-            resolve_slo(self.engine.class_rules, self.engine.slo_set, self.engine.scheduler_config.allow_tighter_slo,
-                        num_tokens, sp.max_tokens, classes[i], sp.slo if slos[i] is None else slos[i])
-        groups = [[self.engine.add_request(p, sp.for_sample(j), priority=pr, tenant=te, slo=so, request_class=rc)
-                   for j in range(sp.n)]
-                  for p, sp, pr, te, so, rc in zip(prompt_list, params, prios, tenants, slos, classes)]
+                raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
+            one = sp if sp.n == 1 else sp.for_sample(0)
+            prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so), sp))
+        groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j))) for j in range(sp.n)]
+                  for prep, sp in prepared]
         ids = [rid for g in groups for rid in g]
         finals = dict(zip(ids, self._collect(ids)))
         outs = []

@@ -9,9 +9,12 @@ import threading
 from collections import deque
 from types import SimpleNamespace
 
+from pacer.engine.prepare import PreparedRequest
 from pacer.engine.stats import EngineSnapshot
 from pacer.request import RequestMetrics, SamplingParams
 from pacer.server.engine_loop import EngineLoop, Route
+
+_PREPARED = PreparedRequest([1], SamplingParams())
 
 
 class FakeEngine:
@@ -32,7 +35,7 @@ class FakeEngine:
                       evicted_blocks={})
         return EngineSnapshot(**counts)
 
-    def add_request(self, prompt, params, *, request_id, priority, tenant, **engine_fields):
+    def add_request(self, prepared, *, request_id):
         self.inbox.append(("add", request_id))
 
     def abort_request(self, request_id):
@@ -84,7 +87,7 @@ def test_outputs_are_routed_and_thread_idles():
         loop.start(asyncio.get_running_loop())
         queues = [asyncio.Queue() for _ in range(3)]
         for i, q in enumerate(queues):
-            loop.add(f"r{i}", [1], SamplingParams(), priority=0, tenant="t", route=Route(q, i, None))
+            loop.add(f"r{i}", _PREPARED, Route(q, i, None))
         results = [await _drain(q) for q in queues]
         steps = engine.num_steps
         loop.stop()
@@ -106,15 +109,15 @@ def test_failing_step_fails_in_flight_and_recovers():
         loop.start(asyncio.get_running_loop())
         q1 = asyncio.Queue()
         engine.fail_next = 1
-        loop.add("a", [1], SamplingParams(), priority=0, tenant="t", route=Route(q1, 0, None))
+        loop.add("a", _PREPARED, Route(q1, 0, None))
         first = await _drain(q1)
         alive_after_one = loop.alive
         q2 = asyncio.Queue()
-        loop.add("b", [1], SamplingParams(), priority=0, tenant="t", route=Route(q2, 0, None))
+        loop.add("b", _PREPARED, Route(q2, 0, None))
         second = await _drain(q2)
         engine.fail_next = 3
         q3 = asyncio.Queue()
-        loop.add("c", [1], SamplingParams(), priority=0, tenant="t", route=Route(q3, 0, None))
+        loop.add("c", _PREPARED, Route(q3, 0, None))
         await asyncio.to_thread(lambda: loop._thread.join(10))
         return failed, first, alive_after_one, second, loop
 

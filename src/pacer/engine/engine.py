@@ -19,7 +19,7 @@ from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine.outputs import RequestOutput, TrackedRequest
-from pacer.engine.prepare import check_request_args, resolve_slo, tokenize_prompt
+from pacer.engine.prepare import PrepareContext, PreparedRequest, prepare, tokenize_prompt
 from pacer.engine.prewarm import prewarm
 from pacer.engine.retry import execute_each
 from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
@@ -149,23 +149,31 @@ class Engine:
         """Raises ContextLengthError (naming `field`) when such a request can never run."""
         check_context_length(num_prompt_tokens, max_tokens, self.max_model_len, self.kv.capacity_tokens, field)
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, priority: int = 0,
+                tenant: str = "default", request_class: str | None = None,
+                slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
+                field: str = "prompt") -> PreparedRequest:
+        """Check and resolve a request once (any thread): its token ids, arguments, fit and SLO
+        class and targets; raises a `pacer.errors.FieldError` naming the field at fault. See
+        `pacer.engine.prepare.prepare`; `add_request` queues the result."""
+        ctx = PrepareContext(self.tokenizer, self.vocab_size, self.max_model_len, self.kv.capacity_tokens,
+                             self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
+        return prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
+                       slo=slo, cache_salt=cache_salt, field=field)
+
+    def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
                     slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None) -> str:
-        """Validate and queue a request; raises ValueError/TypeError naming the bad field.
-
-        `request_class` (chat | rag | agent | batch, or any name) picks the class targets of
-        the `slo` config (unset: `ClassRules` classifies by lengths); `slo`, a `Slo` or a dict
-        such as {"ttft_ms": 300, "itl_ms": 50}, adds the request's own targets on top (default:
-        `params.slo`).
-        `cache_salt` (vLLM's): the request shares cached blocks only with requests of the same salt."""
-        params = check_request_args(params, priority, tenant, cache_salt)
-        ids = self.tokenize_prompt(prompt)
-        self.check_fits(len(ids), params.max_tokens)
-        rclass, targets = resolve_slo(self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
-                                      len(ids), params.max_tokens, request_class,
-                                      params.slo if slo is None else slo)
+        """Queue a request (any thread): a `PreparedRequest`, or the arguments of `prepare`, which
+        checks them first (raising a FieldError naming the bad field). `cache_salt` (vLLM's):
+        the request shares cached blocks only with requests of the same salt."""
+        if isinstance(prompt, PreparedRequest):
+            prepared = prompt
+        else:
+            prepared = self.prepare(prompt, params, priority=priority, tenant=tenant, request_class=request_class,
+                                    slo=slo, cache_salt=cache_salt)
+        params = prepared.params
         with self._id_lock:
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
@@ -174,16 +182,17 @@ class Engine:
             elif request_id in self._live_ids:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._live_ids.add(request_id)
-        req = Request(request_id, ids, params,
+        req = Request(request_id, list(prepared.prompt_token_ids), params,
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
-                      priority=priority, tenant=tenant, arrival_seq=next(self._seq),
-                      eos_token_ids=self.eos_token_ids, request_class=rclass, slo=targets, cache_salt=cache_salt)
+                      priority=prepared.priority, tenant=prepared.tenant, arrival_seq=next(self._seq),
+                      eos_token_ids=self.eos_token_ids, request_class=prepared.request_class, slo=prepared.slo,
+                      cache_salt=prepared.cache_salt)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer
 
             detok = IncrementalDetokenizer(self.tokenizer)
-        tracked = TrackedRequest(req, detok, prompt if isinstance(prompt, str) else None)
+        tracked = TrackedRequest(req, detok, prepared.prompt_text)
         if params.structured_outputs is None:
             self._inbox.append(("add", tracked))
             return request_id

@@ -1,66 +1,117 @@
-"""What the engine checks of a request before it queues it (on the caller's thread): the
-prompt's token ids, the arguments' types and values, and the request's SLO class and targets.
-Plain functions over plain values: `Engine.add_request` calls them; errors name the field.
+"""One `prepare` of a request, before it is queued (on the caller's thread): the prompt tokenized
+once, the arguments checked once, fitted once against max_model_len and the KV cache, and its SLO
+class and targets resolved once. The offline API (`LLM.generate`) and the server call it through
+`Engine.prepare`; `Engine.add_request` queues what it returns. Errors are `pacer.errors`
+`FieldError`s naming the field at fault, so an API maps them by type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
-from pacer.request import SamplingParams
+from pacer.errors import FieldTypeError, FieldValueError
+from pacer.request import SamplingParams, check_context_length
 
-__all__ = ["tokenize_prompt", "check_request_args", "resolve_slo"]
+__all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt"]
 
 
-def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_size: int | None) -> list[int]:
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request that passed every check: what `Engine.add_request` queues."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    tenant: str = "default"
+    request_class: str = "chat"
+    slo: Slo = Slo()                # its class's targets with its own on top
+    cache_salt: str | None = None
+    prompt_text: str | None = None  # the prompt as text, when it came as text
+
+    @property
+    def num_tokens(self) -> int:
+        """The most tokens it may hold: prompt plus max_tokens (what a key's token limits charge)."""
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareContext:
+    """What preparing needs of the engine (its tokenizer and limits, its SLO configuration)."""
+
+    tokenizer: Any | None
+    vocab_size: int | None
+    max_model_len: int
+    kv_capacity_tokens: int
+    class_rules: ClassRules
+    slo_set: SloSet
+    allow_tighter_slo: bool
+
+
+def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_size: int | None,
+                    field: str = "prompt") -> list[int]:
     """The prompt's token ids: text through `tokenizer`, or ids checked against the vocabulary."""
     if isinstance(prompt, str):
         if not prompt:
-            raise ValueError("prompt must not be empty")
+            raise FieldValueError(field, f"{field} must not be empty")
         if tokenizer is None:
-            raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            raise FieldValueError(field, f"{field}: this model has no tokenizer; pass token ids")
         ids: list[int] = tokenizer.encode(prompt)
     else:
         ids = list(prompt)
         # set(map(type)) / min / max run in C: the per-token check was ~10% of a simulation
         if set(map(type, ids)) - {int} and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise TypeError("prompt token ids must be integers")
+            raise FieldTypeError(field, f"{field} token ids must be integers")
         if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
-            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+            raise FieldValueError(field, f"{field} token ids must be in [0, {vocab_size})")
     if not ids:
-        raise ValueError("prompt must not be empty (0 tokens)")
+        raise FieldValueError(field, f"{field} must not be empty (0 tokens)")
     return ids
 
 
-def check_request_args(params: SamplingParams | None, priority: int, tenant: str,
-                       cache_salt: str | None) -> SamplingParams:
-    """Raises TypeError / ValueError naming the bad argument; returns the params (default ones for None)."""
+def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+            priority: int = 0, tenant: str = "default", request_class: str | None = None,
+            slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
+            field: str = "prompt") -> PreparedRequest:
+    """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
+    picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
+    request's own targets on top (default: `params.slo`); `field` names the prompt in errors
+    (`messages` for a chat request)."""
+    params = _check_args(params, priority, tenant, cache_salt)
+    ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
+    check_context_length(len(ids), params.max_tokens, ctx.max_model_len, ctx.kv_capacity_tokens, field)
+    rclass = _resolve_class(ctx.class_rules, len(ids), params.max_tokens, request_class)
+    own = params.slo if slo is None else slo
+    own_slo = own if isinstance(own, Slo) else slo_from_request(own)
+    targets = ctx.slo_set.for_class(rclass).merged(own_slo, ctx.allow_tighter_slo)
+    return PreparedRequest(ids, params, priority, tenant, rclass, targets, cache_salt,
+                           prompt if isinstance(prompt, str) else None)
+
+
+def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache_salt: str | None) -> SamplingParams:
+    """Raises FieldTypeError / FieldValueError naming the bad argument; returns the params
+    (default ones for None)."""
     params = params or SamplingParams()
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(params).__name__}")
     if params.n != 1:
-        raise ValueError(f"n must be 1 for Engine.add_request (one sequence per request), got n={params.n}; "
-                         f"LLM.generate and the server expand n > 1 into n requests")
+        raise FieldValueError("n", f"n must be 1 for Engine.add_request (one sequence per request), got "
+                                   f"n={params.n}; LLM.generate and the server expand n > 1 into n requests")
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an integer, got {priority!r}")
+        raise FieldTypeError("priority", f"priority must be an integer, got {priority!r}")
     if not isinstance(tenant, str) or not tenant:
-        raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
+        raise FieldValueError("tenant", f"tenant must be a non-empty string, got {tenant!r}")
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        raise FieldValueError("cache_salt", f"cache_salt must be a non-empty string, got {cache_salt!r}")
     return params
 
 
-def resolve_slo(rules: ClassRules, slos: SloSet, allow_tighter: bool, num_prompt_tokens: int, max_tokens: int,
-                request_class: str | None, slo: Slo | Mapping[str, Any] | None) -> tuple[str, Slo]:
-    """(class, targets): the class (given, or classified by `rules` from the lengths) and its
-    targets from `slos` with the request's own on top."""
+def _resolve_class(rules: ClassRules, num_prompt_tokens: int, max_tokens: int, request_class: str | None) -> str:
+    """The class given, or the one `rules` classifies the lengths into."""
     if request_class is None:
-        rclass = rules.classify(num_prompt_tokens, max_tokens, False)
-    elif isinstance(request_class, str) and request_class:
-        rclass = canonical_class(request_class)
-    else:
-        raise ValueError(f"request_class must be a non-empty string, got {request_class!r}")
-    own = slo if isinstance(slo, Slo) else slo_from_request(slo)
-    return rclass, slos.for_class(rclass).merged(own, allow_tighter)
+        return rules.classify(num_prompt_tokens, max_tokens, False)
+    if isinstance(request_class, str) and request_class:
+        return canonical_class(request_class)
+    raise FieldValueError("request_class", f"request_class must be a non-empty string, got {request_class!r}")

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pacer.engine import Engine, EngineSnapshot, RequestOutput
-from pacer.request import SamplingParams
+from pacer.engine.prepare import PreparedRequest
 
 __all__ = ["EngineLoop", "Route"]
 
@@ -74,18 +74,15 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ requests (event loop)
 
-    def add(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams, *,
-            priority: int, tenant: str, route: Route, request_class: str | None = None,
-            slo: Any = None, cache_salt: str | None = None) -> None:
-        """Queue one engine request; raises ValueError/TypeError from the engine's validation."""
+    def add(self, request_id: str, prepared: PreparedRequest, route: Route) -> None:
+        """Queue one prepared engine request (`Engine.prepare`)."""
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped after a failure: {self.error}")
         self._routes[request_id] = route
         with self._live_lock:
             self._live.add(request_id)
         try:
-            self.engine.add_request(prompt, params, request_id=request_id, priority=priority, tenant=tenant,
-                                    request_class=request_class, slo=slo, cache_salt=cache_salt)
+            self.engine.add_request(prepared, request_id=request_id)
         except BaseException:
             self._routes.pop(request_id, None)
             with self._live_lock:

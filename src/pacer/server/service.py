@@ -8,6 +8,7 @@ and read-only attributes (tokenizer, limits, clock).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,6 +18,8 @@ from typing import Any
 
 from pacer.config.slo import SLO_KEYS, ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
+from pacer.engine.prepare import PreparedRequest
+from pacer.errors import FieldError
 from pacer.request import ContextLengthError, SamplingParams
 from pacer.sched.admission import AdmissionController
 from pacer.server.access.auth import Access, APIKey, bound_slo_targets
@@ -34,9 +37,6 @@ from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 __all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
 
 log = logging.getLogger("pacer.server")
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "min_tokens",
-                    "ignore_eos", "max_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                    "logprobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,15 @@ class RequestContext:
     api_key_name: str | None = None   # the key's name (never the key), for limits and the log
     status: int = 200          # what the client got: 200, 429 (displaced), 499 (went away), 500
     started: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """One engine request of a job: its id, what the engine queues, and the server's facts."""
+
+    request_id: str
+    prepared: PreparedRequest
+    context: RequestContext
 
 
 @dataclass(slots=True)
@@ -170,7 +179,7 @@ class Service:
         prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
         api_id = f"{prefix}-{uuid.uuid4().hex}"
         job = Job(api_id, parsed, int(time.time()), [], [], asyncio.Queue(), tool_parser=tool_parser)
-        specs = []
+        specs: list[_Spec] = []
         for p, ids in enumerate(prompts):
             params = self._params(parsed, len(ids))
             try:
@@ -182,32 +191,28 @@ class Service:
             if key is not None and key.tightest_slo:
                 asked = {k: v for k in SLO_KEYS if (v := getattr(own, k)) is not None}
                 own = Slo(**bound_slo_targets(key, asked))
-            targets = self.engine.slo_set.for_class(rclass).merged(
-                own, self.engine.scheduler_config.allow_tighter_slo)
+            prepared = self._prepare(parsed, ids, params, rclass, own)
             for j in range(parsed.n):
                 i = p * parsed.n + j
-                choice_params = params.for_sample(j)
                 ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
-                                     rclass, parsed.priority, params.max_tokens, targets,
+                                     rclass, parsed.priority, params.max_tokens, prepared.slo,
                                      key.name if key else None)
-                specs.append((f"{api_id}-{i}", ids, choice_params, ctx))
-        self._charge(job, key, sum(len(s[1]) + s[2].max_tokens for s in specs), len(specs))
+                specs.append(_Spec(f"{api_id}-{i}", dataclasses.replace(prepared, params=params.for_sample(j)), ctx))
+        self._charge(job, key, sum(s.prepared.num_tokens for s in specs), len(specs))
         try:
-            self._admit(job, [s[0] for s in specs])
+            self._admit(job, [s.request_id for s in specs])
         except APIError:
             self._refund(specs)
             raise
         try:
-            for rid, ids, params, ctx in specs:
-                route = Route(job.queue, ctx.index, ctx)
-                self.loop.add(rid, ids, params, priority=parsed.priority, tenant=parsed.tenant, route=route,
-                              request_class=ctx.request_class, slo=ctx.slo, cache_salt=parsed.cache_salt)
-                self._contexts[rid] = ctx
-                job.request_ids.append(rid)
-                job.contexts.append(ctx)
-        except (ValueError, TypeError) as e:
+            for spec in specs:
+                self.loop.add(spec.request_id, spec.prepared, Route(job.queue, spec.context.index, spec.context))
+                self._contexts[spec.request_id] = spec.context
+                job.request_ids.append(spec.request_id)
+                job.contexts.append(spec.context)
+        except FieldError as e:
             self._undo(job, specs)
-            raise _engine_error(e, parsed) from None
+            raise bad_request(e.field, str(e), e.code) from None
         except RuntimeError as e:
             self._undo(job, specs)
             raise errors.unavailable(str(e)) from None
@@ -241,21 +246,30 @@ class Service:
             raise bad_request("messages", f"cannot apply the chat template: {e}") from None
 
     def _params(self, parsed: ParsedRequest, num_prompt_tokens: int) -> SamplingParams:
-        param = "messages" if parsed.endpoint == "chat" else "prompt"
+        """The request's sampling params; chat without max_tokens gets the room the context leaves."""
         max_tokens = parsed.max_tokens
-        if max_tokens is None:   # chat: whatever room the context leaves (at least 1, or the check refuses)
+        if max_tokens is None:   # chat: whatever room the context leaves (at least 1, or the fit refuses)
             max_tokens = 16 if parsed.endpoint == "completions" else max(
                 1, self.engine.max_context_tokens - num_prompt_tokens)
         try:
-            self.engine.check_fits(num_prompt_tokens, max_tokens, param)
+            return SamplingParams(max_tokens=max_tokens, **parsed.sampling)
+        except FieldError as e:
+            raise bad_request(e.field, str(e), e.code) from None
+
+    def _prepare(self, parsed: ParsedRequest, ids: list[int], params: SamplingParams, request_class: str,
+                 own_slo: Slo) -> PreparedRequest:
+        """The engine's one prepare of a prompt (fit, class targets with the request's own on top);
+        a prompt that can never fit is counted as refused."""
+        try:
+            return self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
+                                       request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
+                                       field="messages" if parsed.endpoint == "chat" else "prompt")
         except ContextLengthError as e:
             self.metrics.on_refused(e.code, parsed.tenant)
             self.admission.refuse(e.code)
             raise bad_request(e.field, str(e), e.code) from None
-        try:
-            return SamplingParams(max_tokens=max_tokens, **parsed.sampling)
-        except (ValueError, TypeError) as e:
-            raise _engine_error(e, parsed) from None
+        except FieldError as e:
+            raise bad_request(e.field, str(e), e.code) from None
 
     def _charge(self, job: Job, key: APIKey | None, num_tokens: int, num_requests: int) -> None:
         """Charge the key's rate and concurrency limits (prompt + max_tokens of every choice)."""
@@ -266,11 +280,11 @@ class Service:
             self.admission.refuse(e.code or "rate_limited")
             raise
 
-    def _refund(self, specs: list[tuple[str, Any, SamplingParams, RequestContext]]) -> None:
+    def _refund(self, specs: list[_Spec]) -> None:
         """Give back the whole charge of engine requests that never reached the engine."""
         now = self.engine.clock.now()
-        for _, ids, params, ctx in specs:
-            self.key_limits.release(ctx.api_key_name, len(ids) + params.max_tokens, now, refund_request=True)
+        for spec in specs:
+            self.key_limits.release(spec.context.api_key_name, spec.prepared.num_tokens, now, refund_request=True)
 
     def _admit(self, job: Job, request_ids: list[str]) -> None:
         now = self.engine.clock.now()
@@ -297,13 +311,13 @@ class Service:
             route.queue.put_nowait(errors.displaced(self.admission.retry_after(now)))
         self.loop.abort(request_id)
 
-    def _undo(self, job: Job, specs: list[tuple[str, Any, SamplingParams, RequestContext]]) -> None:
+    def _undo(self, job: Job, specs: list[_Spec]) -> None:
         """The engine refused one of the job's requests: release what was not added (the
         added ones are aborted and released when the engine reports them finished)."""
         added = set(job.request_ids)
-        for rid, *_ in specs:
-            self.admission.release(rid)
-        self._refund([s for s in specs if s[0] not in added])
+        for spec in specs:
+            self.admission.release(spec.request_id)
+        self._refund([s for s in specs if s.request_id not in added])
         self.cancel(job, 500)
 
     # ------------------------------------------------------------------ outputs (event loop)
@@ -367,13 +381,3 @@ class Service:
         s = self.loop.state
         self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
                                       s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens)
-
-
-def _engine_error(e: Exception, parsed: ParsedRequest) -> APIError:
-    """Map an engine/SamplingParams validation error to a 400 naming its field."""
-    msg = str(e)
-    if isinstance(e, ContextLengthError):
-        return bad_request("messages" if parsed.endpoint == "chat" else "prompt", msg, e.code)
-    first = msg.split(" ", 1)[0]
-    param = first if first in _SAMPLING_FIELDS else None
-    return bad_request(param, msg)
