@@ -12,17 +12,16 @@ When KV blocks run out the request with the largest policy key (lowest priority,
 arrival) is preempted by recompute: it frees its blocks (leaving its computed ones in the
 prefix cache, where its resume may hit them) and goes back to the waiting queue at its
 place. With preemption_mode="swap" its blocks go to the KV manager's CPU tier instead and
-come back on resume (recompute when the tier is full). Under the `priority` policy a waiting request of strictly higher
-priority preempts the worst running one when max_num_seqs or KV is what holds it back
+come back on resume (recompute when the tier is full). A waiting request the policy says
+`outranks` the worst running one preempts it when max_num_seqs or KV is what holds it back
 (even one already picked for this step: its share of the budget is handed back).
 
-Under `slo` (pacer.sched.slo_policy) the policy also caps each step's token budget by the
-tightest ITL target among the step's decodes, a newcomer with less slack than a partial
-prefill is served before it, victims are the running requests with the most slack (also to
-free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
-that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
-ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in the queue but is
-never admitted (no seat, no KV, never a victim) and blocks no one behind it.
+The scheduler names no policy: it calls the policy's hooks (pacer.sched.policy), each a no-op
+by default. Before a step the policy may `shed` waiting requests (finished as shed); once the
+decodes are in it may cap the rest of the step (`step_limit`) and serve newcomers ahead of
+the partial prefills (`serves_before`). The `slo` policy (pacer.sched.slo_policy) uses all
+three. Every policy ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in
+the queue but is never admitted (no seat, no KV, never a victim) and blocks no one behind it.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
-from pacer.sched.policy import LpmPolicy, Policy, WaitingQueue, make_policy
-from pacer.sched.slo_policy import SloPolicy
+from pacer.sched.policy import PolicyContext, WaitingQueue
+from pacer.sched.policy_factory import make_policy
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
@@ -53,7 +52,10 @@ class Scheduler:
         self.clock = clock
         cap = config.long_prefill_token_threshold
         self._prefill_cap: int = cap if cap is not None and config.enable_chunked_prefill else self.max_num_batched_tokens
-        self.policy = self._build_policy(cost_model)
+        self.policy = make_policy(config.scheduling_policy, PolicyContext(
+            max_num_batched_tokens=self.max_num_batched_tokens, prefill_chunk=self._prefill_cap,
+            cached_prefix_tokens=kv.cached_prefix_tokens, cost_model=cost_model, slo_set=config.slo_set(),
+            shed_hopeless=config.shed_hopeless))
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
         self._shed_since_step: list[str] = []
@@ -65,18 +67,6 @@ class Scheduler:
         self.num_swap_preemptions = 0   # of num_preemptions, those by swap (the rest recompute)
         spec = config.speculative()
         self.spec = None if spec is None else SpecDecoder(spec, config.speculative_policy, cost_model)
-
-    def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
-        name = self.config.scheduling_policy
-        if name == "lpm":
-            return LpmPolicy(self.kv.cached_prefix_tokens)
-        if name == "slo":
-            if cost_model is None:
-                raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
-                                 "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
-            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens,
-                             arrival_ttft_s=self.config.slo_set().tightest_ttft())
-        return make_policy(name)
 
     # ------------------------------------------------------------------ admission / exit
 
@@ -139,18 +129,18 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
         self.waiting.refresh(now)
-        if self.config.shed_hopeless and isinstance(self.policy, SloPolicy):
-            self._shed_hopeless(self.policy, now)
+        self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
         if self.config.enable_chunked_prefill:
             ordered = sorted(self.running, key=self.policy.key)
             decodes = [r for r in ordered if r.num_remaining_tokens == 1]
             partial = [r for r in ordered if r.num_remaining_tokens > 1]
             self._schedule_running(step, decodes)
-            if isinstance(self.policy, SloPolicy):
-                self._budget_by_itl(self.policy, step, decodes, partial, now)
-                if partial:   # newcomers with less slack than the partial prefills take the share first
-                    self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
+            limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
+            if limit is not None:
+                step.limit(limit)
+            if partial:   # newcomers the policy serves before the partial prefills take the share first
+                self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
             self._schedule_running(step, partial)
             self._schedule_waiting(step, chunked=True)
         else:
@@ -171,22 +161,14 @@ class Scheduler:
                 step.num_tokens[rid] += len(drafts)
                 step.budget.tokens_left -= len(drafts)
 
-    def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
-                       now: float) -> None:
-        head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
-        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
-        budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
-        step.limit(budget.tokens, budget.reason, policy.chunk_fitter(budget.time_limit))
-
-    def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
-        for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None
-                                     and policy.is_hopeless(r, now)):
+    def _shed(self, requests: list[Request]) -> None:
+        for req in requests:
             req.metrics.shed = True
             self.finish_request(req, FinishReason.ABORT)
             self._shed_since_step.append(req.request_id)
 
     def take_shed(self) -> list[str]:
-        """Ids of requests shed as hopeless since the last call (finished: the engine reports them)."""
+        """Ids of requests the policy shed since the last call (finished: the engine reports them)."""
         shed, self._shed_since_step = self._shed_since_step, []
         return shed
 
