@@ -253,10 +253,3 @@ class WaitingQueue:
             if r is req:
                 del self._by_arrival[i]
                 return
-
-    def take(self, pred: Callable[[Request], bool]) -> list[Request]:
-        """Remove and return the requests for which `pred` holds (in queue order)."""
-        taken = [r for _, r in self._items if pred(r)]
-        for r in taken:
-            self.remove(r)
-        return taken
