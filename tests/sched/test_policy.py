@@ -6,7 +6,8 @@ import pytest
 
 from pacer.config import SCHEDULING_POLICIES
 from pacer.request import Request, SamplingParams
-from pacer.sched.policy import WaitingQueue, make_policy
+from pacer.sched.policy import WaitingQueue
+from pacer.sched.policy_factory import make_policy
 
 
 def _req(rid, t, priority=0, prompt=4, max_tokens=4, seq=0):

@@ -1,8 +1,10 @@
-"""Engine: add_request / abort_request / step(). The loop reads schedule -> execute -> update.
+"""Engine: add_request / abort_request / step(). The loop reads schedule -> execute -> update -> emit.
 
 Thread-safety: `add_request` and `abort_request` may be called from any thread (the server's
 event loop); they validate synchronously and hand the work to the stepping thread through
-an inbox that `step()` drains first. Only the stepping thread touches the scheduler.
+an inbox of typed items (`AddRequest`, `AbortRequest`) that `step()` drains first. Only the
+stepping thread touches the scheduler. Structured outputs run through the scheduler's
+runtime (pacer.sched.structured); the engine only starts a constrained request's compile.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pacer.clock import Clock, WallClock
@@ -29,10 +32,28 @@ from pacer.request import FinishReason, Request, SamplingParams, check_context_l
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_cost import StepCostModel, StepShape
+from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
+from pacer.structured.manager import StructuredOutputManager
+from pacer.structured.runtime import StructuredRuntime, default_manager
 
-__all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor"]
+__all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor", "AddRequest", "AbortRequest"]
 
 log = logging.getLogger("pacer.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Inbox: queue a validated request; a constrained one with its grammar's compile."""
+
+    tracked: TrackedRequest
+    grammar: GrammarCompile | None = None   # from the structured runtime's `request`; None: unconstrained
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """Inbox: abort a request (nothing happens if it already finished)."""
+
+    request_id: str
 
 
 class Engine:
@@ -55,7 +76,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
-        self._inbox: deque[tuple[str, Any]] = deque()
+        self._inbox: deque[AddRequest | AbortRequest] = deque()
         self._ids = itertools.count()
         self._seq = itertools.count()
         self._live_ids: set[str] = set()
@@ -67,7 +88,9 @@ class Engine:
         self._kv_sinks = EventSinks()
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self._num_steps = 0
-        self._structured: Any = None   # pacer.structured.runtime.StructuredRuntime, made on first use
+        # what install_structured_outputs was given (None: the default, made on first use); the
+        # runtime it became is the scheduler's (`scheduler.structured`)
+        self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
         self.disk_tier: Any = None     # pacer.model.kv_io.DiskKVTier with kv_offloading_dir
 
     # ------------------------------------------------------------------ construction
@@ -103,28 +126,35 @@ class Engine:
         return self.scheduler.max_model_len
 
     @property
-    def structured_outputs(self) -> Any:
-        """The StructuredOutputManager (grammar workers, cache, masks); made on first use."""
-        if self._structured is None:
-            from pacer.structured.runtime import default_manager
+    def structured_outputs(self) -> StructuredOutputManager | StructuredOutputs:
+        """What serves constrained requests: the StructuredOutputManager (grammar workers, cache,
+        masks), or the runtime installed whole (the simulator's SimStructured); the default one
+        is made on first use (it starts grammar worker processes, so only a constrained request
+        or a caller asking for it makes one)."""
+        installed = self._structured_outputs
+        if installed is None:
+            installed = default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.structured)
+            self.install_structured_outputs(installed)
+        return installed
 
-            self.install_structured_outputs(default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids,
-                                                            self.config.structured))
-        return self._structured.manager
+    def _structured_runtime(self) -> StructuredOutputs:
+        """The scheduler's structured-outputs runtime, for a constrained request (made now if none was)."""
+        _ = self.structured_outputs
+        return self.scheduler.structured
 
-    def install_structured_outputs(self, manager: Any) -> None:
+    def install_structured_outputs(self, manager: StructuredOutputManager | StructuredOutputs | None) -> None:
         """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout, or a
         whole runtime such as the simulator's SimStructured), closing the current one; None: a
         default one at the next use. Call from the stepping thread while no constrained
         request is in flight."""
-        from pacer.structured.runtime import StructuredRuntime
-
-        if self.num_waiting_for_grammar:
-            raise RuntimeError("requests are waiting for grammars of the current manager")
-        if self._structured is not None:
-            self._structured.close()
-        runtime = manager if manager is None or hasattr(manager, "with_masks") else StructuredRuntime(manager)
-        self._structured = runtime
+        if manager is None:
+            runtime: StructuredOutputs = NullStructuredOutputs()
+        elif isinstance(manager, StructuredOutputManager):   # a manager, not yet a runtime
+            runtime = StructuredRuntime(manager)
+        else:
+            runtime = manager
+        self.scheduler.install_structured_outputs(runtime).close()
+        self._structured_outputs = manager
 
     @property
     def num_waiting_for_grammar(self) -> int:
@@ -133,7 +163,7 @@ class Engine:
 
     def structured_stats(self) -> dict[str, float]:
         """Structured-output counters ({} before the first constrained request)."""
-        return {} if self._structured is None else self._structured.stats()
+        return self.scheduler.structured.stats()
 
     # ------------------------------------------------------------------ requests
 
@@ -194,23 +224,21 @@ class Engine:
             detok = IncrementalDetokenizer(self.tokenizer)
         tracked = TrackedRequest(req, detok, prepared.prompt_text)
         if params.structured_outputs is None:
-            self._inbox.append(("add", tracked))
+            self._inbox.append(AddRequest(tracked))
             return request_id
         try:
-            _ = self.structured_outputs   # the manager is made on first use
-            future = self._structured.request(params.structured_outputs)
+            grammar = self._structured_runtime().request(params.structured_outputs)
         except BaseException:
             with self._id_lock:
                 self._live_ids.discard(request_id)
             raise
-        self._inbox.append(("add_structured", (tracked, future)))
+        self._inbox.append(AddRequest(tracked, grammar))
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Abort from any thread; takes effect at the start of the next step."""
-        self._inbox.append(("abort", request_id))
-        if self._structured is not None:
-            self._structured.wake()
+        self._inbox.append(AbortRequest(request_id))
+        self.scheduler.structured.wake()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests()
@@ -220,43 +248,32 @@ class Engine:
     def _drain_inbox(self) -> list[RequestOutput]:
         outs: list[RequestOutput] = []
         while self._inbox:
-            kind, item = self._inbox.popleft()
-            if kind == "add":
-                tracked: TrackedRequest = item
-                self._tracked[tracked.req.request_id] = tracked
-                self.scheduler.add_request(tracked.req)
-            elif kind == "add_structured":   # queued as WAITING_FOR_GRAMMAR until its compile finishes
-                tracked, future = item
-                self._tracked[tracked.req.request_id] = tracked
-                self.scheduler.add_request(tracked.req, ready=False)
-                self._structured.waits.add(tracked.req.request_id, future)
-            else:
-                tracked_or_none = self._tracked.get(item)
-                if tracked_or_none is not None and self.scheduler.abort_request(item) is not None:
-                    outs.append(self._finish_output(tracked_or_none, [], ""))
-        if self._structured is not None and len(self._structured.waits):
-            outs.extend(self._admit_compiled())
+            item = self._inbox.popleft()
+            if isinstance(item, AbortRequest):
+                tracked = self._tracked.get(item.request_id)
+                if tracked is not None and self.scheduler.abort_request(item.request_id) is not None:
+                    outs.append(self._finish_output(tracked, [], ""))
+                continue
+            self._tracked[item.tracked.req.request_id] = item.tracked
+            if item.grammar is None:
+                self.scheduler.add_request(item.tracked.req)
+            else:   # WAITING_FOR_GRAMMAR until its compile finishes (the scheduler sees to it)
+                self.scheduler.add_waiting_for_grammar(item.tracked.req, item.grammar)
         return outs
 
-    def _admit_compiled(self) -> list[RequestOutput]:
-        """Requests whose grammar finished compiling: ready to schedule with their matcher, or
-        finished with the compile error (`RequestOutput.error`)."""
+    def _finished_in_schedule(self) -> list[RequestOutput]:
+        """Outputs of the requests `schedule()` finished before running them: those whose grammar
+        failed to compile (`RequestOutput.error`), then those the policy shed."""
         outs = []
-        for rid, compiled, error in self._structured.waits.take_done():
-            req = self.scheduler.requests.get(rid)
-            if req is None:
-                continue   # aborted or shed while it compiled
-            if error is None:
-                self._structured.bind(rid, compiled)
-                self.scheduler.mark_ready(rid)
-                continue
-            self.scheduler.finish_request(req, FinishReason.ERROR)
-            self._tracked[rid].error = str(error)
+        for rid, error in self.scheduler.take_grammar_failures():
+            self._tracked[rid].error = error
+            outs.append(self._finish_output(self._tracked[rid], [], ""))
+        for rid in self.scheduler.take_shed():
             outs.append(self._finish_output(self._tracked[rid], [], ""))
         return outs
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule -> execute -> update. Returns outputs of requests that
+        """One iteration: schedule -> execute -> update -> emit. Returns outputs of requests that
         gained tokens or finished."""
         outputs = self._drain_inbox()
         self.kv.drop_expired()
@@ -265,17 +282,14 @@ class Engine:
         t1 = time.perf_counter()
         for listener in self.schedule_listeners:
             listener(sched_out)
-        for rid in self.scheduler.take_shed():
-            outputs.append(self._finish_output(self._tracked[rid], [], ""))
+        outputs.extend(self._finished_in_schedule())
         if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
             if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
                 self._executor.execute(sched_out)
             self._kv_sinks.publish(self.clock.now, self.kv.take_events)
             if not outputs and self.num_waiting_for_grammar:
-                self._structured.wait(0.05)   # only compiles pending: sleep until one finishes
+                self.scheduler.structured.wait(0.05)   # only compiles pending: sleep until one finishes
             return outputs
-        if self._structured is not None:
-            sched_out = self._structured.with_masks(sched_out)
         try:
             result = self._executor.execute(sched_out)
         except Exception:
@@ -284,9 +298,6 @@ class Engine:
         t2 = time.perf_counter()
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
-        if self._structured is not None:
-            for req, reason in self._structured.advance(updated):
-                self.scheduler.finish_request(req, reason)
         for req, num_new in updated:
             outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
@@ -342,8 +353,6 @@ class Engine:
         out = tracked.output(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
-        if self._structured is not None:
-            self._structured.release(rid)
         with self._id_lock:
             self._live_ids.discard(rid)
         return out

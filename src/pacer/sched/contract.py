@@ -73,8 +73,9 @@ class SchedulerOutput:
     # pairs to save, then (cpu slot, device block) pairs to restore (preemption_mode="swap").
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # set by the engine when constrained requests sample this step: their allowed-token masks,
-    # being computed while the forward runs (so per step, not per request); None: no constraint
+    # set by the scheduler (from its structured-outputs runtime, pacer.sched.structured) when
+    # constrained requests sample this step: their allowed-token masks, being computed while the
+    # forward runs (so per step, not per request); None: no constraint
     token_masks: TokenMasks | None = None
     token_budget: int = 0                          # the step's token budget as chosen (<= max_num_batched_tokens)
     budget_reason: str = "max_num_batched_tokens"  # what set it (slo: "itl 45.0ms of req-7")

@@ -1,10 +1,21 @@
-"""Ordering policies: each orders requests by a key. Smaller key = served first.
+"""Scheduling policies: the hooks a policy owns, and the static ones. Pure Python.
 
-The scheduler uses a policy's `key` for the waiting queue's order and the running requests'
-order within a step, and `victim_key` for preemption (the running request with the largest
-is preempted first). Policies never schedule; they only order. `fcfs`, `priority` and `sjf`
-are static keys; `lpm` (longest prefix match first, SGLang's policy) re-keys the queue every
-step from the prefix cache; `slo` (least slack first) lives in `pacer.sched.slo_policy`.
+A policy decides everything that differs between policies; the scheduler (pacer.sched.scheduler)
+calls its hooks and never names one. The hooks, with the no-op defaults of `Policy` (fcfs):
+
+- **ordering**: `key` orders the waiting queue and the running requests within a step
+  (smaller first), `victim_key` picks whom to preempt (the largest first), `outranks` says
+  whether a waiting request may preempt a running one, `head_index` which waiting request is
+  served first, `refresh` re-keys once per step, and `serves_before` whether a newcomer takes
+  the step's prefill share ahead of a running partial prefill;
+- **shedding**: `shed` names the waiting requests to refuse before they cost anything;
+- **step limits**: `step_limit` may cap the rest of a step once its decodes are in.
+
+`fcfs`, `priority` and `sjf` are static keys; `lpm` (longest prefix match first, SGLang's
+policy) re-keys the queue every step from the prefix cache; `slo` (least slack first, with its
+ITL step budget and hopeless shedding) lives in `pacer.sched.slo_policy`. Each policy builds
+itself from a `PolicyContext` (`from_context`); `pacer.sched.policy_factory.make_policy` is the
+one factory that picks the class by name.
 
 Aging (`WaitingQueue(max_queue_delay=...)`): a request that has waited longer than
 `max_queue_delay` seconds is served in arrival order ahead of every request that has not,
@@ -19,12 +30,15 @@ from __future__ import annotations
 
 import math
 from bisect import insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
-from pacer.config import SCHEDULING_POLICIES
+from pacer.config.slo import SloSet
 from pacer.request import Request, RequestStatus
+from pacer.sched.step_cost import StepCostModel
+from pacer.sched.step_plan import StepLimit, StepPlan
 
-__all__ = ["Policy", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "make_policy", "WaitingQueue",
+__all__ = ["Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
            "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
 
 Key = tuple[float, ...]
@@ -32,14 +46,33 @@ DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none i
 LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What the scheduler gives a policy to build itself from; each takes what it needs."""
+
+    max_num_batched_tokens: int                                     # the step's token budget
+    prefill_chunk: int                                              # the longest prefill chunk a step takes
+    cached_prefix_tokens: Callable[[Request], int] | None = None    # the KV manager's look-up, no refs taken
+    cost_model: StepCostModel | None = None                         # predicted step times (slo)
+    slo_set: SloSet | None = None                                   # the configured classes' targets (slo)
+    shed_hopeless: bool = False                                     # refuse what can no longer meet its TTFT
+
+
 class Policy:
-    """First come, first served (the base: arrival order)."""
+    """First come, first served (the base: arrival order, and every hook's default)."""
 
     name = "fcfs"
     preempts_for_waiting = False   # may a better waiting request preempt a running one?
     preempts_for_budget = True     # ... also for the step's token share (not only seats / KV)?
     dynamic = False                # keys change between steps: the queue re-keys every step
     default_max_queue_delay: float | None = None
+
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        """The policy built from the scheduler's collaborators (None: a bare policy, for tests)."""
+        return cls()
+
+    # ---------------------------------------------------------------- ordering
 
     def key(self, r: Request) -> Key:
         return (r.arrival_time, r.arrival_seq)
@@ -58,11 +91,25 @@ class Policy:
 
     def serves_before(self, waiting: Request, partial: Request) -> bool:
         """Whether a waiting request takes the step's prefill share before a running request's
-        partial prefill (only the slo policy: by slack; the others finish what they started)."""
+        partial prefill (the slo policy: by slack; the others finish what they started)."""
         return False
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
+
+    # ---------------------------------------------------------------- shedding and step limits
+
+    def shed(self, waiting: Iterable[Request], now: float) -> list[Request]:
+        """The waiting requests to refuse now, before they cost anything, in queue order (the
+        scheduler finishes each as shed: `RequestMetrics.shed`, FinishReason.ABORT). None here."""
+        return []
+
+    def step_limit(self, step: StepPlan, decodes: list[Request], partial: list[Request], waiting: WaitingQueue,
+                   now: float) -> StepLimit | None:
+        """A cap on the rest of a chunked step, asked once its decodes are scheduled (`step`: read
+        it, never write it; `decodes` and `partial`: the running decodes, those the step took
+        among them, and partial prefills, in key order). None: the token budget alone."""
+        return None
 
 
 class PrioritySchedulingPolicy(Policy):
@@ -96,6 +143,10 @@ class LpmPolicy(Policy):
         self.cached_prefix_tokens = cached_prefix_tokens or (lambda r: 0)
         self._fcfs = False
 
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        return cls(None if context is None else context.cached_prefix_tokens)
+
     def key(self, r: Request) -> Key:
         if self._fcfs or r.num_computed_tokens:
             return (0.0, r.arrival_time, r.arrival_seq)
@@ -104,19 +155,6 @@ class LpmPolicy(Policy):
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._fcfs = len(queue) > LPM_MAX_QUEUE
         queue.rekey()
-
-
-_POLICIES: dict[str, type[Policy]] = {
-    "fcfs": Policy, "priority": PrioritySchedulingPolicy, "sjf": SjfPolicy, "lpm": LpmPolicy,
-}
-
-
-def make_policy(name: str) -> Policy:
-    """A static policy by name (`lpm` and `slo` need the scheduler's collaborators: see Scheduler)."""
-    try:
-        return _POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {name!r}") from None
 
 
 class WaitingQueue:
@@ -215,10 +253,3 @@ class WaitingQueue:
             if r is req:
                 del self._by_arrival[i]
                 return
-
-    def take(self, pred: Callable[[Request], bool]) -> list[Request]:
-        """Remove and return the requests for which `pred` holds (in queue order)."""
-        taken = [r for _, r in self._items if pred(r)]
-        for r in taken:
-            self.remove(r)
-        return taken

@@ -12,17 +12,21 @@ When KV blocks run out the request with the largest policy key (lowest priority,
 arrival) is preempted by recompute: it frees its blocks (leaving its computed ones in the
 prefix cache, where its resume may hit them) and goes back to the waiting queue at its
 place. With preemption_mode="swap" its blocks go to the KV manager's CPU tier instead and
-come back on resume (recompute when the tier is full). Under the `priority` policy a waiting request of strictly higher
-priority preempts the worst running one when max_num_seqs or KV is what holds it back
+come back on resume (recompute when the tier is full). A waiting request the policy says
+`outranks` the worst running one preempts it when max_num_seqs or KV is what holds it back
 (even one already picked for this step: its share of the budget is handed back).
 
-Under `slo` (pacer.sched.slo_policy) the policy also caps each step's token budget by the
-tightest ITL target among the step's decodes, a newcomer with less slack than a partial
-prefill is served before it, victims are the running requests with the most slack (also to
-free a seat or KV for a request with less slack), and with `shed_hopeless` a waiting request
-that can no longer meet its TTFT is finished as shed before it is scheduled. Every policy
-ages: see `WaitingQueue`. A WAITING_FOR_GRAMMAR request keeps its place in the queue but is
-never admitted (no seat, no KV, never a victim) and blocks no one behind it.
+The scheduler names no policy: it calls the policy's hooks (pacer.sched.policy), each a no-op
+by default. Before a step the policy may `shed` waiting requests (finished as shed); once the
+decodes are in it may cap the rest of the step (`step_limit`) and serve newcomers ahead of
+the partial prefills (`serves_before`). The `slo` policy (pacer.sched.slo_policy) uses all
+three. Every policy ages: see `WaitingQueue`.
+
+Structured outputs go through the scheduler too (pacer.sched.structured): a WAITING_FOR_GRAMMAR
+request keeps its place in the queue but is never admitted (no seat, no KV, never a victim)
+and blocks no one behind it; `schedule()` makes it ready when its compile finishes (or
+finishes it with the compile's error) and starts the step's masks; `update_from_output()`
+advances the matchers.
 """
 
 from __future__ import annotations
@@ -32,18 +36,19 @@ from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
-from pacer.sched.policy import LpmPolicy, Policy, WaitingQueue, make_policy
-from pacer.sched.slo_policy import SloPolicy
+from pacer.sched.policy import PolicyContext, WaitingQueue
+from pacer.sched.policy_factory import make_policy
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
+from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
 __all__ = ["Scheduler"]
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Clock,
-                 cost_model: StepCostModel | None = None) -> None:
+                 cost_model: StepCostModel | None = None, structured: StructuredOutputs | None = None) -> None:
         if config.max_num_batched_tokens is None or config.max_model_len is None:
             raise ValueError("Scheduler needs a resolved SchedulerConfig (call config.resolved(model_max_len))")
         self.config = config
@@ -53,10 +58,15 @@ class Scheduler:
         self.clock = clock
         cap = config.long_prefill_token_threshold
         self._prefill_cap: int = cap if cap is not None and config.enable_chunked_prefill else self.max_num_batched_tokens
-        self.policy = self._build_policy(cost_model)
+        self.policy = make_policy(config.scheduling_policy, PolicyContext(
+            max_num_batched_tokens=self.max_num_batched_tokens, prefill_chunk=self._prefill_cap,
+            cached_prefix_tokens=kv.cached_prefix_tokens, cost_model=cost_model, slo_set=config.slo_set(),
+            shed_hopeless=config.shed_hopeless))
+        self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
         self._shed_since_step: list[str] = []
+        self._grammar_failures: list[tuple[str, str]] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_since_step: list[str] = []
@@ -66,17 +76,13 @@ class Scheduler:
         spec = config.speculative()
         self.spec = None if spec is None else SpecDecoder(spec, config.speculative_policy, cost_model)
 
-    def _build_policy(self, cost_model: StepCostModel | None) -> Policy:
-        name = self.config.scheduling_policy
-        if name == "lpm":
-            return LpmPolicy(self.kv.cached_prefix_tokens)
-        if name == "slo":
-            if cost_model is None:
-                raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
-                                 "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
-            return SloPolicy(cost_model, self.max_num_batched_tokens, self._prefill_cap, self.kv.cached_prefix_tokens,
-                             arrival_ttft_s=self.config.slo_set().tightest_ttft())
-        return make_policy(name)
+    def install_structured_outputs(self, structured: StructuredOutputs) -> StructuredOutputs:
+        """Serve constrained requests with `structured` from now on; returns the runtime it
+        replaces (the caller closes it). Refused while requests wait for the current one's grammars."""
+        if self.num_waiting_for_grammar:
+            raise RuntimeError("requests are waiting for grammars of the current structured-outputs runtime")
+        replaced, self.structured = self.structured, structured
+        return replaced
 
     # ------------------------------------------------------------------ admission / exit
 
@@ -90,6 +96,12 @@ class Scheduler:
         self.requests[req.request_id] = req
         req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
         self.waiting.add(req, ready)
+
+    def add_waiting_for_grammar(self, req: Request, compile: GrammarCompile) -> None:
+        """Queue a constrained request as WAITING_FOR_GRAMMAR until `compile` (from
+        `structured.request`) finishes: `schedule()` then makes it ready or fails it."""
+        self.add_request(req, ready=False)
+        self.structured.add_pending(req.request_id, compile)
 
     def mark_ready(self, request_id: str) -> Request | None:
         """A WAITING_FOR_GRAMMAR request may now be scheduled (None: unknown or finished)."""
@@ -114,6 +126,8 @@ class Scheduler:
         self.kv.free(req)
         if self.spec is not None:
             self.spec.finish(req)
+        if req.sampling_params.structured_outputs is not None:
+            self.structured.release(req.request_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
@@ -138,19 +152,21 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
+        if self.structured.has_pending():
+            self._take_compiled()
         self.waiting.refresh(now)
-        if self.config.shed_hopeless and isinstance(self.policy, SloPolicy):
-            self._shed_hopeless(self.policy, now)
+        self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
         if self.config.enable_chunked_prefill:
             ordered = sorted(self.running, key=self.policy.key)
             decodes = [r for r in ordered if r.num_remaining_tokens == 1]
             partial = [r for r in ordered if r.num_remaining_tokens > 1]
             self._schedule_running(step, decodes)
-            if isinstance(self.policy, SloPolicy):
-                self._budget_by_itl(self.policy, step, decodes, partial, now)
-                if partial:   # newcomers with less slack than the partial prefills take the share first
-                    self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
+            limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
+            if limit is not None:
+                step.limit(limit)
+            if partial:   # newcomers the policy serves before the partial prefills take the share first
+                self._schedule_waiting(step, chunked=True, ahead_of=partial[0])
             self._schedule_running(step, partial)
             self._schedule_waiting(step, chunked=True)
         else:
@@ -171,24 +187,35 @@ class Scheduler:
                 step.num_tokens[rid] += len(drafts)
                 step.budget.tokens_left -= len(drafts)
 
-    def _budget_by_itl(self, policy: SloPolicy, step: StepPlan, decodes: list[Request], partial: list[Request],
-                       now: float) -> None:
-        head = partial[0] if partial else (self.waiting.peek() if self.waiting.num_ready else None)
-        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
-        budget = policy.prefill_budget(scheduled, head, step.budget.tokens_left, now)
-        step.limit(budget.tokens, budget.reason, policy.chunk_fitter(budget.time_limit))
+    def _take_compiled(self) -> None:
+        """Grammar readiness: a request whose compile finished may now be scheduled; one whose
+        compile failed is finished with FinishReason.ERROR (`take_grammar_failures`)."""
+        for done in self.structured.take_compiled():
+            req = self.requests.get(done.request_id)
+            if req is None:
+                self.structured.release(done.request_id)   # finished while it compiled
+            elif done.error is None:
+                self.waiting.mark_ready(req)
+            else:
+                self.finish_request(req, FinishReason.ERROR)
+                self._grammar_failures.append((req.request_id, done.error))
 
-    def _shed_hopeless(self, policy: SloPolicy, now: float) -> None:
-        for req in self.waiting.take(lambda r: r.slo is not None and r.metrics.first_scheduled_time is None
-                                     and policy.is_hopeless(r, now)):
+    def _shed(self, requests: list[Request]) -> None:
+        for req in requests:
             req.metrics.shed = True
             self.finish_request(req, FinishReason.ABORT)
             self._shed_since_step.append(req.request_id)
 
     def take_shed(self) -> list[str]:
-        """Ids of requests shed as hopeless since the last call (finished: the engine reports them)."""
+        """Ids of requests the policy shed since the last call (finished: the engine reports them)."""
         shed, self._shed_since_step = self._shed_since_step, []
         return shed
+
+    def take_grammar_failures(self) -> list[tuple[str, str]]:
+        """(id, the compile's message) of each request whose grammar failed to compile since the
+        last call (finished with FinishReason.ERROR: the engine reports them)."""
+        failed, self._grammar_failures = self._grammar_failures, []
+        return failed
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -315,10 +342,13 @@ class Scheduler:
                 num_decode += n
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
+        # the masks are computed while the executor prepares and runs the forward
+        masks = self.structured.masks(sr.request_id for sr in scheduled if sr.sample) if scheduled else None
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
-            swap_out=swap_out, swap_in=swap_in, token_budget=step.token_budget, budget_reason=step.budget_reason,
+            swap_out=swap_out, swap_in=swap_in, token_masks=masks, token_budget=step.token_budget,
+            budget_reason=step.budget_reason,
         )
         self._step_id += 1
         return out
@@ -327,8 +357,9 @@ class Scheduler:
 
     def update_from_output(self, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
         """Append sampled tokens, stamp times, apply token-based stop rules (a request that
-        stops keeps none of the tokens after its stop). Requests the executor failed must be
-        finished before this is called.
+        stops keeps none of the tokens after its stop), then advance a constrained request's
+        matcher by the tokens it kept (finishing it when its grammar completes or was left).
+        Requests the executor failed must be finished before this is called.
 
         Returns the requests that received tokens this step (finished ones included), each
         with how many it kept.
@@ -358,6 +389,10 @@ class Scheduler:
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
+            if kept and not req.is_finished and req.sampling_params.structured_outputs is not None:
+                reason = self.structured.advance(req.request_id, req.output_token_ids[-kept:])
+                if reason is not None:
+                    self.finish_request(req, reason)
             touched.append((req, kept))
             if sr.draft_token_ids and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used

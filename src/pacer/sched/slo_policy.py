@@ -12,8 +12,9 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   minus its recompute (an overdue one first; one with no target left, after the rest).
 - **deprioritises hopeless** requests: one whose latest start has passed goes behind every
   request that can still make it (the queue serves from the first feasible key), or, with
-  `shed_hopeless`, is refused before it costs anything (`Scheduler` finishes it as shed).
-- **budgets each step by ITL** (`prefill_budget`): the most prefill tokens that keep the
+  `shed_hopeless`, is refused before it costs anything (`shed`: the scheduler finishes it as
+  shed).
+- **budgets each step by ITL** (`step_limit`, from `prefill_budget`): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
   time since their last token), never above `max_num_batched_tokens` and never below
   `MIN_PREFILL_TOKENS`, so prefill always progresses. A decode whose only target is TPOT may
@@ -37,12 +38,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pacer.request import Request
-from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, WaitingQueue
+from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
 from pacer.sched.step_cost import StepCostModel, StepShape
+from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE"]
 
@@ -70,13 +72,24 @@ class SloPolicy(Policy):
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None,
-                 arrival_ttft_s: float | None = None) -> None:
+                 arrival_ttft_s: float | None = None, shed_hopeless: bool = False) -> None:
         self.cost_model = cost_model
         self.arrival_ttft_s = arrival_ttft_s   # tightest TTFT of the configured classes (None: no cap)
         self.cached_prefix_tokens = cached_prefix_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk = max(1, prefill_chunk)
+        self.shed_hopeless = shed_hopeless
         self._now = -_INF
+
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        if context is None or context.cost_model is None:
+            raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
+                             "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
+        return cls(context.cost_model, context.max_num_batched_tokens, context.prefill_chunk,
+                   context.cached_prefix_tokens,
+                   arrival_ttft_s=None if context.slo_set is None else context.slo_set.tightest_ttft(),
+                   shed_hopeless=context.shed_hopeless)
 
     # ---------------------------------------------------------------- predictions
 
@@ -145,6 +158,14 @@ class SloPolicy(Policy):
     def is_hopeless(self, r: Request, now: float) -> bool:
         return not r.num_output_tokens and self.latest_start(r) < now
 
+    def shed(self, waiting: Iterable[Request], now: float) -> list[Request]:
+        """With `shed_hopeless`: the requests with a target, never scheduled, that can no longer
+        meet it."""
+        if not self.shed_hopeless:
+            return []
+        return [r for r in waiting if r.slo is not None and r.metrics.first_scheduled_time is None
+                and self.is_hopeless(r, now)]
+
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         """Least slack among those that can still make it, an overdue resume (owed its next
         token) first; hopeless ones only when nothing feasible waits."""
@@ -182,6 +203,15 @@ class SloPolicy(Policy):
                     r.metrics.slack_at_admission = ls - now
 
     # ---------------------------------------------------------------- budget by ITL
+
+    def step_limit(self, step: StepPlan, decodes: list[Request], partial: list[Request], waiting: WaitingQueue,
+                   now: float) -> StepLimit:
+        """The ITL budget of the step's prefill (`prefill_budget`) after the decodes it took, for
+        the first partial prefill or, without one, the waiting head."""
+        head = partial[0] if partial else (waiting.peek() if waiting.num_ready else None)
+        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
+        budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now)
+        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float) -> StepBudget:

@@ -1,19 +1,32 @@
 """One schedule() call's working state: the step's remaining token and sequence budget, and
 what has been decided so far (tokens per request, new blocks, preemptions, drafts). Pure
-Python; the scheduler (pacer.sched.scheduler) is its only writer."""
+Python; the scheduler (pacer.sched.scheduler) is its only writer. A policy reads it and may
+answer a `StepLimit` (pacer.sched.policy, `Policy.step_limit`), which the scheduler applies."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pacer.request import Request
 from pacer.sched.step_cost import StepShape
 
-__all__ = ["Budget", "StepPlan", "ChunkFit"]
+__all__ = ["Budget", "StepPlan", "StepLimit", "ChunkFit"]
 
 # (the step so far, tokens wanted, chunk start, whether the whole chunk samples, whether it is the
 # step's first prefill chunk) -> tokens that fit
 ChunkFit = Callable[[StepShape, int, int, bool, bool], int]
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimit:
+    """A policy's cap on the rest of one step: the tokens it may still take, why (reported as
+    the step's `budget_reason`), and the fit every chunk added from here on must pass (slo:
+    the predicted step time; None: the token count alone)."""
+
+    tokens: int
+    reason: str
+    chunk_fit: ChunkFit | None = None
 
 
 class Budget:
@@ -42,13 +55,12 @@ class StepPlan:
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
         self._shape: StepShape | None = None   # of `rows`: built on the first fit, then kept as rows are added
 
-    def limit(self, tokens_left: int, reason: str, chunk_fit: ChunkFit | None) -> None:
-        """A policy's budget for the rest of the step: tokens, why, and (slo) the fit every
-        chunk added from here on must pass."""
-        self.budget.tokens_left = tokens_left
-        self.token_budget = tokens_left + sum(self.num_tokens.values())
-        self.budget_reason = reason
-        self.chunk_fit = chunk_fit
+    def limit(self, limit: StepLimit) -> None:
+        """Apply a policy's cap on the rest of the step."""
+        self.budget.tokens_left = limit.tokens
+        self.token_budget = limit.tokens + sum(self.num_tokens.values())
+        self.budget_reason = limit.reason
+        self.chunk_fit = limit.chunk_fit
 
     def shape(self) -> StepShape:
         """The step decided so far, as counts (drafts excluded)."""

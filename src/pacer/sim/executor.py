@@ -13,7 +13,7 @@ with probability `acceptance_rate` (the per-token rate measured on the real engi
 `pacer bench` reports; speculative_config's `acceptance_rate` sets it), in order until the
 first rejection, from a seeded generator.
 
-Structured outputs: a step whose SchedulerOutput carries token masks (the engine's
+Structured outputs: a step whose SchedulerOutput carries token masks (the scheduler's
 structured runtime, real or `pacer.sim.structured.SimStructured`) computes them while the
 forward runs, so it takes max(step, rows x mask_row_s) plus rows x apply_row_s for its
 constrained sampling rows (`StructuredCost`); steps without them pay nothing.

@@ -1,7 +1,7 @@
 """Structured outputs in the simulator: grammar compiles and token masks on the virtual clock.
 
-`SimStructured` implements the engine's structured-output hooks (the methods of
-`pacer.structured.runtime.StructuredRuntime`) without llguidance, so a simulated request
+`SimStructured` implements the structured-outputs protocol (`pacer.sched.structured.StructuredOutputs`,
+as `pacer.structured.runtime.StructuredRuntime` does) without llguidance, so a simulated request
 with `structured_outputs` goes through the real Engine and Scheduler exactly as a served one:
 it waits in the scheduler's queue as WAITING_FOR_GRAMMAR (no seat, no KV, skipped by every
 policy) for as long as its compile would take, then runs with its rows constrained.
@@ -22,16 +22,15 @@ an event until then).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pacer.clock import VirtualClock
-from pacer.request import FinishReason, Request, StructuredOutputsParams
-from pacer.sched.contract import SchedulerOutput
+from pacer.request import FinishReason, StructuredOutputsParams
+from pacer.sched.structured import CompileOutcome
 
 __all__ = ["StructuredCost", "SimStructured", "SimMasks", "DEFAULT_STRUCTURED_COST"]
 
@@ -86,7 +85,7 @@ class _Compile:
 
 
 class _Waits:
-    """Request id -> its compile, for the engine (the real one's GrammarWaits, on virtual time)."""
+    """Request id -> its compile (the real runtime's GrammarWaits, on virtual time)."""
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
@@ -101,11 +100,11 @@ class _Waits:
     def discard(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
-    def take_done(self) -> list[tuple[str, Any, BaseException | None]]:
+    def take_done(self) -> list[str]:
+        """Ids of the requests whose compile has ended by now, in arrival order."""
         now = self.clock.now()
-        done: list[tuple[str, Any, BaseException | None]] = [
-            (rid, c, None) for rid, c in self._pending.items() if c.ready_at <= now]
-        for rid, _, _ in done:
+        done = [rid for rid, c in self._pending.items() if c.ready_at <= now]
+        for rid in done:
             del self._pending[rid]
         return done
 
@@ -114,7 +113,7 @@ class _Waits:
 
 
 class SimStructured:
-    """The engine's structured-output hooks on a VirtualClock (install with
+    """The structured-outputs runtime on a VirtualClock (install with
     `Engine.install_structured_outputs`; `build_sim_engine` does)."""
 
     def __init__(self, clock: VirtualClock, cost: StructuredCost = DEFAULT_STRUCTURED_COST,
@@ -122,15 +121,11 @@ class SimStructured:
         self.clock = clock
         self.cost = cost
         self.executor = executor   # a SimExecutor: its mask counters join stats()
-        self.waits = _Waits(clock)
+        self._waits = _Waits(clock)
         self._cache: OrderedDict[str, float] = OrderedDict()   # key -> when its compile ends
         self._workers = [0.0] * cost.num_workers               # heap: when each worker is free
         self._bound: set[str] = set()
         self.counts = {"compilations": 0, "cache_hits": 0, "compile_seconds": 0.0}
-
-    @property
-    def manager(self) -> SimStructured:   # Engine.structured_outputs
-        return self
 
     def request(self, params: StructuredOutputsParams) -> _Compile:
         key = params.cache_key()
@@ -150,30 +145,39 @@ class SimStructured:
             self._cache.popitem(last=False)
         return _Compile(key, ready)
 
-    def wake(self) -> None:
-        """An arrival or abort (the real engine's idle wait ends); nothing sleeps here."""
+    def add_pending(self, request_id: str, compile: _Compile) -> None:
+        self._waits.add(request_id, compile)
 
-    def wait(self, timeout: float) -> None:
-        """Idle but for compiles: jump to the first one's end."""
-        t = self.waits.next_ready()
-        if t is not None:
-            self.clock.wait_until(t)
+    def has_pending(self) -> bool:
+        return len(self._waits) > 0
 
-    def bind(self, request_id: str, compiled: Any) -> None:
-        self._bound.add(request_id)
+    def take_compiled(self) -> list[CompileOutcome]:
+        """The compiles ended by now (a modelled compile never fails); their requests are bound."""
+        done = self._waits.take_done()
+        self._bound.update(done)
+        return [CompileOutcome(rid) for rid in done]
+
+    def masks(self, sampling_ids: Iterable[str]) -> SimMasks | None:
+        if not self._bound:
+            return None
+        rows = [rid for rid in sampling_ids if rid in self._bound]
+        return SimMasks(rows) if rows else None
+
+    def advance(self, request_id: str, token_ids: Sequence[int]) -> FinishReason | None:
+        return None   # no real tokens: lengths come from max_tokens
 
     def release(self, request_id: str) -> None:
         self._bound.discard(request_id)
-        self.waits.discard(request_id)
+        self._waits.discard(request_id)
 
-    def with_masks(self, out: SchedulerOutput) -> SchedulerOutput:
-        if not self._bound:
-            return out
-        rows = [sr.request_id for sr in out.scheduled if sr.sample and sr.request_id in self._bound]
-        return dataclasses.replace(out, token_masks=SimMasks(rows)) if rows else out
+    def wait(self, timeout: float) -> None:
+        """Idle but for compiles: jump to the first one's end."""
+        t = self._waits.next_ready()
+        if t is not None:
+            self.clock.wait_until(t)
 
-    def advance(self, updated: list[tuple[Request, int]]) -> list[tuple[Request, FinishReason]]:
-        return []   # no real tokens: lengths come from max_tokens
+    def wake(self) -> None:
+        """An arrival or abort (the real engine's idle wait ends); nothing sleeps here."""
 
     def stats(self) -> dict[str, float]:
         ex = self.executor

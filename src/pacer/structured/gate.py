@@ -2,10 +2,11 @@
 
 The requests themselves wait in the scheduler's queue as WAITING_FOR_GRAMMAR (queued in
 policy order and counted, but never admitted: no seat, no KV blocks, never a preemption
-victim). At each step's start the engine takes the finished compiles from here and marks
-their requests ready (binding a matcher), or finishes them with the compile's error. An
-abort or a shed finishes the request in the scheduler; its compile keeps running for the
-cache and is dropped here. Engine thread only, except `ready`, the event compiles set.
+victim). At each step's start the scheduler takes the finished compiles from here (through
+pacer.structured.runtime) and marks their requests ready (binding a matcher), or finishes them
+with the compile's error. An abort or a shed finishes the request in the scheduler; its compile
+keeps running for the cache and is dropped here. Engine thread only, except `ready`, the event
+compiles set.
 """
 
 from __future__ import annotations

@@ -1,23 +1,24 @@
-"""What the engine does for structured outputs, in one object: the manager (compiles,
-cache, matchers, masks) and the compiles the engine waits on (their requests wait in the
-scheduler as WAITING_FOR_GRAMMAR). The engine calls it at five points: add (any thread),
-drain (finished compiles: bind), before execute (start the step's masks), after update
-(advance the matchers), finish (release). The simulator's `pacer.sim.structured.SimStructured`
-implements the same methods on its virtual clock.
+"""The real structured-outputs runtime: `pacer.sched.structured.StructuredOutputs` over a
+`StructuredOutputManager` (grammar compiles on worker processes, the cache, matchers, masks)
+and the compiles the scheduler waits on (`GrammarWaits`; their requests wait in the scheduler
+as WAITING_FOR_GRAMMAR). The scheduler takes the finished compiles and starts each step's masks
+in `schedule()`, advances the matchers in `update_from_output()` and releases a finished
+request; the engine calls `request` (any thread), `wait` / `wake` and `stats`. The simulator's
+`pacer.sim.structured.SimStructured` implements the same protocol on its virtual clock.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from pacer.config import StructuredOutputsConfig
-from pacer.request import FinishReason, Request, StructuredOutputsParams
-from pacer.sched.contract import SchedulerOutput
+from pacer.request import FinishReason, StructuredOutputsParams
+from pacer.sched.structured import CompileOutcome
 from pacer.structured.gate import GrammarWaits
-from pacer.structured.manager import StructuredOutputManager
+from pacer.structured.manager import CompiledGrammar, StructuredOutputManager
 
 __all__ = ["StructuredRuntime", "default_manager"]
 
@@ -27,57 +28,62 @@ log = logging.getLogger("pacer.structured")
 class StructuredRuntime:
     def __init__(self, manager: StructuredOutputManager) -> None:
         self.manager = manager
-        self.waits = GrammarWaits(manager.ready)
+        self._waits = GrammarWaits(manager.ready)
 
-    def request(self, params: StructuredOutputsParams) -> Future[Any]:
+    def request(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         """Start (or find) the compile of `params`; any thread."""
         future = self.manager.request(params)
         self.manager.ready.set()   # wake an engine idling on its compiles: the request is in its inbox
         return future
 
-    def wake(self) -> None:
-        self.manager.ready.set()
+    def add_pending(self, request_id: str, compile: Future[CompiledGrammar]) -> None:
+        self._waits.add(request_id, compile)
 
-    def wait(self, timeout: float) -> None:
-        """The engine is idle but for compiles: block until one finishes (or `timeout`)."""
-        self.waits.wait(timeout)
+    def has_pending(self) -> bool:
+        return len(self._waits) > 0
 
-    def bind(self, request_id: str, compiled: Any) -> None:
-        self.manager.bind(request_id, compiled)
+    def take_compiled(self) -> list[CompileOutcome]:
+        """The finished compiles, each success's matcher bound to its request."""
+        done = []
+        for rid, compiled, error in self._waits.take_done():
+            if error is None:
+                self.manager.bind(rid, compiled)
+                done.append(CompileOutcome(rid))
+            else:
+                done.append(CompileOutcome(rid, str(error)))
+        return done
 
-    def stats(self) -> dict[str, float]:
-        return self.manager.stats.as_dict()
-
-    def with_masks(self, out: SchedulerOutput) -> SchedulerOutput:
-        """`out` carrying the masks of its constrained sampling requests, now being computed
-        (they run while the executor prepares and runs the forward)."""
+    def masks(self, sampling_ids: Iterable[str]) -> Any:
+        """The step's masks (pacer.structured.masks.TokenMasks), now being computed: they run
+        while the executor prepares and runs the forward; None without constrained rows."""
         if not self.manager.num_constrained:
-            return out
-        masks = self.manager.start_masks(sr.request_id for sr in out.scheduled if sr.sample)
-        return out if masks is None else dataclasses.replace(out, token_masks=masks)
+            return None
+        return self.manager.start_masks(sampling_ids)
 
-    def advance(self, updated: list[tuple[Request, int]]) -> list[tuple[Request, FinishReason]]:
-        """Feed each constrained request its new tokens; returns those to finish: STOP when
-        the grammar is complete, ERROR when a token left it (an executor without masks)."""
-        if not self.manager.num_constrained:
-            return []
-        finish = []
-        for req, num_new in updated:
-            if req.is_finished or not num_new:
-                continue
-            try:
-                done = any(self.manager.accept(req.request_id, t) for t in req.output_token_ids[-num_new:])
-            except ValueError:
-                log.exception("request %s left its grammar; finishing it with an error", req.request_id)
-                finish.append((req, FinishReason.ERROR))
-                continue
-            if done:
-                finish.append((req, FinishReason.STOP))
-        return finish
+    def advance(self, request_id: str, token_ids: Sequence[int]) -> FinishReason | None:
+        """STOP when the grammar is complete, ERROR when a token left it (an executor without masks)."""
+        if not self.manager.is_constrained(request_id):
+            return None
+        try:
+            done = any(self.manager.accept(request_id, t) for t in token_ids)
+        except ValueError:
+            log.exception("request %s left its grammar; finishing it with an error", request_id)
+            return FinishReason.ERROR
+        return FinishReason.STOP if done else None
 
     def release(self, request_id: str) -> None:
         self.manager.release(request_id)
-        self.waits.discard(request_id)
+        self._waits.discard(request_id)
+
+    def wait(self, timeout: float) -> None:
+        """The engine is idle but for compiles: block until one finishes (or `timeout`)."""
+        self._waits.wait(timeout)
+
+    def wake(self) -> None:
+        self.manager.ready.set()
+
+    def stats(self) -> dict[str, float]:
+        return self.manager.stats.as_dict()
 
     def close(self) -> None:
         self.manager.close()
