@@ -20,7 +20,7 @@ def prewarm(engine: Engine, prompts: Sequence[str | Sequence[int]], *, public: b
     pinned (never evicted until `kv.unpin`) and, when `public`, visible to every tenant
     even under tenant isolation. Steps the engine until they finish: call it at start-up,
     from the thread that steps the engine. Returns the cached tokens of each prompt."""
-    if engine.kv.cache is None:
+    if not engine.kv.prefix_caching:
         raise ValueError("prewarm needs enable_prefix_caching=True")
     ids = []
     for prompt in prompts:

@@ -42,6 +42,7 @@ from pacer.kv.events import (
     block_hash,
     namespace_keys,
 )
+from pacer.kv.tenancy import host_quotas
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -133,8 +134,6 @@ class HostKVTier:
             if not block_bytes:
                 raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
             num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
-        from pacer.kv.tiers.offload import host_quotas  # (offload builds on this room)
-
         num_host = max(1, num_host)
         return cls(num_host, config.block_size, now, eviction_policy=config.eviction_policy,
                    ttl=config.cache_ttl, tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching,
