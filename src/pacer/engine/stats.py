@@ -142,9 +142,9 @@ class EngineSnapshot:
 
 
 def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
-                block_bytes: int, disk_tier: Mapping[str, float] | None = None) -> EngineSnapshot:
-    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`); `disk_tier`:
-    the disk tier's row of `tiers`, when there is one."""
+                block_bytes: int, io_tiers: Mapping[str, Mapping[str, float]] | None = None) -> EngineSnapshot:
+    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`); `io_tiers`:
+    the rows of `tiers` the KV tier hooks report, by name (the disk tier's "disk")."""
     st = kv.stats
     return EngineSnapshot(
         num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=num_steps,
@@ -163,7 +163,7 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
         num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
         tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
-        | ({"disk": dict(disk_tier)} if disk_tier is not None else {}),
+        | {name: dict(row) for name, row in (io_tiers or {}).items()},
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
         num_waiting_for_grammar=sched.num_waiting_for_grammar,
     )
