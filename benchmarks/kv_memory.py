@@ -37,8 +37,9 @@ from typing import Any
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
+from pacer.engine.build import kv_tiers
+from pacer.kv.tiers.disk import DiskTier
 from pacer.model.executor import ModelExecutor
-from pacer.model.kv_io import DiskKVTier
 from pacer.model.runner import executor_for, kv_capacity_line
 from pacer.request import SamplingParams
 from pacer.sched.contract import ScheduledRequest, SchedulerOutput
@@ -66,7 +67,12 @@ def engine_for(base: Engine, clock: Any = None, **kw: Any) -> Engine:
     cfg = EngineConfig.from_kwargs(**kw)
     ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
     return Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
-                  clock=clock, vocab_size=base.vocab_size)
+                  clock=clock, vocab_size=base.vocab_size, tiers=kv_tiers(cfg, ex))
+
+
+def disk_tier_of(eng: Engine) -> DiskTier:
+    (disk,) = (t for t in eng.tiers if isinstance(t, DiskTier))
+    return disk
 
 
 def capacity(base: Engine, memory: str) -> None:
@@ -262,18 +268,16 @@ def restart(base: Engine, full: bool) -> None:
         return [o for o in eng.run_until_done() if o.request_id == rid][0]
 
     with tempfile.TemporaryDirectory() as directory:
-        eng = engine_for(base, **kw)
-        disk = DiskKVTier.attach(eng, directory)
+        eng = engine_for(base, **kw, kv_offloading_dir=directory)
         before = first_request(eng)
         eng.shutdown()
-        s = disk.index.stats
+        s = disk_tier_of(eng).index.stats
         print(f"  before: cached_tokens={before.num_cached_tokens}; shutdown wrote {s.written} block files "
               f"({s.bytes_written / 2**20:.1f} MiB)")
         runs: dict[str, Any] = {}
         for label in ("cold engine", "restarted", "cold engine ", "restarted "):   # interleaved twice
-            eng = engine_for(base, **kw)
-            if label.startswith("restarted"):
-                disk = DiskKVTier.attach(eng, directory)
+            restarted = label.startswith("restarted")
+            eng = engine_for(base, **kw, **({"kv_offloading_dir": directory} if restarted else {}))
             runs[label] = (first_request(eng), eng.cache_stats()["tiers"].get("host", {}).get("promotions", 0))
         for label, (out, promotions) in runs.items():
             print(f"  {label.strip():<12} first request: cached_tokens={out.num_cached_tokens:>4} of {len(prompt)}  "

@@ -14,6 +14,7 @@ import torch
 
 from pacer.config import EngineConfig
 from pacer.engine import Engine
+from pacer.engine.build import kv_tiers
 from pacer.model.runner import executor_for
 
 
@@ -26,17 +27,19 @@ def base() -> Iterator[Engine]:
 
 
 def make(base: Engine, wrap: Callable[[Any], Any] | None = None, **kw: Any) -> Engine:
-    """A fresh engine (own KV, own config) over the already loaded model; `wrap` wraps its
-    executor (a test's fault injector: an engine's executor is never swapped)."""
+    """A fresh engine (own KV, own config, and its KV tiers: the disk tier with
+    `kv_offloading_dir`) over the already loaded model; `wrap` wraps its executor (a test's
+    fault injector: an engine's executor is never swapped)."""
     cfg = EngineConfig.from_kwargs(**kw)
     if cfg.cache.num_kv_blocks is None and cfg.cache.kv_cache_memory is None:
         cfg.cache.num_kv_blocks = 256
     executor: Any = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
     num_blocks = executor.num_blocks
+    tiers = kv_tiers(cfg, executor)
     if wrap is not None:
         executor = wrap(executor)
     return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
-                  vocab_size=base.vocab_size)
+                  vocab_size=base.vocab_size, tiers=tiers)
 
 
 # ---------------------------------------------------------------- CI=true: no silent skips

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pacer.engine import Engine
-from pacer.model.kv_io import DiskKVTier
+from pacer.kv.tiers.disk import DiskTier
 from pacer.request import SamplingParams
 from pacer.telemetry.request_log import make_log_record
 from tests.conftest import make
@@ -20,9 +20,13 @@ PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 KW = dict(num_kv_blocks=8, block_size=8, kv_offloading_size=1.0, num_cpu_blocks=64)
 
 
-def _engine(base: Engine, directory: Path, **kw: object) -> tuple[Engine, DiskKVTier]:
-    engine = make(base, **{**KW, **kw})
-    return engine, DiskKVTier.attach(engine, str(directory))
+def _engine(base: Engine, directory: Path, **kw: object) -> tuple[Engine, DiskTier]:
+    """An engine with kv_offloading_dir: its one KV tier hook is the disk tier, opened (its files
+    read back) as the engine was built."""
+    engine = make(base, **{**KW, "kv_offloading_dir": str(directory), **kw})
+    (disk,) = engine.tiers
+    assert isinstance(disk, DiskTier)
+    return engine, disk
 
 
 def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(base: Engine, tmp_path: Path) -> None:

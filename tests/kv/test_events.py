@@ -20,7 +20,6 @@ BS = 2
 
 
 def tree_hashes(kv: KVCacheManager) -> list[int]:
-    assert kv.cache is not None
     return [h for node in kv.cache.iter_nodes() for h in node.hashes]
 
 

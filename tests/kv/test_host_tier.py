@@ -151,8 +151,8 @@ def test_kv_manager_demotes_on_eviction_and_promotes_on_a_later_match() -> None:
         return hit
 
     assert admit("r0") == 0
-    first_blocks = sorted(b for n in kv.cache.iter_nodes() for b in n.block_ids)   # type: ignore[union-attr]
-    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    first_blocks = sorted(b for n in kv.cache.iter_nodes() for b in n.block_ids)
+    kv._release(kv.cache.evict(10), "capacity")
     out, ins = kv.take_swap_ops()
     assert sorted(d for d, _ in out) == first_blocks and ins == [] and host.num_offloaded_blocks == 3
     assert admit("r1") == 6                                          # 3 blocks back from the host
@@ -230,7 +230,7 @@ def test_a_request_preempted_in_the_step_of_its_promotion_leaves_no_copy_into_a_
     assert kv.allocate_slots(first, first.num_tokens) is not None
     first.num_computed_tokens = first.num_tokens
     kv.free(first)
-    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    kv._release(kv.cache.evict(10), "capacity")
     kv.take_swap_ops()                                                               # the demotions ran
 
     def promote(rid: str) -> Request:
@@ -245,11 +245,11 @@ def test_a_request_preempted_in_the_step_of_its_promotion_leaves_no_copy_into_a_
     assert not kv.swap_out(swapped)              # its KV arrives only with this step's copies: recompute
     kv.free(swapped)                             # (the scheduler's fallback) the tree keeps the promoted blocks
     out, ins = kv.take_swap_ops()
-    kept = {b for n in kv.cache.iter_nodes() for b in n.block_ids}                  # type: ignore[union-attr]
+    kept = {b for n in kv.cache.iter_nodes() for b in n.block_ids}
     assert out == [] and len(ins) == 3 and {d for _, d in ins} == kept             # each still filled
     kv.check_invariants()
 
-    kv._release(kv.cache.evict(10), "capacity")                                     # type: ignore[union-attr]
+    kv._release(kv.cache.evict(10), "capacity")
     kv.take_swap_ops()
     dup = promote("r2")
     dup.num_computed_tokens = 0                  # nothing computed: the tree adopts none of its blocks

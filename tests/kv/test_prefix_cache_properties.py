@@ -34,7 +34,6 @@ ops_strategy = st.lists(
 
 
 def _cached_blocks(kv: KVCacheManager) -> set[int]:
-    assert kv.cache is not None
     return {b for node in kv.cache.iter_nodes() for b in node.block_ids}
 
 

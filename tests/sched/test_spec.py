@@ -34,7 +34,7 @@ def add_requests(eng, n: int, params: SamplingParams, shared_prefix: int = 0) ->
 
 
 def free_after(eng) -> int:
-    return eng.kv.pool.num_free_blocks + (eng.kv.cache.num_evictable_blocks if eng.kv.cache else 0)
+    return eng.kv.pool.num_free_blocks + eng.kv.num_evictable_blocks
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

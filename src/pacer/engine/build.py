@@ -1,28 +1,31 @@
 """How an engine is built from a config: the model executor (`pacer.model.runner`), the step-cost
 model the scheduler predicts with (from `pacer.perf`: this machine's fit or a profile, corrected by
-a start-up calibration on the executor), and the KV tiers that do I/O (the disk tier).
+a start-up calibration on the executor), and the KV tiers that do I/O (the disk tier,
+`pacer.kv.tiers.disk` over the executor's `pacer.model.kv_io.ModelBlockStore`).
 
-The engine itself never makes a cost model or an executor: it receives both. Tests and the
-simulator build an `Engine` directly over their own executor and cost model.
+The engine itself never makes a cost model, an executor or a tier: `Engine.from_config` takes
+the parts built here (`build_parts`) and hands them to the constructor, so this module never
+imports the engine. Tests and the simulator build an `Engine` directly over their own executor
+and cost model (and `kv_tiers(config, executor)` when they want the disk tier).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from pacer.clock import Clock
 from pacer.config import EngineConfig
+from pacer.engine.tier_hooks import KVTierFactory
+from pacer.kv.tiers.disk import DiskTier
 from pacer.perf.cost_model import make_cost_model
 from pacer.perf.profiles import ModelProfile, calibration_path, get_hardware, get_model, model_from_hf_config
 from pacer.perf.startup_calibration import calibrate_at_startup, calibration_key
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.sched.contract import Executor
 
-if TYPE_CHECKING:
-    from pacer.engine.engine import Engine
-
-__all__ = ["build_engine", "step_cost_model", "needs_cost_model"]
+__all__ = ["EngineParts", "build_parts", "kv_tiers", "step_cost_model", "needs_cost_model"]
 
 log = logging.getLogger("pacer.engine")
 
@@ -34,21 +37,41 @@ def needs_cost_model(config: EngineConfig) -> bool:
     return sc.scheduling_policy == "slo" or adaptive_spec
 
 
-def build_engine(config: EngineConfig, clock: Clock | None = None) -> Engine:
-    """An engine on the model `config` names: executor, cost model (when the scheduler needs
-    one) and tiers, built here and handed to `Engine`."""
-    from pacer.engine.engine import Engine
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """What `Engine(...)` is constructed from, besides the config and the clock."""
+
+    executor: Executor
+    tokenizer: Any
+    num_kv_blocks: int
+    model_max_len: int
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    cost_model: SchedulerCostModel | None
+    tiers: Sequence[KVTierFactory]
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    """The parts of an engine on the model `config` names: executor, cost model (when the
+    scheduler needs one) and KV tiers."""
     from pacer.model.runner import build_model_executor
 
     executor, ckpt, num_blocks = build_model_executor(config)
     cost_model = step_cost_model(config, ckpt.arch, executor, num_blocks) if needs_cost_model(config) else None
-    engine = Engine(config, executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
-                    ckpt.arch.eos_token_ids, clock=clock, vocab_size=ckpt.arch.vocab_size, cost_model=cost_model)
-    if config.cache.kv_offloading_dir:
-        from pacer.model.kv_io import DiskKVTier
+    return EngineParts(executor, ckpt.tokenizer, num_blocks, ckpt.arch.max_position_embeddings,
+                       tuple(ckpt.arch.eos_token_ids), ckpt.arch.vocab_size, cost_model, kv_tiers(config, executor))
 
-        DiskKVTier.attach(engine, config.cache.kv_offloading_dir)
-    return engine
+
+def kv_tiers(config: EngineConfig, executor: Executor) -> list[KVTierFactory]:
+    """The KV tiers that do I/O each step, for `Engine(tiers=...)`: the disk tier when
+    `kv_offloading_dir` is set (over the model executor's blocks), else none."""
+    directory = config.cache.kv_offloading_dir
+    if not directory:
+        return []
+    from pacer.model.kv_io import ModelBlockStore
+
+    store = ModelBlockStore(executor)
+    return [lambda kv: DiskTier.open(kv, directory, store)]
 
 
 def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None = None,

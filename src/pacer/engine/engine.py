@@ -23,9 +23,9 @@ from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine.outputs import RequestOutput, TrackedRequest
 from pacer.engine.prepare import PrepareContext, PreparedRequest, prepare, tokenize_prompt
-from pacer.engine.prewarm import prewarm
 from pacer.engine.retry import execute_each
 from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
+from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
 from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, SamplingParams, check_context_length
@@ -60,7 +60,10 @@ class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
                  clock: Clock | None = None, vocab_size: int | None = None,
-                 cost_model: StepCostModel | None = None, refit_cost_model: bool = True) -> None:
+                 cost_model: StepCostModel | None = None, refit_cost_model: bool = True,
+                 tiers: Sequence[KVTierFactory] = ()) -> None:
+        """`tiers`: the KV tiers that do I/O each step (`pacer.engine.build.kv_tiers`), each
+        opened over this engine's KV manager now."""
         self.config = config
         self.clock: Clock = clock or WallClock()
         self.scheduler_config = config.scheduler.resolved(model_max_len)
@@ -91,22 +94,25 @@ class Engine:
         # what install_structured_outputs was given (None: the default, made on first use); the
         # runtime it became is the scheduler's (`scheduler.structured`)
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
-        self.disk_tier: Any = None     # pacer.model.kv_io.DiskKVTier with kv_offloading_dir
+        self.tiers: tuple[KVTierHook, ...] = tuple(open_tier(self.kv) for open_tier in tiers)
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_config(cls, config: EngineConfig, clock: Clock | None = None) -> Engine:
-        """An engine on the model `config` names (see `pacer.engine.build.build_engine`)."""
-        from pacer.engine.build import build_engine
+        """An engine on the model `config` names: its parts (executor, cost model, KV tiers) come
+        from `pacer.engine.build.build_parts`."""
+        from pacer.engine.build import build_parts
 
-        return build_engine(config, clock)
+        p = build_parts(config)
+        return cls(config, p.executor, p.tokenizer, p.num_kv_blocks, p.model_max_len, p.eos_token_ids,
+                   clock=clock, vocab_size=p.vocab_size, cost_model=p.cost_model, tiers=p.tiers)
 
     def shutdown(self) -> None:
-        """Graceful shutdown: with a disk tier, the device's and host's cached blocks are written
-        to it (a restarted engine hits them). Idempotent; the engine stays usable."""
-        if self.disk_tier is not None:
-            self.disk_tier.flush()
+        """Graceful shutdown: each KV tier flushes (the disk tier writes the device's and host's
+        cached blocks, so a restarted engine hits them). Idempotent; the engine stays usable."""
+        for tier in self.tiers:
+            tier.flush()
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Engine:
@@ -280,12 +286,16 @@ class Engine:
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
         t1 = time.perf_counter()
+        for tier in self.tiers:   # e.g. the disk tier notes which host copies this step runs
+            tier.before_step(sched_out)
         for listener in self.schedule_listeners:
             listener(sched_out)
         outputs.extend(self._finished_in_schedule())
         if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
             if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
                 self._executor.execute(sched_out)
+            for tier in self.tiers:
+                tier.after_step()
             self._kv_sinks.publish(self.clock.now, self.kv.take_events)
             if not outputs and self.num_waiting_for_grammar:
                 self.scheduler.structured.wait(0.05)   # only compiles pending: sleep until one finishes
@@ -301,6 +311,8 @@ class Engine:
         for req, num_new in updated:
             outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
+        for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
+            tier.after_step()
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         if self._refit and self.cost_model is not None:
             self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
@@ -384,7 +396,7 @@ class Engine:
         and reports read). Call it from the stepping thread, between steps."""
         return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
                            block_bytes=self._executor.kv_block_bytes or 0,
-                           disk_tier=self.disk_tier.index.tier_stats() if self.disk_tier is not None else None)
+                           io_tiers={tier.name: tier.stats() for tier in self.tiers})
 
     def cache_stats(self) -> dict[str, Any]:
         """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
@@ -393,9 +405,24 @@ class Engine:
 
     def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:
-        """Compute `prompts` into the prefix cache now, pinned and (when `public`) visible to every
-        tenant: see `pacer.engine.prewarm.prewarm`. Returns the cached tokens of each prompt."""
-        return prewarm(self, prompts, public=public, tenant=tenant, pin=pin)
+        """Compute `prompts` (e.g. system prompts, tool definitions) into the prefix cache now,
+        pinned (never evicted until `kv.unpin`) and, when `public`, visible to every tenant even
+        under tenant isolation. Steps the engine until they finish: call it at start-up, from
+        the thread that steps the engine. Returns the cached tokens of each prompt."""
+        if not self.kv.prefix_caching:
+            raise ValueError("prewarm needs enable_prefix_caching=True")
+        ids = []
+        for prompt in prompts:
+            rid = self.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0), tenant=tenant)
+            self.kv.mark_prewarm(rid, public=public, pin=pin)
+            ids.append(rid)
+        wanted = set(ids)
+        while wanted:
+            if not self.has_unfinished_requests():
+                raise RuntimeError(f"engine stopped with prewarm requests unfinished: {sorted(wanted)[:5]}")
+            wanted -= {o.request_id for o in self.step() if o.finished}
+        bs = self.kv.block_size
+        return [len(self.tokenize_prompt(p)) // bs * bs for p in prompts]
 
     def run_until_done(self) -> list[RequestOutput]:
         """Step until every queued request finished; returns the final outputs."""

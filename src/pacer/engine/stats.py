@@ -142,18 +142,18 @@ class EngineSnapshot:
 
 
 def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
-                block_bytes: int, disk_tier: Mapping[str, float] | None = None) -> EngineSnapshot:
-    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`); `disk_tier`:
-    the disk tier's row of `tiers`, when there is one."""
+                block_bytes: int, io_tiers: Mapping[str, Mapping[str, float]] | None = None) -> EngineSnapshot:
+    """The snapshot of an engine's KV manager and scheduler (`Engine.snapshot()`); `io_tiers`:
+    the rows of `tiers` the KV tier hooks report, by name (the disk tier's "disk")."""
     st = kv.stats
     return EngineSnapshot(
         num_running=sched.num_running, num_waiting=sched.num_waiting, num_steps=num_steps,
         num_blocks=kv.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
         num_cached_blocks=kv.num_cached_blocks,
-        num_evictable_blocks=kv.cache.num_evictable_blocks if kv.cache else 0,
+        num_evictable_blocks=kv.num_evictable_blocks,
         num_available_blocks=kv.num_available_blocks(), kv_usage=kv.usage,
         capacity_tokens=kv.capacity_tokens, max_model_len=max_model_len,
-        prefix_caching=kv.cache is not None, num_pinned_prefixes=len(kv.pins),
+        prefix_caching=kv.prefix_caching, num_pinned_prefixes=len(kv.pins),
         prefix_cache_queried_tokens=st.queried_tokens, prefix_cache_hit_tokens=st.hit_tokens,
         evicted_blocks=dict(st.evicted_blocks),
         num_recompute_preemptions=sched.num_preemptions - sched.num_swap_preemptions,
@@ -163,7 +163,7 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         swap_fallbacks=st.swap_fallbacks, kv_block_bytes=block_bytes,
         num_cpu_blocks=kv.swap.num_blocks, num_cpu_blocks_used=kv.swap.num_used_blocks,
         tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
-        | ({"disk": dict(disk_tier)} if disk_tier is not None else {}),
+        | {name: dict(row) for name, row in (io_tiers or {}).items()},
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
         num_waiting_for_grammar=sched.num_waiting_for_grammar,
     )

@@ -1,7 +1,9 @@
 """KV cache manager: which blocks each request holds. Pure Python.
 
-Owns the `BlockPool`, the per-request block tables, the prefix cache (optional) and the
-CPU swap tier (`swap_tier.py`). The scheduler looks up cached prefixes (`lookup_prefix`,
+Owns the `BlockPool`, the per-request block tables, the prefix cache and the CPU swap tier
+(`pacer.kv.tiers.swap`). The prefix cache is always there: the radix tree, or with
+`enable_prefix_caching=False` the null cache that keeps nothing (`pacer.kv.interface` declares
+both seams, and the host-tier offload's). The scheduler looks up cached prefixes (`lookup_prefix`,
 which takes no references), asks for slots (`allocate_slots`, which commits a looked-up hit
 with the allocation, or changes nothing) and returns blocks (`free`, `swap_out`); "can this
 fit?" is O(1).
@@ -14,24 +16,27 @@ ref. A running request's full computed blocks are inserted as soon as they are c
 recompute, so concurrent requests, the next turn of a conversation and the resumed
 request hit them.
 
-Tenants (namespaces, quotas, eviction groups): `tenancy.py`. The host tier of
-`kv_offloading_size` (`host_tier.py`, glued to the tree by `offload.py`): evicted blocks are
-demoted to it, and a look-up continues a device match there (promoted when committed).
+Tenants (namespaces, quotas, eviction groups): `pacer.kv.tenancy`. The host tier of
+`kv_offloading_size` (`pacer.kv.tiers.host`, glued to the tree by `pacer.kv.tiers.offload`):
+evicted blocks are demoted to it, and a look-up continues a device match there (promoted when
+committed); without one the offload is the null one, which finds nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pacer.kv.block_pool import BlockPool, kept_blocks
 from pacer.kv.checks import check_kv_invariants
 from pacer.kv.events import BlockEvent, BlockEventLog
+from pacer.kv.interface import PrefixCacheProtocol, PrefixOffloadProtocol
+from pacer.kv.null_cache import NullPrefixCache
 from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
-from pacer.kv.records import KVStats, PrefixHit
 from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.kv.tiers.host import HostKVTier
-from pacer.kv.tiers.offload import PrefixOffload
+from pacer.kv.tiers.offload import NullOffload, PrefixOffload
 from pacer.kv.tiers.swap import CpuSwapTier, SwapPairs
 from pacer.request import Request
 
@@ -41,21 +46,50 @@ if TYPE_CHECKING:
 __all__ = ["KVCacheManager", "KVStats", "PrefixHit", "OTHER_TENANTS"]
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """A looked-up cached prefix of a waiting request: no references taken until
+    `allocate_slots` commits it (with the allocation), so a request that cannot be admitted
+    after all has nothing to give back."""
+
+    match: PrefixMatch
+    num_tokens: int            # tokens it serves (whole blocks, short of the request's last token)
+    num_queried_tokens: int    # the request's tokens looked up (counted when committed; 0 without a cache)
+    promoted: tuple[tuple[int, int], ...] = ()   # host-tier blocks continuing `match`: (chain key, host slot)
+
+
+@dataclass(slots=True)
+class KVStats:
+    """Engine-level counters (monotonic); `Engine.cache_stats()` exports them."""
+
+    queried_tokens: int = 0       # tokens looked up in the prefix cache at admission
+    hit_tokens: int = 0           # of those, served from the cache
+    evicted_blocks: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "quota": 0})
+    swap_out_requests: int = 0
+    swap_out_blocks: int = 0
+    swap_in_requests: int = 0
+    swap_in_blocks: int = 0
+    swap_fallbacks: int = 0       # swap preemptions that had to recompute (tier full)
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None, *,
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCacheProtocol | None = None, *,
                  tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
                  num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None) -> None:
+        """`prefix_cache` None: no prefix caching (the null cache)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
-        self.cache = prefix_cache
+        self.cache: PrefixCacheProtocol = prefix_cache if prefix_cache is not None else NullPrefixCache(block_size)
         self.tenants = TenantSpaces(tenant_isolation, tenant_quotas, num_blocks, reserve_blocks)
         # one host pool for swap and the offload tier when there is a host tier (kv_offloading_size)
         self.host_tier = host_tier
         self.swap = CpuSwapTier(num_cpu_blocks, host_tier)
-        self.offload = PrefixOffload(host_tier, prefix_cache) if host_tier and prefix_cache else None
+        self.offload: PrefixOffloadProtocol = (
+            PrefixOffload(host_tier, self.cache) if host_tier is not None and isinstance(self.cache, PrefixCache)
+            else NullOffload())
         self._handles: dict[str, PrefixMatch] = {}
         self._public_ids: set[str] = set()              # prewarm requests inserted as PUBLIC
         self._pin_ids: set[str] = set()                 # prewarm requests whose prefix is pinned
@@ -68,7 +102,7 @@ class KVCacheManager:
                     block_bytes: int | None = None, max_model_len: int = 0) -> KVCacheManager:
         """Build from a CacheConfig; `block_bytes` (bytes of one KV block) sizes the swap tier;
         in partitioned mode the quotas must leave one `max_model_len` request's blocks free."""
-        cache = None
+        cache: PrefixCacheProtocol = NullPrefixCache(config.block_size)
         if config.enable_prefix_caching:
             group_of = group_fn(config.tenant_isolation, dict(config.tenant_quotas or {}))
             cache = PrefixCache.from_config(config, now, group_of)
@@ -91,8 +125,18 @@ class KVCacheManager:
         return self.pool.num_blocks * self.block_size
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether prefix caching is on (`enable_prefix_caching`): the cache can keep blocks."""
+        return self.cache.enabled
+
+    @property
     def num_cached_blocks(self) -> int:
-        return self.cache.num_cached_blocks if self.cache else 0
+        return self.cache.num_cached_blocks
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request holds (eviction may take them)."""
+        return self.cache.num_evictable_blocks
 
     @property
     def usage(self) -> float:
@@ -102,8 +146,6 @@ class KVCacheManager:
     def num_available_blocks(self, tenant: str | None = None) -> int:
         """Blocks that can be handed out now: free, plus what the cache may evict for
         `tenant` (in partitioned mode only the tenant's own cache; otherwise all of it)."""
-        if self.cache is None:
-            return self.pool.num_free_blocks
         return self.pool.num_free_blocks + self.cache.evictable_blocks(self.tenants.evict_groups(tenant))
 
     # ------------------------------------------------------------------ prefix cache
@@ -117,25 +159,26 @@ class KVCacheManager:
     def lookup_prefix(self, req: Request) -> PrefixHit | None:
         """On admission (or resume after recompute preemption): the longest cached prefix of
         the request's tokens, in whole blocks and short of its last token (whose logits are
-        needed). Takes no references; None without a cache or when the request holds blocks."""
-        if self.cache is None or req.request_id in self.block_tables:
+        needed), continued by the host tier's blocks. Takes no references; None when the
+        request holds blocks."""
+        if req.request_id in self.block_tables:
             return None
         max_blocks = (req.num_tokens - 1) // self.block_size
         tokens = req.token_ids_slice(0, req.num_tokens)
         match = self.cache.match_prefix(tokens, self._owners(req), max_blocks, req.tenant)
         promoted: tuple[tuple[int, int], ...] = ()
-        if self.offload is not None:   # the host tier's continuation of the device match
-            hits = self.offload.lookup(match.node, match.num_blocks, tokens, self._owners(req), max_blocks)
+        hits = self.offload.lookup(match.node, match.num_blocks, tokens, self._owners(req), max_blocks)
+        if hits:
             room = self.num_available_blocks(req.tenant) - self.cache.evictable_on_path(
                 match, self.tenants.evict_groups(req.tenant))   # what is left once the match is locked
             promoted = tuple(hits[:max(0, room)])
         num_tokens = (match.num_blocks + len(promoted)) * self.block_size
-        return PrefixHit(match, num_tokens, req.num_tokens, promoted)
+        return PrefixHit(match, num_tokens, req.num_tokens if self.cache.enabled else 0, promoted)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Device-tier tokens `lookup_prefix` would find for `req` now, without splitting or
         touching the tree (for ordering by it)."""
-        if self.cache is None or req.request_id in self.block_tables:
+        if req.request_id in self.block_tables:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         tokens = req.token_ids_slice(0, req.num_tokens)
@@ -145,7 +188,6 @@ class KVCacheManager:
         """The request holds and locks the hit's device blocks, and its host-tier blocks are
         promoted (locked before the allocation that follows may evict and demote); the
         look-up counts in the stats."""
-        assert self.cache is not None
         self.stats.queried_tokens += hit.num_queried_tokens
         self.stats.hit_tokens += hit.num_tokens
         if hit.match.block_ids:
@@ -154,7 +196,6 @@ class KVCacheManager:
             self.pool.incref(hit.match.block_ids)
             self.block_tables[req.request_id] = list(hit.match.block_ids)
         if hit.promoted:
-            assert self.offload is not None
             self.offload.commit(req.request_id, list(hit.promoted))
 
     def mark_prewarm(self, request_id: str, public: bool, pin: bool = True) -> None:
@@ -167,37 +208,32 @@ class KVCacheManager:
 
     def unpin(self, token_ids: list[int] | None = None) -> int:
         """Unpin one prewarmed prefix (by its token ids) or all; returns how many."""
-        if self.cache is None:
-            return 0
         keys = list(self.pins) if token_ids is None else [k for k in self.pins if list(k) == list(token_ids)]
         for key in keys:
             self.cache.unpin(self.pins.pop(key))
         return len(keys)
 
     def enable_events(self) -> BlockEventLog | None:
-        """Start recording the prefix cache's store/remove events (None without a cache)."""
-        log = self.cache.enable_events() if self.cache is not None else None
-        if log is not None and self.host_tier is not None:   # the host tier's events, medium CPU, in the same log
-            self.host_tier.events = log
+        """Start recording the prefix cache's store/remove events, the host tier's (medium CPU)
+        in the same log; None without prefix caching (no events to record)."""
+        log = self.cache.enable_events()
+        self.offload.record_events(log)
         return log
 
     def take_events(self) -> list[BlockEvent]:
         """The store/remove events since the last call, in order (empty when not enabled)."""
-        return self.cache.take_events() if self.cache is not None else []
+        return self.cache.take_events()
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
         stay). Each dropped block is reported as removed. Returns how many were dropped."""
-        if self.cache is None:
-            return 0
         freed = self.cache.evict(self.cache.num_evictable_blocks)
         self._release(freed, "capacity")
         return len(freed)
 
     def drop_expired(self) -> None:
         """Proactively drop cache nodes idle longer than the TTL (cheap when nothing is due)."""
-        if self.cache is not None:
-            self._release(self.cache.expire(), "ttl")
+        self._release(self.cache.expire(), "ttl")
 
     def _release(self, block_ids: list[int], reason: str) -> None:
         if block_ids:
@@ -210,7 +246,7 @@ class KVCacheManager:
         deeper node, keeping what it uses out of eviction."""
         rid = req.request_id
         table = self.block_tables.get(rid)
-        if self.cache is None or not table or self.swap.holds(rid) or rid in self._public_ids:
+        if not table or self.swap.holds(rid) or rid in self._public_ids:
             return
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         old = self._handles.get(rid)
@@ -226,14 +262,12 @@ class KVCacheManager:
                 owner: str, owners: tuple[str, ...]) -> PrefixMatch:
         """Cache the request's first `n_full` blocks under `owner`, reusing nodes of `owners`
         (the cache adopts the blocks it lacks)."""
-        assert self.cache is not None
         tokens = req.token_ids_slice(0, n_full * self.block_size)
         adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start, owners=owners)
         self.pool.incref(adopted)
         return handle
 
     def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> None:
-        assert self.cache is not None
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         rid = req.request_id
         owner, owners = self._owner(req), self._owners(req)   # a public prewarm walks public nodes only
@@ -245,8 +279,7 @@ class KVCacheManager:
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
             key = tuple(req.prompt_token_ids[: n_full * self.block_size])
-            if key not in self.pins and handle.block_ids:
-                self.cache.pin(handle)
+            if key not in self.pins and self.cache.pin(handle):
                 self.pins[key] = handle
         if self.tenants.partitioned and owner != PUBLIC:
             group = self.tenants.quota_group(req.tenant)
@@ -254,7 +287,6 @@ class KVCacheManager:
                 self._deferred_quota.append(group)
 
     def _enforce_quotas(self) -> None:
-        assert self.cache is not None
         while self._deferred_quota:
             group = self._deferred_quota.pop()
             over = self.cache.cached_blocks(group) - self.tenants.quota(group)
@@ -273,7 +305,6 @@ class KVCacheManager:
         available = self.num_available_blocks(req.tenant)
         computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))
         if hit is not None:   # locking the hit protects its own evictable blocks: they cannot be handed out too
-            assert self.cache is not None
             computed, held = hit.num_tokens, hit.match.num_blocks
             available -= self.cache.evictable_on_path(hit.match, groups)
         need = max(0, -(-(computed + num_new_tokens) // self.block_size) - held)
@@ -282,11 +313,10 @@ class KVCacheManager:
         if hit is not None:
             self._commit_hit(req, hit)
         short = need - self.pool.num_free_blocks
-        if short > 0 and self.cache is not None:
+        if short > 0:
             self._release(self.cache.evict(short, groups), "capacity")
         new_blocks = self.pool.allocate(need) if need else []
         if hit is not None and hit.promoted:   # the first new blocks are filled by this step's promotions
-            assert self.offload is not None
             self.offload.bind(req.request_id, new_blocks[:len(hit.promoted)])
         table = self.block_tables.setdefault(req.request_id, [])
         table.extend(new_blocks)
@@ -315,16 +345,15 @@ class KVCacheManager:
         table = self.block_tables.pop(rid, None)
         match = self._handles.pop(rid, None)
         swapping_in = self.swap.drop(rid)   # then its blocks hold no KV yet
-        if self.cache is not None and table and not swapping_in:
+        if table and not swapping_in:
             self._cache_request(req, table, match)
-        if match is not None and self.cache is not None:
+        if match is not None:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
-        if self.offload is not None:   # admitted and preempted in one step: blocks the tree kept still get their copy
-            self.offload.cancel(rid, lambda b: self.pool.ref_count(b) > 0)
-        if self.cache is not None:
-            self._enforce_quotas()
+        # admitted and preempted in one step: blocks the tree kept still get their copy
+        self.offload.cancel(rid, lambda b: self.pool.ref_count(b) > 0)
+        self._enforce_quotas()
         self._public_ids.discard(rid)
         self._pin_ids.discard(rid)
 
@@ -342,7 +371,7 @@ class KVCacheManager:
             return True
         n = -(-req.num_computed_tokens // self.block_size)
         table = self.block_tables.get(rid, [])
-        promoting = self.offload is not None and self.offload.is_promoting(rid)   # its KV is not there yet
+        promoting = self.offload.is_promoting(rid)   # its KV is not there yet
         if n == 0 or n > len(table) or promoting or not self.swap.reserve(rid, table[:n]):
             self.stats.swap_fallbacks += 1
             return False
@@ -354,11 +383,11 @@ class KVCacheManager:
     def _drop_device_blocks(self, req: Request) -> None:
         table = self.block_tables.pop(req.request_id, None)
         match = self._handles.pop(req.request_id, None)
-        if match is not None and self.cache is not None:
+        if match is not None:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
-        if match is not None and self.cache is not None and self.tenants.partitioned:
+        if match is not None and self.tenants.partitioned:
             self._deferred_quota.append(self.tenants.quota_group(req.tenant))   # its blocks became evictable
             self._enforce_quotas()
 
@@ -371,17 +400,16 @@ class KVCacheManager:
             ins.extend(pairs)
             self.stats.swap_in_requests += 1
             self.stats.swap_in_blocks += len(pairs)
-        if self.offload is not None:   # demotions after swap-outs, promotions after swap-ins
-            demoted, promoted = self.offload.take_ops()
-            out.extend(demoted)
-            ins.extend(promoted)
+        demoted, promoted = self.offload.take_ops()   # demotions after swap-outs, promotions after swap-ins
+        out.extend(demoted)
+        ins.extend(promoted)
         return out, ins
 
     # ------------------------------------------------------------------ checks
 
     def check_invariants(self) -> None:
         """free + cached + held == total; each block's ref count == its holders (request
-        tables + one cache node); cache counts match its tree (see `kv_checks`)."""
+        tables + one cache node); cache counts match its tree (see `pacer.kv.checks`)."""
         check_kv_invariants(self.pool, self.block_tables, self.cache, set(self._handles))
         self.swap.check_invariants()   # with a host tier: free + offloaded + swapped == total
 

@@ -1,4 +1,6 @@
-"""Prefix cache: a radix tree over full KV blocks. Pure Python; no requests, no pool.
+"""Prefix cache: a radix tree over full KV blocks. Pure Python; no requests, no pool. One of
+the two `pacer.kv.interface.PrefixCacheProtocol` implementations (the other, with
+`enable_prefix_caching=False`, is `pacer.kv.null_cache.NullPrefixCache`).
 
 Contract (handle-based): `match_prefix` -> `lock(handle)` -> ... -> `insert` -> `unlock`.
 `evict(n)` / `expire()` return the block ids they dropped; the cache never frees blocks and
@@ -23,19 +25,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pacer.config import EVICTION_POLICIES
+from pacer.kv.checks import check_radix_tree
 from pacer.kv.events import (
     BlockEvent,
     BlockEventLog,
     BlockRemovedEvent,
 )
-from pacer.kv.radix_node import EVICTION_KEYS, EvictableLeaves, PrefixMatch, RadixNode
+from pacer.kv.radix_node import EVICTION_KEYS, PUBLIC, EvictableLeaves, PrefixMatch, RadixNode
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
 
 __all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
 
-PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
 
 class PrefixCache:
     """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
@@ -45,6 +47,8 @@ class PrefixCache:
     node outlives ~(w - 1) turnovers of weight-1 churn without being touched; with equal
     weights it is plain LRU.
     """
+
+    enabled = True   # (the null cache's is False)
 
     def __init__(self, block_size: int, now: Callable[[], float], eviction_policy: str = "lru",
                  tenant_weights: Mapping[str, float] | None = None, ttl: float | None = None,
@@ -74,7 +78,7 @@ class PrefixCache:
         self._next_expiry_scan = float("-inf")
         self.events: BlockEventLog | None = None   # store/remove events, when someone publishes them
         # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
-        # (core/offload.py) keeps a copy of them
+        # (pacer.kv.tiers.offload) keeps a copy of them
         self.on_drop: Callable[[RadixNode, int], None] | None = None
 
     @classmethod
@@ -298,13 +302,15 @@ class PrefixCache:
                     self._leaves.update(node, True)
             node = node.parent
 
-    def pin(self, handle: PrefixMatch) -> None:
-        """Keep the handle's path until `unpin` (a lock with no owner request)."""
+    def pin(self, handle: PrefixMatch) -> bool:
+        """Keep the handle's path until `unpin` (a lock with no owner request); False (nothing
+        pinned) for the root."""
         if handle.node.parent is None:
-            return
+            return False
         self.lock(handle)
         node, count = self._pinned.get(handle.node.id, (handle.node, 0))
         self._pinned[node.id] = (node, count + 1)
+        return True
 
     def unpin(self, handle: PrefixMatch) -> None:
         entry = self._pinned.get(handle.node.id)
@@ -385,7 +391,7 @@ class PrefixCache:
 
     def check_invariants(self) -> None:
         """Counts match the tree; lock refs cover locks below; leaf sets exact; owners nest
-        (see `kv_checks.check_prefix_cache`)."""
-        from pacer.kv.checks import check_prefix_cache
-
-        check_prefix_cache(self)
+        (`pacer.kv.checks.check_radix_tree`, handed the counts kept here)."""
+        check_radix_tree(self.root, self.block_size, self._leaves, num_cached=self.num_cached_blocks,
+                         num_evictable=self.num_evictable_blocks, cached_by_group=self._cached_by_group,
+                         pinned=self._pinned)

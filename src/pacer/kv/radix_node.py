@@ -1,5 +1,5 @@
-"""The prefix cache's tree node and match handle, the eviction keys it orders leaves by, and
-its index of evictable leaves."""
+"""The prefix cache's tree node and match handle, the owner every tenant may match (`PUBLIC`),
+the eviction keys it orders leaves by, and its index of evictable leaves. Pure Python."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RadixNode", "PrefixMatch", "EVICTION_KEYS", "Key", "EvictableLeaves"]
+__all__ = ["RadixNode", "PrefixMatch", "PUBLIC", "EVICTION_KEYS", "Key", "EvictableLeaves"]
 
 Key = tuple[float, int]
+PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
 
 
 class RadixNode:
@@ -34,12 +35,13 @@ class RadixNode:
         self.priority = 0.0
         self.version = 0
         self.is_leaf_candidate = False  # in its group's evictable-leaf set
-        self.hashes: list[int] = []     # block identities (core.block_events), kept only when events are on
+        self.hashes: list[int] = []     # block identities (pacer.kv.events), kept only when events are on
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    """Handle of a match: the deepest matched node and the blocks along its path."""
+    """Handle of a match or insert: the deepest node and the blocks along its path (for the
+    null cache, which has no path, the caller's own blocks of the prefix it offered)."""
 
     node: RadixNode
     block_ids: tuple[int, ...]

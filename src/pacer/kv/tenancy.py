@@ -4,19 +4,24 @@
 public, prewarmed prefixes are shared); `partitioned` adds hard per-tenant quotas on cached
 blocks: a tenant's inserts and allocations evict only its own cache (its eviction group and
 the public one). A `cache_salt` makes a request's namespace private to requests with the
-same salt (vLLM's meaning), inside its tenant's.
+same salt (vLLM's meaning), inside its tenant's. The host tier keeps the same shares of its
+own slots (`host_quotas`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pacer.config import TENANT_ISOLATION_MODES
 from pacer.kv.events import SALT_SEPARATOR, namespace
-from pacer.kv.prefix_cache import PUBLIC
+from pacer.kv.radix_node import PUBLIC
 from pacer.request import Request
 
-__all__ = ["TenantSpaces", "OTHER_TENANTS", "group_fn"]
+if TYPE_CHECKING:
+    from pacer.config import CacheConfig
+
+__all__ = ["TenantSpaces", "OTHER_TENANTS", "group_fn", "host_quotas"]
 
 OTHER_TENANTS = "*"  # tenant_quotas key for every tenant not listed (one quota shared by all of them)
 
@@ -76,3 +81,14 @@ def group_fn(isolation: str, quotas: Mapping[str, int]) -> Callable[[str], str]:
         tenant = owner.partition(SALT_SEPARATOR)[0]   # a salted namespace counts against its tenant
         return tenant if tenant == PUBLIC or tenant in quotas else OTHER_TENANTS
     return group
+
+
+def host_quotas(config: CacheConfig, num_device_blocks: int, num_host_blocks: int) -> dict[str, Any]:
+    """The host tier's share of the tenants' quotas (`HostKVTier` keyword arguments): each
+    tenant keeps the same fraction of the host tier as of the device (partitioned mode); {}
+    when there are no quotas."""
+    if config.tenant_isolation != "partitioned" or not config.enable_prefix_caching or not config.tenant_quotas:
+        return {}
+    quotas = {g: q * num_host_blocks // max(1, num_device_blocks) for g, q in config.tenant_quotas.items()}
+    quotas.setdefault(OTHER_TENANTS, 0)
+    return {"group_of": group_fn(config.tenant_isolation, config.tenant_quotas), "quotas": quotas}

@@ -42,6 +42,7 @@ from pacer.kv.events import (
     block_hash,
     namespace_keys,
 )
+from pacer.kv.tenancy import host_quotas
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -116,7 +117,7 @@ class HostKVTier:
         self._heaps: dict[str, list[tuple[float, int, int]]] = {}
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
-        self.new_keys: list[int] | None = None           # a disk tier's: keys demoted since it last took them
+        self._demoted: list[int] | None = None           # keys demoted since `take_demoted`, when tracked
         self.events: BlockEventLog | None = None         # KV events (medium CPU), when the engine publishes them
         self.stats = HostTierStats()
 
@@ -133,8 +134,6 @@ class HostKVTier:
             if not block_bytes:
                 raise ValueError("kv_offloading_size needs the executor's KV block size in bytes")
             num_host = int(config.kv_offloading_size * 1024**3 // block_bytes)
-        from pacer.kv.tiers.offload import host_quotas  # (offload builds on this room)
-
         num_host = max(1, num_host)
         return cls(num_host, config.block_size, now, eviction_policy=config.eviction_policy,
                    ttl=config.cache_ttl, tenant_weights=config.tenant_weights, offload=config.enable_prefix_caching,
@@ -261,6 +260,19 @@ class HostKVTier:
         e = self._entries.get(key)
         return None if e is None else (e.slot, e.parent, e.owner, e.tokens)
 
+    def track_demotions(self) -> None:
+        """Keep the chain keys of the blocks demoted from now on, for `take_demoted` (the disk
+        tier writes them through)."""
+        if self._demoted is None:
+            self._demoted = []
+
+    def take_demoted(self) -> list[int]:
+        """The keys demoted since the last call, in order ([] unless `track_demotions`)."""
+        if self._demoted is None:
+            return []
+        taken, self._demoted = self._demoted, []
+        return taken
+
     def end_step(self) -> None:
         """The step's copies were handed to the executor: slots may be reused from now on."""
         self._locked.clear()
@@ -345,8 +357,8 @@ class HostKVTier:
         return dropped
 
     def _stored(self, key: int, entry: _Entry, demoted: bool = True) -> None:
-        if demoted and self.new_keys is not None:
-            self.new_keys.append(key)
+        if demoted and self._demoted is not None:
+            self._demoted.append(key)
         if self.events is not None:
             self.events.append(BlockStoredEvent((key,), None if entry.parent == ROOT_KEY else entry.parent,
                                                 entry.tokens, self.block_size, namespace_keys(entry.owner),

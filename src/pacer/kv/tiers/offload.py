@@ -11,24 +11,22 @@ hit and enter the tree as the request's computed blocks.
 
 Chain keys follow the tree's path: each block is keyed under the owner of its node, so the
 host tier isolates tenants exactly as the tree does.
+
+Both implement `pacer.kv.interface.PrefixOffloadProtocol`: `PrefixOffload` when there is a host
+tier and prefix caching, `NullOffload` (finds nothing, copies nothing) otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
-from pacer.kv.events import SALT_SEPARATOR
+from pacer.kv.events import SALT_SEPARATOR, BlockEventLog
+from pacer.kv.interface import SwapPairs
 from pacer.kv.prefix_cache import PrefixCache
 from pacer.kv.radix_node import RadixNode
 from pacer.kv.tiers.host import ROOT_KEY, HostKVTier, block_key
 
-if TYPE_CHECKING:
-    from pacer.config import CacheConfig
-
-__all__ = ["PrefixOffload", "path_keys", "tier_stats", "host_quotas"]
-
-SwapPairs = list[tuple[int, int]]
+__all__ = ["PrefixOffload", "NullOffload", "path_keys", "tier_stats"]
 
 
 def path_keys(node: RadixNode | None, block_size: int, last_blocks: int | None = None) -> list[int]:
@@ -117,17 +115,41 @@ class PrefixOffload:
         self.host.end_step()
         return out, ins
 
+    def record_events(self, log: BlockEventLog | None) -> None:
+        """The host tier's events (medium CPU) go to the device tier's log."""
+        self.host.events = log
 
-def host_quotas(config: CacheConfig, num_device_blocks: int, num_host_blocks: int) -> dict[str, Any]:
-    """The host tier's share of the tenants' quotas: each tenant keeps the same fraction of
-    the host tier as of the device (partitioned mode); {} when there are no quotas."""
-    if config.tenant_isolation != "partitioned" or not config.enable_prefix_caching or not config.tenant_quotas:
-        return {}
-    from pacer.kv.tenancy import OTHER_TENANTS, group_fn
 
-    quotas = {g: q * num_host_blocks // max(1, num_device_blocks) for g, q in config.tenant_quotas.items()}
-    quotas.setdefault(OTHER_TENANTS, 0)
-    return {"group_of": group_fn(config.tenant_isolation, config.tenant_quotas), "quotas": quotas}
+class NullOffload:
+    """No host tier behind the prefix cache (no `kv_offloading_size`, or no prefix caching):
+    a look-up finds nothing there, so nothing is promoted, demoted or copied."""
+
+    def lookup(self, matched: RadixNode | None, matched_blocks: int, token_ids: Sequence[int],
+               owners: Sequence[str], max_blocks: int) -> list[tuple[int, int]]:
+        return []
+
+    def commit(self, request_id: str, hits: list[tuple[int, int]]) -> None:
+        if hits:
+            raise ValueError(f"request {request_id!r}: {len(hits)} host-tier hits to promote, but there is no host tier")
+
+    def bind(self, request_id: str, device_blocks: Sequence[int]) -> None:
+        if device_blocks:
+            raise ValueError(f"request {request_id!r}: no promotion to bind device blocks to (no host tier)")
+
+    def is_promoting(self, request_id: str) -> bool:
+        return False
+
+    def cancel(self, request_id: str, still_cached: Callable[[int], bool]) -> None:
+        pass
+
+    def pending_device_blocks(self) -> set[int]:
+        return set()
+
+    def take_ops(self) -> tuple[SwapPairs, SwapPairs]:
+        return [], []
+
+    def record_events(self, log: BlockEventLog | None) -> None:
+        pass
 
 
 def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pacer.kv.block_pool import BlockPool, OutOfBlocksError
+from pacer.kv.interface import SwapPairs
 from pacer.kv.tiers.host import HostKVTier
 
 __all__ = ["CpuSwapTier", "SwapPairs", "SwapSlots"]
-
-SwapPairs = list[tuple[int, int]]
 
 
 class CpuSwapTier:
