@@ -137,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.grid:
         from pacer.tune.method_cli import run_method_cli
 
-        return run_method_cli(args)
+        seqs = parse_int_list(args.max_num_seqs, "--max-num-seqs") if args.max_num_seqs else None
+        budgets = (parse_int_list(args.max_num_batched_tokens, "--max-num-batched-tokens")
+                   if args.max_num_batched_tokens else None)
+        return run_method_cli(args, seqs, budgets)
     return _run_grid(args)
 
 

@@ -51,10 +51,10 @@ def _print_traffic(specs: Sequence[RequestSpec], where: str) -> None:
               "max_num_seqs than for uniform traffic; expect a lower knee")
 
 
-def run_method_cli(args: argparse.Namespace) -> int:
+def run_method_cli(args: argparse.Namespace, seqs: list[int] | None = None, budgets: list[int] | None = None) -> int:
+    """The method from parsed args; `seqs` / `budgets`: the sweep lists given (None: the defaults)."""
     from pacer.diagnose.cli import SIM_SKIP
     from pacer.diagnose.replay import SimTarget
-    from pacer.tune.cli import parse_int_list
     from pacer.tune.method import DEFAULT_BUDGETS, DEFAULT_SEQS, run_method
     from pacer.workload.report import parse_slo
 
@@ -94,9 +94,8 @@ def run_method_cli(args: argparse.Namespace) -> int:
         defaults_real, recorder = measure_defaults(first_engine, specs, slo)
         if args.refit and target.hw.is_cpu:
             refit_target(target, recorder, sim_kwargs)
-    seqs = parse_int_list(args.max_num_seqs, "--max-num-seqs") if args.max_num_seqs else list(DEFAULT_SEQS)
-    budgets = (parse_int_list(args.max_num_batched_tokens, "--max-num-batched-tokens")
-               if args.max_num_batched_tokens else list(DEFAULT_BUDGETS))
+    seqs = seqs or list(DEFAULT_SEQS)
+    budgets = budgets or list(DEFAULT_BUDGETS)
     result = run_method(target, sim_kwargs, specs, slo, args.target_attainment, seqs, budgets)
     d, c = result.defaults, result.chosen
     print(f"chosen: {c.label} (predicted SLO met {c.attainment:.0%}; out-of-the-box defaults "
