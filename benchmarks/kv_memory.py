@@ -95,8 +95,7 @@ def one_wave(engine: Engine, seqs: int, prompt_len: int, out_len: int) -> dict[s
     outs = engine.run_until_done()
     wall = time.perf_counter() - t0
     tpots = sorted(t for o in outs if (t := o.metrics.tpot) is not None)
-    pre = engine.cache_stats()["preemptions"]
-    return {"preemptions": pre["recompute"] + pre["swap"], "tpot_p50": statistics.median(tpots) * 1000,
+    return {"preemptions": engine.snapshot().num_preemptions, "tpot_p50": statistics.median(tpots) * 1000,
             "tpot_p99": tpots[min(len(tpots) - 1, int(0.99 * len(tpots)))] * 1000,
             "tok_s": sum(len(o.token_ids) for o in outs) / wall}
 
@@ -119,7 +118,7 @@ def knee(base: Engine, full: bool, repeats: int = 1) -> None:
             for name in names if (i + rep) % 2 == 0 else names[::-1]:   # order alternated
                 eng = engine_for(base, ThreadCPUClock(), kv_cache_memory=memory, kv_cache_dtype=name,
                                  max_num_seqs=seqs, enable_prefix_caching=False)
-                blocks[name] = eng.cache_stats()["num_blocks"]
+                blocks[name] = eng.snapshot().num_blocks
                 runs[(name, seqs)].append(one_wave(eng, seqs, prompt_len, out_len))
         print(f"  sweep {rep + 1}/{repeats} done  {load()}")
     knees = {}
@@ -241,7 +240,7 @@ def sessions(base: Engine, full: bool) -> None:
     p50 = {label: statistics.median(ts) for label, ts in ttfts.items()}
     for label, eng in engines.items():
         total_ctx = sum(len(c) for c in convs[label])
-        host = eng.cache_stats()["tiers"].get("host", {})
+        host = eng.snapshot().tiers.get("host", {})
         print(f"  {label:<40} hit_rate={cached[label] / prompt[label]:.3f}  ttft_p50={p50[label] * 1000:7.1f} ms "
               f"({p50[label] / p50['device only']:.2f}x device only)  host promotions={host.get('promotions', 0):>5} "
               f"demotions={host.get('demotions', 0):>5}  contexts total {total_ctx} tokens = "
@@ -278,7 +277,7 @@ def restart(base: Engine, full: bool) -> None:
         for label in ("cold engine", "restarted", "cold engine ", "restarted "):   # interleaved twice
             restarted = label.startswith("restarted")
             eng = engine_for(base, **kw, **({"kv_offloading_dir": directory} if restarted else {}))
-            runs[label] = (first_request(eng), eng.cache_stats()["tiers"].get("host", {}).get("promotions", 0))
+            runs[label] = (first_request(eng), eng.snapshot().tiers.get("host", {}).get("promotions", 0))
         for label, (out, promotions) in runs.items():
             print(f"  {label.strip():<12} first request: cached_tokens={out.num_cached_tokens:>4} of {len(prompt)}  "
                   f"host promotions={promotions:>3}  ttft={out.metrics.ttft * 1000:7.1f} ms  "

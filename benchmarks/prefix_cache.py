@@ -121,7 +121,7 @@ def run_closed_loop(engine: Engine, convs: list[Conversation], concurrency: int,
                 submit(queue.pop(0))
     wall = time.perf_counter() - t0
     return Result("", wall, prefill, prompt_toks, cached, out_toks, ttfts,
-                  {k: (v[0], v[1]) for k, v in per_tenant.items()}, engine.cache_stats())
+                  {k: (v[0], v[1]) for k, v in per_tenant.items()}, engine.snapshot().as_dict())
 
 
 # ---------------------------------------------------------------------- workloads

@@ -89,10 +89,10 @@ class Constrained:
 
     def run(self) -> tuple[float, float, list[int]]:
         """One run: (output tok/s, tokens per CPU second, each request's output length)."""
-        before = self.engine.structured_stats()
+        before = self.engine.snapshot().structured
         self.steps.clear()
         outs, secs, cpu = run_batch(self.engine, self.prompts, self.params)
-        after = self.engine.structured_stats()
+        after = self.engine.snapshot().structured
         self.step_s += sum(s.total_s for s in self.steps)
         self.waited += after["mask_wait_seconds"] - before["mask_wait_seconds"]
         self.computed += after["mask_compute_seconds"] - before["mask_compute_seconds"]

@@ -90,5 +90,5 @@ def test_swap_preemption_runs_on_quantized_kv(base: Engine) -> None:
     kw = dict(num_kv_blocks=10, block_size=8, enable_prefix_caching=False, kv_cache_dtype="int8")
     swap = make(base, preemption_mode="swap", num_cpu_blocks=64, **kw)
     got = generate(swap, prompts, params)
-    assert swap.cache_stats()["preemptions"]["swap"] > 0
+    assert swap.snapshot().num_swap_preemptions > 0
     assert all(len(got[i].token_ids) == 16 for i in range(len(prompts)))

@@ -49,7 +49,7 @@ def test_a_restarted_engine_hits_what_it_had_cached_and_refuses_foreign_files(ba
     assert got.metrics.cached_tokens_host == got.num_cached_tokens   # all promoted: the request log's split
     record = make_log_record(metrics=got.metrics, start=0.0, clock_to_unix=0.0)
     assert (record["cached_tokens_device"], record["cached_tokens_host"]) == (0, got.num_cached_tokens)
-    tiers = second.cache_stats()["tiers"]
+    tiers = second.snapshot().tiers
     assert tiers["host"]["promotions"] > 0 and tiers["device"]["hit_tokens"] == 0
     second.kv.check_invariants()
     assert tiers["disk"]["promotions"] == len(files) and tiers["disk"]["blocks"] == len(files)
@@ -74,10 +74,10 @@ def _check_tier_series(engine: Engine, tiers: dict) -> None:
     """/metrics' tier series (the collector `pacer serve` registers) carry the same figures."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pacer.telemetry.tier_metrics import KVTierCollector
+    from pacer.telemetry.collectors import KVTierCollector
 
     registry = CollectorRegistry()
-    registry.register(KVTierCollector(engine, lambda base: f"vllm:{base}", "m"))
+    registry.register(KVTierCollector(engine.snapshot, lambda base: f"vllm:{base}", "m"))
     text = generate_latest(registry).decode()
     host_hits = f'vllm:kv_tier_hit_tokens_total{{model_name="m",tier="host"}} {float(tiers["host"]["hit_tokens"])}'
     assert host_hits in text and tiers["host"]["hit_tokens"] > 0

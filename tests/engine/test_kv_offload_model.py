@@ -26,7 +26,7 @@ def test_promoted_prefixes_give_the_outputs_of_recompute(base: Engine, kv_cache_
         for rnd in range(2):                     # each prompt alone: round 2 finds round 1's blocks evicted
             for i, p in enumerate(prompts):
                 out[(rnd, i)] = generate(engine, [p], PARAMS)[0]
-    tiers = on.cache_stats()["tiers"]
+    tiers = on.snapshot().tiers
     assert tiers["host"]["demotions"] > 0 and tiers["host"]["promotions"] > 0
     assert tiers["host"]["hit_tokens"] > 0 and tiers["host"]["bytes_to_device"] > 0
     assert sum(got[(1, i)].num_cached_tokens for i in range(3)) > sum(want[(1, i)].num_cached_tokens for i in range(3))

@@ -73,7 +73,7 @@ def test_the_engine_calls_its_tier_hooks_in_step_order() -> None:
     for n, (before, after) in enumerate(zip(calls[::2], calls[1::2])):
         assert before[2] == n and after[1:3] == (before[1], n + 1)     # before: planned, not run; after: run
     assert [c[3] for c in calls[1::2]] == [1, 2, 3]                    # after the update: its token appended
-    assert eng.snapshot().tiers["recorder"] == {"blocks": 3.0} and eng.cache_stats()["tiers"]["recorder"]
+    assert eng.snapshot().tiers["recorder"] == {"blocks": 3.0} and eng.snapshot().tiers["recorder"]
     eng.shutdown()
     assert log[-1] == ("flush",)
 
@@ -164,6 +164,6 @@ def test_the_disk_tier_writes_a_demoted_block_after_the_step_that_copied_it(tmp_
     out = run(second, ex2)[rid]                                         # (the fake checks every cached position)
     assert out.token_ids == reference_output(prompts[-1], GREEDY)
     assert out.num_cached_tokens == 16 and out.metrics.cached_tokens_host == 16   # all promoted from the host
-    tiers = second.cache_stats()["tiers"]
+    tiers = second.snapshot().tiers
     assert tiers["disk"]["promotions"] == len(files) and tiers["host"]["promotions"] == 4
     second.kv.check_invariants()

@@ -51,9 +51,9 @@ def test_swap_and_recompute_preemption_give_identical_outputs(base: Engine) -> N
     recompute = make(base, preemption_mode="recompute", **kw)
     got_swap = generate(swap, prompts, params)
     got_recompute = generate(recompute, prompts, params)
-    stats = swap.cache_stats()
-    assert stats["preemptions"]["swap"] > 0 and stats["swap_in_bytes"] > 0
-    assert recompute.cache_stats()["preemptions"]["recompute"] > 0
+    stats = swap.snapshot()
+    assert stats.num_swap_preemptions > 0 and stats.swap_in_bytes > 0
+    assert recompute.snapshot().num_recompute_preemptions > 0
     for i in range(len(prompts)):
         assert got_swap[i].token_ids == got_recompute[i].token_ids
 

@@ -41,7 +41,7 @@ def test_constrained_neighbours_leave_greedy_tokens_unchanged(base):
         assert o.finish_reason == "stop"
         jsonschema.validate(json.loads(o.text), SCHEMA)
     assert re.fullmatch(r"[0-9]{2}:[0-9]{2}", outs[4].text)
-    stats = engine.structured_stats()
+    stats = engine.snapshot().structured
     assert stats["compilations"] == 2 and stats["cache_hits"] == 2 and stats["mask_rows"] > 0
     engine.install_structured_outputs(None)
 

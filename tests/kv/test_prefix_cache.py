@@ -162,7 +162,7 @@ def test_second_turn_hits_first_turns_prompt_and_answer():
     assert second.num_cached_tokens == 16 and second.metrics.cached_tokens == 16
     assert second.metrics.prefill_tokens == len(turn2) - 16
     assert second.token_ids == reference_output(turn2, p)
-    assert eng.cache_stats()["prefix_cache_hit_tokens"] == 16
+    assert eng.snapshot().prefix_cache_hit_tokens == 16
 
 
 def test_fully_cached_prompt_still_computes_its_last_token():
@@ -187,7 +187,7 @@ def test_allocation_evicts_cached_blocks_on_demand():
     assert eng.kv.num_cached_blocks == 5 and eng.kv.num_available_blocks() == 8
     out = generate(eng, ex, list(range(100, 126)))        # needs 7 blocks: evicts 4+
     assert out.token_ids == reference_output(list(range(100, 126)), GREEDY)
-    assert eng.cache_stats()["evicted_blocks"]["capacity"] >= 4
+    assert eng.snapshot().evicted_blocks["capacity"] >= 4
 
 
 def test_recompute_preemption_resumes_from_the_cache():
@@ -241,7 +241,7 @@ def test_partitioned_quota_caps_a_tenant_and_protects_the_other():
     for i in range(6):                                     # b churns far past its quota
         generate(eng, ex, [100 + 30 * i + j for j in range(20)], tenant="b")
         assert eng.kv.cache.cached_blocks("b") <= 8
-    assert eng.cache_stats()["evicted_blocks"]["quota"] > 0
+    assert eng.snapshot().evicted_blocks["quota"] > 0
     assert generate(eng, ex, a_prompt, tenant="a").num_cached_tokens == 16
     assert generate(eng, ex, list(range(1, 18)), tenant="stranger").num_cached_tokens == 0
     assert eng.kv.cache.cached_blocks("*") == 0            # unlisted tenants cache nothing
@@ -261,7 +261,7 @@ def test_ttl_policy_drops_idle_prefixes_proactively():
     generate(eng, ex, list(range(1, 10)) + [99])          # keeps the first 2 blocks warm
     clock.advance(45)                                      # the other 4 are now 75 s idle
     eng.step()                                             # an idle step drops them
-    assert eng.cache_stats()["evicted_blocks"]["ttl"] == 4
+    assert eng.snapshot().evicted_blocks["ttl"] == 4
     assert generate(eng, ex, list(range(1, 22))).num_cached_tokens == 8
 
 
@@ -289,24 +289,24 @@ def test_swap_preemption_restores_kv_instead_of_recomputing():
                           enable_prefix_caching=False)
     prompts, p = _preempting_workload(eng)
     finals = run(eng, ex)
-    stats = eng.cache_stats()
-    assert stats["preemptions"]["swap"] > 0 and stats["preemptions"]["recompute"] == 0
-    assert stats["swap_in_requests"] == stats["swap_out_requests"] == stats["preemptions"]["swap"]
+    stats = eng.snapshot()
+    assert stats.num_swap_preemptions > 0 and stats.num_recompute_preemptions == 0
+    assert stats.swap_in_requests == stats.swap_out_requests == stats.num_swap_preemptions
     assert any(s.swap_out for s in ex.steps) and any(s.swap_in for s in ex.steps)
     for rid, pr in prompts.items():
         assert finals[rid].token_ids == reference_output(pr, p)
         # nothing recomputed: the prompt once, plus the one token of each resume step
         m = finals[rid].metrics
         assert m.prefill_tokens == len(pr) + m.preemptions
-    assert stats["cpu_blocks_used"] == 0   # (the host keeps stale copies until a slot is reused)
+    assert stats.num_cpu_blocks_used == 0   # (the host keeps stale copies until a slot is reused)
 
 
 def test_swap_falls_back_to_recompute_when_the_cpu_tier_is_full():
     eng, ex = make_engine(num_blocks=12, block_size=4, max_len=48, preemption_mode="swap", num_cpu_blocks=1)
     prompts, p = _preempting_workload(eng)
     finals = run(eng, ex)
-    stats = eng.cache_stats()
-    assert stats["preemptions"]["recompute"] > 0 and stats["swap_fallbacks"] > 0
+    stats = eng.snapshot()
+    assert stats.num_recompute_preemptions > 0 and stats.swap_fallbacks > 0
     for rid, pr in prompts.items():
         assert finals[rid].token_ids == reference_output(pr, p)
 

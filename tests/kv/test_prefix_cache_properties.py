@@ -196,14 +196,14 @@ def run_workload(mode: str, reqs: list[tuple[Any, ...]], budget: int, max_num_se
             assert eng.kv.cache.cached_blocks("*") == 0
 
     drive_arrivals(eng, arrivals, check_step, max_steps=3_000)
-    stats = eng.cache_stats()
-    assert stats["preemptions"]["recompute"] + stats["preemptions"]["swap"] == eng.scheduler.num_preemptions
+    stats = eng.snapshot()
+    assert stats.num_recompute_preemptions + stats.num_swap_preemptions == eng.scheduler.num_preemptions
     if mode.startswith("recompute"):
-        assert stats["preemptions"]["swap"] == 0
+        assert stats.num_swap_preemptions == 0
     if eng.kv.host_tier is not None:
         eng.kv.host_tier.check_invariants()
     assert eng.kv.num_available_blocks() == num_blocks
-    assert not eng.kv.block_tables and stats["cpu_blocks_used"] == 0
+    assert not eng.kv.block_tables and stats.num_cpu_blocks_used == 0
     return stats
 
 
@@ -222,13 +222,13 @@ def test_fixed_and_drawn_workloads_exercise_swaps_and_hits():
     # must swap out and back in, and workloads drawn like the property test's must hit the cache
     for workload in SWAP_EXAMPLES:
         stats = run_workload("swap", **workload)
-        assert stats["preemptions"]["swap"] > 0 and stats["swap_in_requests"] > 0, stats
+        assert stats.num_swap_preemptions > 0 and stats.swap_in_requests > 0, stats
     rng = random.Random(0)
     runs = [run_workload(rng.choice(["recompute", "swap"]), **_drawn_workload(rng)) for _ in range(40)]
-    hits = sum(s["prefix_cache_hit_tokens"] > 0 for s in runs)
+    hits = sum(s.prefix_cache_hit_tokens > 0 for s in runs)
     assert hits >= 10, hits
     # and the host tier's: drawn offload workloads must promote demoted blocks back
     offloaded = [run_workload(rng.choice(["recompute+offload", "swap+offload"]), **_drawn_workload(rng))
                  for _ in range(20)]
-    promoted = sum(s["tiers"]["host"]["promotions"] > 0 for s in offloaded)
+    promoted = sum(s.tiers["host"]["promotions"] > 0 for s in offloaded)
     assert promoted >= 3, promoted

@@ -132,7 +132,7 @@ def test_a_finished_compile_makes_its_request_ready_and_its_masks_reach_the_step
     finals = run(eng, ex)
     assert finals["g"].finish_reason == "length" and len(finals["g"].token_ids) == 8
     assert fake.bound == {} and fake.released == ["g"]   # released when it finished
-    assert eng.structured_stats() == {"requests": 1.0}
+    assert eng.snapshot().structured == {"requests": 1.0}
 
 
 def test_a_failed_compile_finishes_its_request_with_the_message_and_no_one_else():
@@ -187,7 +187,7 @@ def test_an_abort_while_compiling_releases_it_and_its_late_compile_is_ignored():
 def test_without_a_runtime_nothing_is_pending_and_a_constrained_request_is_refused():
     eng, _ = make_engine(num_blocks=16, block_size=4)
     sched = eng.scheduler
-    assert isinstance(sched.structured, NullStructuredOutputs) and eng.structured_stats() == {}
+    assert isinstance(sched.structured, NullStructuredOutputs) and eng.snapshot().structured == {}
     req = Request("g", [1, 2, 3], _params(), 0.0)
     with pytest.raises(ValueError, match="no structured-outputs runtime"):
         sched.add_waiting_for_grammar(req, object())

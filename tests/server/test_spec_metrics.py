@@ -1,8 +1,8 @@
 """Speculative decoding in /metrics (vLLM's names, prefixed) and in pacer bench's report line."""
 
 from pacer.request import SamplingParams
+from pacer.telemetry.collectors import SpecDecodeCollector
 from pacer.telemetry.prometheus import ServingMetrics
-from pacer.telemetry.spec_metrics import SpecDecodeCollector
 from pacer.workload.runner import InprocessStats
 from pacer.workload.tables import spec_decode_line
 from tests.fakes import make_engine, run
@@ -20,7 +20,7 @@ def test_spec_decode_series_and_report_line():
     assert steps.spec_decode() == totals   # the per-step counts add up to the engine's totals
     for prefix, name in (("pacer", "pacer_spec_decode_"), ("vllm", "vllm:spec_decode_")):
         metrics = ServingMetrics("m", prefix)
-        metrics.registry.register(SpecDecodeCollector(eng, metrics.name, "m"))
+        metrics.registry.register(SpecDecodeCollector(eng.snapshot, metrics.name, "m"))
         text = metrics.render().decode()
         assert f'{name}num_drafts_total{{model_name="m"}} {float(totals["num_drafts"])}' in text
         assert f'{name}num_draft_tokens_total{{model_name="m"}} {float(totals["num_draft_tokens"])}' in text
@@ -35,5 +35,5 @@ def test_spec_decode_series_and_report_line():
 def test_no_series_while_speculation_is_off():
     eng, _ = make_engine()
     metrics = ServingMetrics("m")
-    metrics.registry.register(SpecDecodeCollector(eng, metrics.name, "m"))
+    metrics.registry.register(SpecDecodeCollector(eng.snapshot, metrics.name, "m"))
     assert "spec_decode" not in metrics.render().decode()

@@ -167,6 +167,6 @@ def test_swap_preemption_runs_through_the_simulator_and_costs_time():
 def test_simulated_engine_with_int8_kv_holds_more_blocks_and_prices_smaller_swaps() -> None:
     auto_engine, auto_ex, _ = build_sim_engine(EngineConfig.from_kwargs(), A100, L8B)
     q8_engine, q8_ex, _ = build_sim_engine(EngineConfig.from_kwargs(kv_cache_dtype="int8"), A100, L8B)
-    assert q8_engine.cache_stats()["num_blocks"] >= 1.9 * auto_engine.cache_stats()["num_blocks"]
+    assert q8_engine.snapshot().num_blocks >= 1.9 * auto_engine.snapshot().num_blocks
     assert q8_ex.kv_block_bytes is not None and auto_ex.kv_block_bytes is not None
     assert q8_ex.kv_block_bytes * 1.9 <= auto_ex.kv_block_bytes

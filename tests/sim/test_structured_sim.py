@@ -86,7 +86,7 @@ def test_a_constrained_request_waits_for_its_compile_in_the_scheduler_and_the_ca
     assert engine.scheduler.requests["hit"].status is RequestStatus.RUNNING
     assert engine.scheduler.requests["cold"].status is RequestStatus.WAITING_FOR_GRAMMAR
     engine.run_until_done()
-    stats = engine.structured_stats()
+    stats = engine.snapshot().structured
     assert stats["compilations"] == 2 and stats["cache_hits"] == 1 and stats["compile_seconds"] == 1.0
 
 
@@ -99,4 +99,4 @@ def test_idle_engine_jumps_to_the_compile_and_a_trace_carries_structured_request
     a, b = result.records
     assert a.ttft is not None and b.ttft is not None
     assert a.ttft - b.ttft == pytest.approx(0.25, rel=1e-9)   # a waited for the compile, b hit the cache
-    assert engine.structured_stats()["compilations"] == 1 and executor.mask_rows == 10
+    assert engine.snapshot().structured["compilations"] == 1 and executor.mask_rows == 10

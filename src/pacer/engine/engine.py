@@ -167,10 +167,6 @@ class Engine:
         """Queued requests whose grammar is still compiling (RequestStatus.WAITING_FOR_GRAMMAR)."""
         return self.scheduler.num_waiting_for_grammar
 
-    def structured_stats(self) -> dict[str, float]:
-        """Structured-output counters ({} before the first constrained request)."""
-        return self.scheduler.structured.stats()
-
     # ------------------------------------------------------------------ requests
 
     def tokenize_prompt(self, prompt: str | Sequence[int]) -> list[int]:
@@ -397,11 +393,6 @@ class Engine:
         return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
                            block_bytes=self._executor.kv_block_bytes or 0,
                            io_tiers={tier.name: tier.stats() for tier in self.tiers})
-
-    def cache_stats(self) -> dict[str, Any]:
-        """Engine-level KV / prefix-cache counters (monotonic counts, current gauges) for
-        reports. Bytes are 0 when the executor does not report `kv_block_bytes`."""
-        return self.snapshot().cache_stats()
 
     def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

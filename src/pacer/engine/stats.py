@@ -1,15 +1,15 @@
 """What the outside world may read of an engine: one `StepStats` per step that ran, and one
 `EngineSnapshot` of its state on demand (`Engine.snapshot()`).
 
-The server (`/metrics`, `/debug/state`), `pacer bench`, the simulator's reports and
-`Engine.cache_stats()` read these records, never the scheduler or the KV manager: the
+The server (`/metrics`, `/debug/state`, from the snapshot its engine loop publishes after each
+step), `pacer bench` and the simulator's reports read these records, never the scheduler or the KV manager: the
 engine stays free to change inside. Both are frozen; counters are monotonic totals.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pacer.kv.tiers.offload import tier_stats
@@ -96,6 +96,7 @@ class EngineSnapshot:
     #                                            demotions, bytes in / out
     spec_decode: Mapping[str, Any] | None = None   # speculation totals (vLLM's counters); None when off
     num_waiting_for_grammar: int = 0  # of num_waiting, those whose grammar is compiling (no seat, no KV)
+    structured: Mapping[str, float] = field(default_factory=dict)   # structured-output counters ({} before any)
 
     @property
     def num_preemptions(self) -> int:
@@ -106,39 +107,24 @@ class EngineSnapshot:
         q = self.prefix_cache_queried_tokens
         return self.prefix_cache_hit_tokens / q if q else 0.0
 
+    @property
+    def swap_out_bytes(self) -> int:
+        return self.swap_out_blocks * self.kv_block_bytes
+
+    @property
+    def swap_in_bytes(self) -> int:
+        return self.swap_in_blocks * self.kv_block_bytes
+
     def as_dict(self) -> dict[str, Any]:
+        """The snapshot as plain JSON data, under the field names (the one spelling reports,
+        `/debug/state` and tests read), with the derived counts beside them."""
         d = asdict(self)
         d["evicted_blocks"] = dict(self.evicted_blocks)
         d["tiers"] = {name: dict(t) for name, t in self.tiers.items()}
-        d["num_preemptions"] = self.num_preemptions
-        d["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
+        d["structured"] = dict(self.structured)
+        for name in ("num_preemptions", "prefix_cache_hit_rate", "swap_out_bytes", "swap_in_bytes"):
+            d[name] = getattr(self, name)
         return d
-
-    def cache_stats(self) -> dict[str, Any]:
-        """The KV / prefix-cache counters under the names reports and /metrics use."""
-        bb = self.kv_block_bytes
-        return {
-            "prefix_caching": self.prefix_caching,
-            "num_blocks": self.num_blocks,
-            "free_blocks": self.num_free_blocks,
-            "cached_blocks": self.num_cached_blocks,
-            "evictable_blocks": self.num_evictable_blocks,
-            "pinned_prefixes": self.num_pinned_prefixes,
-            "kv_usage": self.kv_usage,
-            "prefix_cache_queried_tokens": self.prefix_cache_queried_tokens,
-            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
-            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
-            "evicted_blocks": dict(self.evicted_blocks),
-            "swap_out_requests": self.swap_out_requests,
-            "swap_in_requests": self.swap_in_requests,
-            "swap_out_bytes": self.swap_out_blocks * bb,
-            "swap_in_bytes": self.swap_in_blocks * bb,
-            "swap_fallbacks": self.swap_fallbacks,
-            "cpu_blocks": self.num_cpu_blocks,
-            "cpu_blocks_used": self.num_cpu_blocks_used,
-            "tiers": {name: dict(t) for name, t in self.tiers.items()},
-            "preemptions": {"recompute": self.num_recompute_preemptions, "swap": self.num_swap_preemptions},
-        }
 
 
 def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
@@ -165,5 +151,5 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         tiers=tier_stats(kv.host_tier, kv.num_blocks, kv.num_cached_blocks, st.hit_tokens, block_bytes, kv.usage)
         | {name: dict(row) for name, row in (io_tiers or {}).items()},
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
-        num_waiting_for_grammar=sched.num_waiting_for_grammar,
+        num_waiting_for_grammar=sched.num_waiting_for_grammar, structured=sched.structured.stats(),
     )

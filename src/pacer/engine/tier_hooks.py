@@ -23,7 +23,7 @@ __all__ = ["KVTierHook", "KVTierFactory"]
 class KVTierHook(Protocol):
     @property
     def name(self) -> str:
-        """Its row in `EngineSnapshot.tiers` (and `cache_stats()["tiers"]`)."""
+        """Its row in `EngineSnapshot.tiers` ."""
         ...
 
     def before_step(self, out: SchedulerOutput) -> None:

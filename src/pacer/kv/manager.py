@@ -60,7 +60,7 @@ class PrefixHit:
 
 @dataclass(slots=True)
 class KVStats:
-    """Engine-level counters (monotonic); `Engine.cache_stats()` exports them."""
+    """Engine-level counters (monotonic); `Engine.snapshot()` exports them."""
 
     queried_tokens: int = 0       # tokens looked up in the prefix cache at admission
     hit_tokens: int = 0           # of those, served from the cache

@@ -31,6 +31,7 @@ from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.tools.serving import ToolOptions, plan_tools
+from pacer.telemetry.collectors import KVTierCollector, SpecDecodeCollector, StructuredOutputsCollector
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 
@@ -115,15 +116,8 @@ class Service:
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
-        from pacer.telemetry.structured_metrics import StructuredOutputsCollector
-
-        self.metrics.registry.register(StructuredOutputsCollector(engine, self.metrics.name, self.model_name))
-        from pacer.telemetry.tier_metrics import KVTierCollector
-
-        self.metrics.registry.register(KVTierCollector(engine, self.metrics.name, self.model_name))
-        from pacer.telemetry.spec_metrics import SpecDecodeCollector
-
-        self.metrics.registry.register(SpecDecodeCollector(engine, self.metrics.name, self.model_name))
+        for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector):   # read loop.state
+            self.metrics.registry.register(collector(lambda: self.loop.state, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)

@@ -41,7 +41,7 @@ class ServingMetrics:
     `vllm` it is `vllm:<name>`, so dashboards and routers built for vLLM work unchanged.
     Gauges are set from engine snapshots; everything else is counted as requests progress.
     Prefix-cache queries/hits count tokens looked up / found: the engine's own totals
-    (`Engine.cache_stats()`) when it has them, else the prompt / cached tokens of each
+    (`EngineSnapshot.prefix_cache_*`) when it has them, else the prompt / cached tokens of each
     scheduled request.
     """
 

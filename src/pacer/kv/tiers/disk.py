@@ -146,7 +146,7 @@ class DiskTierIndex:
         os.makedirs(directory, exist_ok=True)
 
     def tier_stats(self) -> dict[str, float]:
-        """The disk row of Engine.cache_stats()["tiers"]."""
+        """The disk row of EngineSnapshot.tiers."""
         s = self.stats
         return {"blocks": len(self.keys), "usage": 1.0 if self.keys else 0.0, "hit_tokens": 0,
                 "promotions": s.loaded, "demotions": s.written, "refused_files": s.refused,
@@ -326,5 +326,5 @@ class DiskTier:
         return self.index.stats.written - before
 
     def stats(self) -> dict[str, float]:
-        """The disk row of Engine.cache_stats()["tiers"]."""
+        """The disk row of EngineSnapshot.tiers."""
         return self.index.tier_stats()

@@ -154,7 +154,7 @@ class NullOffload:
 
 def tier_stats(host: HostKVTier | None, num_device_blocks: int, device_cached_blocks: int, hit_tokens: int,
                block_bytes: int, device_usage: float = 0.0) -> dict[str, dict[str, float]]:
-    """Per-tier view for Engine.cache_stats(): blocks, usage, hit tokens, promotions,
+    """Per-tier view for EngineSnapshot.tiers: blocks, usage, hit tokens, promotions,
     demotions and bytes moved (host tier: copies each way; bytes_in = into the tier,
     bytes_out = out of it)."""
     host_hits = host.stats.hit_tokens if host else 0

@@ -1,0 +1,116 @@
+"""/metrics series read at scrape time from the engine snapshot the engine loop publishes after each
+step (`EngineLoop.state`): the scrape runs on the event loop and never touches the engine, which
+its own thread is mutating. Three families, each absent or zero until its feature runs:
+
+- speculative decoding with vLLM's names (`vllm:spec_decode_num_drafts`, ...; `pacer_spec_decode_*`
+  with the default prefix), absent while speculation is off;
+- the KV tiers (device, host, disk): blocks, usage, hit tokens, promotions, demotions and bytes moved,
+  each labelled by tier;
+- structured outputs: compilations, cache hits, timeouts, errors, compile seconds, mask compute and
+  wait seconds, and the requests waiting for their grammar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pacer.engine.stats import EngineSnapshot
+
+__all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SnapshotSource"]
+
+SnapshotSource = Callable[[], "EngineSnapshot"]
+
+_SPEC_COUNTERS = {
+    "num_drafts": "Verification rows that carried drafts (one per request per drafting step).",
+    "num_draft_tokens": "Drafted tokens verified.",
+    "num_accepted_tokens": "Drafted tokens accepted.",
+}
+_TIER_GAUGES = {
+    "blocks": "KV blocks the tier holds room for (disk: block files).",
+    "usage_perc": "Fraction of the tier's blocks in use, 0..1.",
+}
+_TIER_COUNTERS = {   # series name -> (help, the tier stat it reads)
+    "hit_tokens": ("Prompt tokens served from the tier (the device: matched in place; host: promoted).",
+                   "hit_tokens"),
+    "promotions": ("Blocks copied from this tier up to the device on a prefix match (disk: read back "
+                   "into the host tier at start-up).", "promotions"),
+    "demotions": ("Blocks copied into this tier from a faster one (disk: block files written).", "demotions"),
+}
+_STRUCTURED_COUNTERS = {
+    "compilations": "Grammars compiled (cache misses).",
+    "cache_hits": "Constrained requests whose grammar came from the cache (or a compile in flight).",
+    "timeouts": "Grammar compiles past --structured-outputs-timeout (their requests got a 400).",
+    "errors": "Constraints that failed to compile (invalid or unsupported).",
+    "compile_seconds": "Wall time of finished grammar compiles.",
+    "mask_compute_seconds": "Time the mask thread spent computing token masks.",
+    "mask_wait_seconds": "Time steps waited for token masks after their forward.",
+}
+
+
+class _SnapshotCollector:
+    def __init__(self, state: SnapshotSource, name: Callable[[str], str], model_name: str) -> None:
+        self.state = state
+        self.name = name
+        self.model_name = model_name
+
+
+class SpecDecodeCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = self.state().spec_decode
+        if stats is None:
+            return
+        for key, help_ in _SPEC_COUNTERS.items():
+            family = CounterMetricFamily(self.name(f"spec_decode_{key}"), help_, labels=["model_name"])
+            family.add_metric([self.model_name], float(stats[key]))
+            yield family
+        per_pos = CounterMetricFamily(self.name("spec_decode_num_accepted_tokens_per_pos"),
+                                      "Accepted drafted tokens by position in the draft (0 = first).",
+                                      labels=["model_name", "position"])
+        for pos, n in enumerate(stats["accepted_per_pos"]):
+            per_pos.add_metric([self.model_name, str(pos)], float(n))
+        yield per_pos
+
+
+class KVTierCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        tiers = self.state().tiers
+        for key, help_ in _TIER_GAUGES.items():
+            gauge = GaugeMetricFamily(self.name(f"kv_tier_{key}"), help_, labels=["model_name", "tier"])
+            stat = "usage" if key == "usage_perc" else key
+            for tier, stats in tiers.items():
+                gauge.add_metric([self.model_name, tier], float(stats.get(stat, 0)))
+            yield gauge
+        for key, (help_, stat) in _TIER_COUNTERS.items():
+            counter = CounterMetricFamily(self.name(f"kv_tier_{key}"), help_, labels=["model_name", "tier"])
+            for tier, stats in tiers.items():
+                counter.add_metric([self.model_name, tier], float(stats.get(stat, 0)))
+            yield counter
+        moved = CounterMetricFamily(self.name("kv_tier_bytes"), "KV bytes copied into (direction=in) and out of "
+                                    "(direction=out) each slower tier.", labels=["model_name", "tier", "direction"])
+        for tier, stats in tiers.items():
+            if "bytes_in" in stats:
+                moved.add_metric([self.model_name, tier, "in"], float(stats["bytes_in"]))
+                moved.add_metric([self.model_name, tier, "out"], float(stats["bytes_out"]))
+        yield moved
+
+
+class StructuredOutputsCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self.state()
+        for key, help_ in _STRUCTURED_COUNTERS.items():
+            family = CounterMetricFamily(self.name(f"structured_outputs_{key}"), help_, labels=["model_name"])
+            family.add_metric([self.model_name], float(snap.structured.get(key, 0)))
+            yield family
+        waiting = GaugeMetricFamily(self.name("num_requests_waiting_for_grammar"),
+                                    "Requests whose grammar is compiling (no slot, no KV held).",
+                                    labels=["model_name"])
+        waiting.add_metric([self.model_name], float(snap.num_waiting_for_grammar))
+        yield waiting
