@@ -64,15 +64,16 @@ def documented_actions(parser: argparse.ArgumentParser) -> Iterator[argparse.Act
 def _inline(text: str) -> str:
     """Help text as Markdown: `code` spans kept, everything else escaped."""
     parts = text.split("`")
-    if len(parts) % 2 == 0:   # an unpaired backtick: no code spans
-        parts = [text.replace("`", "\\`")]
+    special = "\\*_[]#|"
+    if len(parts) % 2 == 0:   # an unpaired backtick: no code spans, the backtick escaped too
+        parts, special = [text], special + "`"
     out = []
     for i, part in enumerate(parts):
         if i % 2:
             out.append(f"`{part}`")
             continue
         part = html.escape(part, quote=False)
-        for ch in "\\*_[]#|":
+        for ch in special:
             part = part.replace(ch, "\\" + ch)
         out.append(part)
     return "".join(out)
