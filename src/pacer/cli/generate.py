@@ -15,17 +15,27 @@ __all__ = ["add_args", "run"]
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=64,
+                   help="most tokens to generate per sample (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample from the most likely tokens whose probabilities sum to this, in (0, 1]; "
+                        "1 is off")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the K most likely tokens; 0 is off")
     p.add_argument("--seed", dest="sample_seed", type=int, default=None, help="per-request sampling seed")
     p.add_argument("--n", type=int, default=1, help="samples of the prompt (each printed under its index)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens even past end-of-sequence")
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's, in [-2, 2]: subtracted from the logit of every token generated at least "
+                        "once; 0 is off")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's, in [-2, 2]: times a token's count among the generated tokens, subtracted "
+                        "from its logit; 0 is off")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="vLLM's, > 0: divides positive and multiplies negative logits of prompt and output "
+                        "tokens; 1 is off")
     p.add_argument("--logprobs", type=int, default=None, metavar="K",
                    help="print each output token's logprob and the K most likely alternatives")
     add_engine_args(p, skip=("seed",))

@@ -36,11 +36,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--target-attainment", type=float, default=0.9,
                    help="a class misses an SLO metric when more than 1 - this share of its requests miss it")
     a.add_argument("--hardware", default="cpu-local", help="the source's hardware (baseline and --what-if)")
-    a.add_argument("--tp", type=int, default=1)
-    a.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    a.add_argument("--tp", type=int, default=1, help="tensor-parallel devices of --hardware")
+    a.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of device memory for weights + KV (GPU profiles)")
     a.add_argument("--what-if", action="store_true", help="replay the source through pacer sim with today's and "
                                                           "the recommended settings")
-    a.add_argument("--seed", type=int, default=0, help="replay seed")
+    a.add_argument("--seed", type=int, default=0, help="seed of the --what-if replay (arrivals and prompt text)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     o.add_argument("--plots", default=None, metavar="DIR", help="write breakdown, TTFT-vs-prompt and ITL plots")

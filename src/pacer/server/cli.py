@@ -44,7 +44,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="request class batch: requested max_tokens at or above this")
     s.add_argument("--agent-header", default="x-pacer-agent",
                    help="request class agent: requests with this HTTP header (or with tools)")
-    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="pacer's and uvicorn's log level (default info)")
     s.add_argument("--prewarm", default=None, metavar="FILE",
                    help="compute these prefixes at start-up and pin them in the prefix cache (public to all "
                         "tenants): a JSON list or JSONL file whose items are text, token ids, "

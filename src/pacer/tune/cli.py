@@ -81,7 +81,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("simulated hardware")
     h.add_argument("--hardware", default="cpu-local", help="a100-80g | h100-sxm | h200-sxm | b200 | cpu-local")
     h.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
-    h.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    h.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of device memory for weights + KV (GPU profiles)")
     add_workload_args(p)
     add_engine_args(p, skip=("seed", "max_num_seqs", "max_num_batched_tokens"))
 
