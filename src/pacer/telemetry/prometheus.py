@@ -37,7 +37,8 @@ these keys (names are stable; new keys may be added, none renamed):
                        preempted + recompute or swap-in); 0 when never preempted
 ``preempted_time_ttft``  of ``preempted_time``, the part before the first token (inside ``ttft``)
 ``finish_reason``      ``stop``, ``length``, ``abort`` or ``error``
-``status``             HTTP status of the response (200; 429 displaced or shed; 499 client gone; 500)
+``status``             HTTP status of the response (200; 408 streamed too slowly, aborted at
+                       ``--max-queued-outputs``; 429 displaced or shed; 499 client gone; 500)
 ``ttft_deadline``      arrival + the TTFT target, seconds since the log started (null: no target)
 ``slack_at_admission`` slo policy: seconds of slack (latest start - now) when it was first queued
 ``slo_met``            whether it met every target it was held to (null: it had none)
@@ -248,6 +249,9 @@ class ServingMetrics:
         self.request_refused = Counter(self.name("request_refused"), "Requests refused, by reason "
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
+        self.slow_client_aborted = Counter(self.name("request_slow_client_aborted"), "Streamed requests "
+                                           "aborted because their client left --max-queued-outputs outputs "
+                                           "unread.", labels, registry=reg)
         self.tenant_refused = Counter(self.name("tenant_request_refused"), "Requests refused, by tenant and "
                                       "reason (also rate_limited, concurrency_limit, request_too_large).",
                                       labels + ["tenant", "reason"], registry=reg)
@@ -305,6 +309,9 @@ class ServingMetrics:
         self.request_refused.labels(self.model_name, reason).inc()
         if tenant is not None:
             self.tenant_refused.labels(self.model_name, tenant, reason).inc()
+
+    def on_slow_client(self, num_requests: int) -> None:
+        self.slow_client_aborted.labels(self.model_name).inc(num_requests)
 
     def on_finish(self, metrics: Any, request_class: str, finish_reason: str) -> None:
         """Observe one finished request from its `RequestMetrics`."""
