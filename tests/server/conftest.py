@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,7 +53,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(engine: Any, *flags: str) -> Iterator[Served]:
+def serve(engine: Any, *flags: str, send_buffer: int | None = None) -> Iterator[Served]:
+    """`send_buffer`: the kernel send buffer (bytes) of the server's connections (default: the
+    kernel's, autotuned up to megabytes), so a client that stops reading blocks it sooner."""
     import uvicorn
 
     from pacer.server.app import create_app
@@ -64,7 +67,13 @@ def serve(engine: Any, *flags: str) -> Iterator[Served]:
     config = uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    sockets = None
+    if send_buffer is not None:   # accepted connections inherit the listening socket's buffer size
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        listener.bind(("127.0.0.1", 0))
+        sockets = [listener]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="uvicorn-test", daemon=True)
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), 60, "uvicorn to start")
     assert server.started, "uvicorn failed to start"

@@ -125,3 +125,21 @@ def test_failing_step_fails_in_flight_and_recovers():
     assert failed[0] == "a" and alive_after_one
     assert second[-1][1].finish_reason == "length"      # the loop kept serving
     assert not loop.alive and isinstance(loop.error, RuntimeError) and loop.state.num_steps > 0
+
+
+def test_a_route_that_does_not_stream_gets_only_the_finished_output():
+    async def go():
+        engine = FakeEngine(n=4)
+        loop = EngineLoop(engine)
+        seen = []
+        loop.listeners.append(lambda out, route: seen.append(out.request_id))
+        loop.start(asyncio.get_running_loop())
+        queue = asyncio.Queue(maxsize=1)   # a reader that waits for the end needs room for one output
+        loop.add("whole", _PREPARED, Route(queue, 0, None, stream=False))
+        items = await _drain(queue)
+        loop.stop()
+        return items, seen
+
+    items, seen = asyncio.run(go())
+    assert [(i, o.finish_reason) for i, o in items] == [(0, "length")]
+    assert seen == ["whole"] * 4   # the listeners (metrics, admission) still see every step's output

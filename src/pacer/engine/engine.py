@@ -344,6 +344,7 @@ class Engine:
             outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
 
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
+        """The output of a request that gained `num_new` tokens this step: what they add (a delta)."""
         tracked = self._tracked[req.request_id]
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
         if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
@@ -354,11 +355,12 @@ class Engine:
             self.scheduler.finish_request(req, FinishReason.STOP)
         if req.is_finished:
             return self._finish_output(tracked, new_ids, new_text, new_logprobs)
-        return tracked.output(new_ids, new_text, new_logprobs)
+        return tracked.delta(new_ids, new_text, new_logprobs)
 
     def _finish_output(self, tracked: TrackedRequest, new_ids: list[int], new_text: str,
                        new_logprobs: list[dict[int, float]] | None = None) -> RequestOutput:
-        out = tracked.output(new_ids, new_text, new_logprobs)
+        """A finished request's last output (its step's delta and its whole output); forgets it."""
+        out = tracked.finish(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
         self._tracked.pop(rid, None)
         with self._id_lock:

@@ -226,22 +226,19 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 class _Chunks:
-    """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last)."""
+    """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last),
+    from the engine's deltas: each output's new text, tokens and logprobs (the engine holds text
+    back while it could still start a stop string, so nothing sent is ever taken back)."""
 
     def __init__(self, job: Job, texts: TokenText) -> None:
         self.chat = job.parsed.endpoint == "chat"
         self.n = job.parsed.n
         self.k: int | None = job.parsed.sampling.get("logprobs")
         self.texts = texts
-        self.logprobs_sent: dict[int, int] = {}
         self.text_offsets: dict[int, int] = {}   # completions' text_offset runs on across chunks
         self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": job.created, "model": job.parsed.model}
         self.extra = {"usage": None} if job.parsed.include_usage else {}
-        # text that could still turn out to start a stop string is held back until it cannot
-        # (the engine cuts a matched stop string from `text`, and what was sent cannot be unsent)
-        self.holdback = max((len(s) for s in job.parsed.sampling.get("stop", ())), default=1) - 1
-        self.sent: dict[int, int] = {}
         self.tool_parser = job.tool_parser
         self.tool_streams: dict[int, ToolDeltaStream] = {}
 
@@ -254,21 +251,11 @@ class _Chunks:
         return [self._choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}) for i in range(num_choices)]
 
-    def _new_text(self, index: int, out: RequestOutput) -> str:
-        start = self.sent.get(index, 0)
-        end = len(out.text) if out.finished else max(start, len(out.text) - self.holdback)
-        self.sent[index] = end
-        return out.text[start:end]
-
     def _new_logprobs(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
-        """Logprobs of the tokens not sent yet (sent as they come: text may be held back)."""
-        if self.k is None or not out.logprobs:
+        """The logprobs of the output's new tokens (sent as they come, with or without text)."""
+        if self.k is None or not out.new_logprobs:
             return None
-        start, end = self.logprobs_sent.get(index, 0), len(out.logprobs)
-        if end <= start:
-            return None
-        self.logprobs_sent[index] = end
-        ids, entries = out.token_ids[start:end], out.logprobs[start:end]
+        ids, entries = out.new_token_ids, out.new_logprobs
         if self.chat:
             return chat_logprobs(ids, entries, self.k, self.texts)
         obj, self.text_offsets[index] = completion_logprobs(ids, entries, self.texts, self.text_offsets.get(index, 0))
@@ -277,7 +264,7 @@ class _Chunks:
     def for_output(self, index: int, out: RequestOutput) -> list[str]:
         finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
             "finish_reason": None}
-        text = self._new_text(index, out)
+        text = out.new_text
         logprobs = self._new_logprobs(index, out)
         if not self.chat:
             if not text and logprobs is None and not out.finished:
@@ -295,10 +282,9 @@ class _Chunks:
 
     def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
         """Deltas of a choice whose tool calls are parsed: content, then each call's id and
-        name, then its argument fragments (pacer.server.tools.stream); text held back for stop
-        strings is parsed once it is released."""
+        name, then its argument fragments (pacer.server.tools.stream)."""
         stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
-        deltas = stream.update(out.text[:self.sent.get(index, 0)], out.finished)
+        deltas = stream.update(out.new_text, out.finished)
         chunks = [self._choice({"index": index, "delta": d, "logprobs": None, "finish_reason": None})
                   for d in deltas]
         if logprobs is not None:

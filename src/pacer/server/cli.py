@@ -31,6 +31,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="model name(s) clients use; default: --model, or SmolLM2-135M-Instruct")
     s.add_argument("--max-waiting", type=int, default=None,
                    help="cap on requests waiting for their first token; past it: 429 (default: no cap)")
+    s.add_argument("--max-queued-outputs", type=int, default=256,
+                   help="outputs a streaming client may leave unread, per choice; past it the request is aborted, "
+                        "its KV freed and its stream ends with an error (vLLM bounds its queue at 256; default 256)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM before aborting them")
     s.add_argument("--metrics-prefix", default="pacer",
@@ -179,6 +182,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1 (omit it for no cap), got {args.max_waiting}")
+    if args.max_queued_outputs < 1:
+        raise ValueError(f"--max-queued-outputs must be >= 1, got {args.max_queued_outputs}")
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
@@ -195,7 +200,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
                              class_rules=rules, tools=tools, access=access, limits=limits,
-                             tenant_weights=weights or engine.config.cache.tenant_weights)
+                             tenant_weights=weights or engine.config.cache.tenant_weights,
+                             max_queued_outputs=args.max_queued_outputs)
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)

@@ -2,11 +2,17 @@
 
 One dedicated thread calls `Engine.step()` while there is work and sleeps on a condition
 variable otherwise (no polling). Each step's outputs go to the event loop in one
-`call_soon_threadsafe` callback, which routes every `RequestOutput` to the asyncio queue of
-the HTTP request it belongs to and tells the listeners (metrics, admission, request log).
+`call_soon_threadsafe` callback, which tells the listeners (metrics, admission, request log)
+and routes each `RequestOutput` (a delta: what its step added) to the asyncio queue of the
+HTTP request it belongs to: every output of a stream, only the finished one otherwise.
 HTTP handlers never touch the engine except through the thread-safe `add_request` and
 `abort_request`. After every step the thread publishes the engine's `snapshot()`, which
 `/metrics` and `/debug/state` read without locking.
+
+A stream's queue is bounded (`Route.max_queued`): a client that stops reading would otherwise
+pile outputs up without end. When an output of a running request finds its queue full, the
+loop drops the queue's backlog, aborts every request feeding that queue (their KV is freed at
+the next step) and tells the overflow listeners, which end the stream with an error.
 """
 
 from __future__ import annotations
@@ -33,9 +39,13 @@ class Route:
     queue: asyncio.Queue[Any]
     index: int
     context: Any
+    stream: bool = True             # False: only the finished output is queued (the reader waits for it)
+    max_queued: int | None = None   # items `queue` may hold; a running request's output past it aborts
+    overflowed: bool = False        # aborted for its unread backlog; nothing more is queued
 
 
 OutputListener = Callable[[RequestOutput, Route], None]
+OverflowListener = Callable[[list[str], Route], None]   # the requests aborted, the route that overflowed
 
 
 class EngineLoop:
@@ -44,6 +54,7 @@ class EngineLoop:
         self.max_consecutive_failures = max_consecutive_failures
         self.listeners: list[OutputListener] = []      # called on the event loop, before routing
         self.failure_listeners: list[Callable[[list[str], BaseException], None]] = []
+        self.overflow_listeners: list[OverflowListener] = []   # a stream's queue overflowed (event loop)
         self.state: EngineSnapshot = engine.snapshot()   # replaced (never mutated) after each step
         self.error: BaseException | None = None        # set when the loop gave up
         self._cv = threading.Condition()
@@ -158,11 +169,33 @@ class EngineLoop:
                     listener(out, route)
                 except Exception:
                     log.exception("output listener failed")
-            route.queue.put_nowait((route.index, out))
             if out.finished:
                 del self._routes[out.request_id]
                 with self._live_lock:
                     self._live.discard(out.request_id)
+            if route.overflowed or not (route.stream or out.finished):
+                continue
+            if not out.finished and route.max_queued is not None and route.queue.qsize() >= route.max_queued:
+                self._overflow(route)
+                continue
+            route.queue.put_nowait((route.index, out))
+
+    def _overflow(self, route: Route) -> None:
+        """The reader of `route.queue` fell `max_queued` items behind: drop what waits unread (that
+        memory is freed now), abort every request still feeding the queue (their KV is freed at
+        the next step), and tell the overflow listeners."""
+        request_ids = [rid for rid, r in self._routes.items() if r.queue is route.queue]
+        for rid in request_ids:
+            self._routes[rid].overflowed = True
+            self.engine.abort_request(rid)
+        while not route.queue.empty():
+            route.queue.get_nowait()
+        self._wake()
+        for listener in self.overflow_listeners:
+            try:
+                listener(request_ids, route)
+            except Exception:
+                log.exception("overflow listener failed")
 
     def _fail_routes(self, request_ids: list[str], error: BaseException) -> None:
         for listener in self.failure_listeners:

@@ -1,6 +1,8 @@
 """The serving layer between HTTP and the engine loop: builds engine requests from parsed
 OpenAI requests (one per prompt and choice: `n` fans out into n engine requests), classifies
 them, applies admission control, and keeps metrics and the request log as outputs arrive.
+A streamed job's queue is bounded (`ServiceOptions.max_queued_outputs` per choice): a client
+that falls that far behind is aborted, counted, and its stream ends with an error.
 Runs on the event loop; touches the engine only through `EngineLoop` (thread-safe add/abort)
 and read-only attributes (tokenizer, limits, clock).
 """
@@ -51,6 +53,8 @@ class ServiceOptions:
     access: Access = field(default_factory=Access)    # API keys (none: open)
     limits: RequestLimits = field(default_factory=RequestLimits)
     tools: ToolOptions = field(default_factory=ToolOptions)
+    # outputs a streaming client may leave unread, per choice, before its request is aborted
+    max_queued_outputs: int = 256
 
 
 @dataclass(slots=True)
@@ -68,7 +72,7 @@ class RequestContext:
     max_tokens: int
     slo: Slo = Slo()           # the targets it is held to (class's with its own on top)
     api_key_name: str | None = None   # the key's name (never the key), for limits and the log
-    status: int = 200          # what the client got: 200, 429 (displaced), 499 (went away), 500
+    status: int = 200          # what the client got: 200, 408 (read too slowly), 429 (displaced), 499 (went away), 500
     started: bool = False
 
 
@@ -84,7 +88,8 @@ class _Spec:
 @dataclass(slots=True)
 class Job:
     """One HTTP request: one engine request per prompt and choice (choice index
-    `prompt * n + j`), all feeding one queue of `(index, RequestOutput)` items or `APIError`s."""
+    `prompt * n + j`), all feeding one queue of `(index, RequestOutput)` items or `APIError`s:
+    streamed, every output (a delta); otherwise only the finished ones."""
 
     api_id: str
     parsed: ParsedRequest
@@ -121,6 +126,7 @@ class Service:
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)
+        self.loop.overflow_listeners.append(self._on_overflow)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
         self.kv_publisher: Any = None                  # pacer.telemetry.kv_events.KVEventPublisher when enabled
         snap = engine.snapshot()
@@ -198,9 +204,11 @@ class Service:
         except APIError:
             self._refund(specs)
             raise
+        max_queued = self.options.max_queued_outputs * len(specs) if parsed.stream else None
         try:
             for spec in specs:
-                self.loop.add(spec.request_id, spec.prepared, Route(job.queue, spec.context.index, spec.context))
+                route = Route(job.queue, spec.context.index, spec.context, stream=parsed.stream, max_queued=max_queued)
+                self.loop.add(spec.request_id, spec.prepared, route)
                 self._contexts[spec.request_id] = spec.context
                 job.request_ids.append(spec.request_id)
                 job.contexts.append(spec.context)
@@ -326,7 +334,7 @@ class Service:
         if not out.finished:
             return
         self.admission.release(out.request_id)
-        self.key_limits.release(ctx.api_key_name, ctx.max_tokens - len(out.token_ids), self.engine.clock.now())
+        self.key_limits.release(ctx.api_key_name, ctx.max_tokens - out.num_output_tokens, self.engine.clock.now())
         self._contexts.pop(out.request_id, None)
         if not self._contexts:
             self._all_finished.set()
@@ -352,6 +360,18 @@ class Service:
                 api_key_name=ctx.api_key_name,
                 **{"class": ctx.request_class},
             ))
+
+    def _on_overflow(self, request_ids: list[str], route: Route) -> None:
+        """A streaming client read too slowly: its requests are being aborted; count them and
+        end its stream with the reason (the queue's backlog is already dropped)."""
+        for rid in request_ids:
+            ctx = self._contexts.get(rid)
+            if ctx is not None and ctx.status == 200:
+                ctx.status = 408
+        self.metrics.on_slow_client(len(request_ids))
+        limit = self.options.max_queued_outputs
+        log.warning("aborted %s: the client left %d outputs per choice unread", ", ".join(request_ids), limit)
+        route.queue.put_nowait(errors.slow_client(limit))
 
     def _on_failure(self, request_ids: list[str], error: BaseException) -> None:
         for rid in request_ids:

@@ -82,6 +82,9 @@ class ServingMetrics:
         self.request_refused = Counter(self.name("request_refused"), "Requests refused, by reason "
                                        "(queue_full, displaced, context_length_exceeded, draining).",
                                        labels + ["reason"], registry=reg)
+        self.slow_client_aborted = Counter(self.name("request_slow_client_aborted"), "Streamed requests "
+                                           "aborted because their client left --max-queued-outputs outputs "
+                                           "unread.", labels, registry=reg)
         self.tenant_refused = Counter(self.name("tenant_request_refused"), "Requests refused, by tenant and "
                                       "reason (also rate_limited, concurrency_limit, request_too_large).",
                                       labels + ["tenant", "reason"], registry=reg)
@@ -139,6 +142,9 @@ class ServingMetrics:
         self.request_refused.labels(self.model_name, reason).inc()
         if tenant is not None:
             self.tenant_refused.labels(self.model_name, tenant, reason).inc()
+
+    def on_slow_client(self, num_requests: int) -> None:
+        self.slow_client_aborted.labels(self.model_name).inc(num_requests)
 
     def on_finish(self, metrics: Any, request_class: str, finish_reason: str) -> None:
         """Observe one finished request from its `RequestMetrics`."""

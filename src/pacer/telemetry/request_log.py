@@ -37,7 +37,8 @@ these keys (names are stable; new keys may be added, none renamed):
                        preempted + recompute or swap-in); 0 when never preempted
 ``preempted_time_ttft``  of ``preempted_time``, the part before the first token (inside ``ttft``)
 ``finish_reason``      ``stop``, ``length``, ``abort`` or ``error``
-``status``             HTTP status of the response (200; 429 displaced or shed; 499 client gone; 500)
+``status``             HTTP status of the response (200; 408 streamed too slowly, aborted at
+                       ``--max-queued-outputs``; 429 displaced or shed; 499 client gone; 500)
 ``ttft_deadline``      arrival + the TTFT target, seconds since the log started (null: no target)
 ``slack_at_admission`` slo policy: seconds of slack (latest start - now) when it was first queued
 ``slo_met``            whether it met every target it was held to (null: it had none)

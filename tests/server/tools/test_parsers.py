@@ -25,9 +25,11 @@ def _stream(parser, text, cuts):
     stream = ToolDeltaStream(parser)
     bounds = sorted(set(c for c in cuts if 0 < c < len(text)))
     deltas = []
+    start = 0
     for end in [*bounds, len(text)]:
-        deltas += stream.update(text[:end], final=False)
-    deltas += stream.update(text, final=True)
+        deltas += stream.update(text[start:end], final=False)
+        start = end
+    deltas += stream.update("", final=True)
     content, calls = "", {}
     for d in deltas:
         content += d.get("content", "")

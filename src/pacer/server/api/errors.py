@@ -49,6 +49,14 @@ def slo_unattainable() -> APIError:
                     {"Retry-After": "1"})
 
 
+def slow_client(max_queued_outputs: int) -> APIError:
+    """A streaming client stopped reading (or reads slower than the engine writes): its request
+    was aborted once `max_queued_outputs` outputs per choice waited unread."""
+    return APIError(408, f"the client read the stream too slowly: {max_queued_outputs} outputs per choice waited "
+                         "unread (the server's --max-queued-outputs), so the request was aborted",
+                    "invalid_request_error", None, "stream_backlog_exceeded")
+
+
 def internal(message: str) -> APIError:
     return APIError(500, message, "server_error", None, "internal_error")
 

@@ -37,10 +37,12 @@ def tool_message(parser: ToolParser, text: str, finish_reason: str | None) -> tu
 
 
 class ToolDeltaStream:
-    """Turns successive texts of one streamed choice into OpenAI chat deltas."""
+    """Turns the text deltas of one streamed choice into OpenAI chat deltas. It keeps the
+    choice's text (the parser reads the whole of it), and only what was sent of it beside."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
+        self.text = ""
         self.content_sent = 0
         self.ids: list[str] = []
         self.args_sent: list[int] = []
@@ -49,9 +51,11 @@ class ToolDeltaStream:
     def made_calls(self) -> bool:
         return bool(self.ids)
 
-    def update(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """The deltas that bring what was sent up to `text` (`final`: the output ended)."""
-        result = self.parser.parse(text, final)
+    def update(self, new_text: str, final: bool) -> list[dict[str, Any]]:
+        """The deltas that bring what was sent up to the text so far plus `new_text` (`final`:
+        the output ended)."""
+        self.text += new_text
+        result = self.parser.parse(self.text, final)
         deltas: list[dict[str, Any]] = []
         if len(result.content) > self.content_sent and not self.ids:
             deltas.append({"content": result.content[self.content_sent:]})
