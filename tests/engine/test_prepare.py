@@ -9,11 +9,12 @@ import pytest
 
 from pacer import LLM, SamplingParams
 from pacer.config import EngineConfig
+from tests.conftest import llm_over
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(max_model_len=256, num_kv_blocks=64)
+def llm(base):
+    return llm_over(base, max_model_len=256, num_kv_blocks=64)
 
 
 @pytest.mark.parametrize(
@@ -120,8 +121,8 @@ def test_n_samples_per_prompt_in_vllm_shape(llm):
         llm.generate("hi", {"max_tokens": 4})
 
 
-def test_priority_argument_orders_service():
-    llm = LLM(max_num_seqs=1, scheduling_policy="priority", num_kv_blocks=64)
+def test_priority_argument_orders_service(base):
+    llm = llm_over(base, max_num_seqs=1, scheduling_policy="priority", num_kv_blocks=64)
     outs = llm.generate(["a b c", "d e f", "g h i"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
                         priority=[5, 0, 3])
     order = sorted(range(3), key=lambda i: outs[i].metrics.first_token_time)

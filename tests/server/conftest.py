@@ -25,6 +25,7 @@ from pacer.llm import LLM
 from pacer.model.executor import ModelExecutor
 from pacer.request import SamplingParams
 from pacer.server.cli import build_service
+from tests.conftest import llm_over
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -89,9 +90,9 @@ def serve(engine: Any, *flags: str, send_buffer: int | None = None) -> Iterator[
 
 
 @pytest.fixture(scope="session")
-def llm() -> LLM:
-    # 2 shared cores: one torch thread is ~10x faster than two contending ones
-    return LLM(num_threads=1, kv_cache_memory="512MiB")
+def llm(base: Engine) -> LLM:
+    # over the session's loaded model (one torch thread: on 2 shared cores ~10x faster than two contending)
+    return llm_over(base, kv_cache_memory="512MiB")
 
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)

@@ -15,8 +15,8 @@ import math
 import pytest
 
 from pacer.bench.timing_channel import log_ratios, run_trials
-from pacer.llm import LLM
 from pacer.workload.equivalence import tost_paired
+from tests.conftest import llm_over
 from tests.server.conftest import MODEL, serve
 
 KEYS = {"keys": [{"name": "victim", "key": "victim-key", "tenant": "victim"},
@@ -34,8 +34,8 @@ def keys_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def isolated_llm():
-    return LLM(num_threads=1, kv_cache_memory="256MiB", tenant_isolation="isolated")
+def isolated_llm(base):
+    return llm_over(base, kv_cache_memory="256MiB", tenant_isolation="isolated")
 
 
 def _trials(engine, keys_path, num_trials, seed, prompt_len=PROMPT_LEN):
