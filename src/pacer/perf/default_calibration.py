@@ -5,7 +5,7 @@ Made by `pacer sim calibrate --num-threads 1` on the 2-core AMD EPYC development
 SmolLM2-135M-Instruct, float32, one torch thread, oneDNN projections and the C++ kernels,
 2026-11-29T11:26:10Z, load average ~1. Executor fit median error 2.2% (p90 5.7%), engine
 steps median 2.1%; `pacer sim validate --num-threads 1` right after it: every metric within
-target (see README). Calibrate again for other thread counts, machines or engine changes.
+target (docs/measurements/simulator.md). Calibrate again for other thread counts, machines or engine changes.
 """
 
 from __future__ import annotations

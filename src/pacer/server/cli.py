@@ -74,7 +74,7 @@ def add_access_args(p: argparse.ArgumentParser) -> None:
     from pacer.server.access.auth import TENANT_HEADER
     from pacer.server.api.limits import LIMIT_FLAGS
 
-    a = p.add_argument_group("API keys and tenants (README: API keys)")
+    a = p.add_argument_group("API keys and tenants (docs: usage/api-keys.md)")
     a.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (vLLM's flag; default: $PACER_API_KEY, "
                         "else $VLLM_API_KEY, else open). These keys may name any tenant.")

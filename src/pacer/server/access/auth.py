@@ -1,6 +1,6 @@
 """Who may use the server, and as whom: API keys, key-bound tenants, priority and SLO bounds.
 
-Three ways to run (see README "API keys"):
+Three ways to run (docs/usage/api-keys.md):
 
 - no key (default, local use): every route is open; a request names its tenant with the
   `tenant` extension field (else `user`), as before.
