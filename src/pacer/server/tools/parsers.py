@@ -12,7 +12,7 @@ JSON, its `name` is a function the request declared in `tools`, and its argument
 object (absent: `{}`). The text of anything else (arguments that are not JSON, an undeclared
 name, a call cut off by `max_tokens`) comes back as content, so an output without a valid
 call is returned exactly as the model wrote it. Text around calls is content too; whitespace
-just before a call, and after the last one, is dropped. With `max_calls` (`parallel_tool_calls`
+just before a call, after the last one, and between a call and the first content, is dropped. With `max_calls` (`parallel_tool_calls`
 false) calls past it are dropped.
 
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, between
@@ -63,6 +63,7 @@ class CallReader:
         self._events: list[Event] = []
         self._ws = ""                  # whitespace held back: it may turn out to precede a call
         self._after_call = False       # the last thing decided was a call
+        self._emitted = False          # some content has been emitted
         self._scanner: ValueEnd | None = None
         self._num_scanned = 0          # by the scanners of earlier calls
 
@@ -95,11 +96,14 @@ class CallReader:
         if not chunk:
             return
         held = self._ws + chunk
+        if self._after_call and not self._emitted:   # no content yet: none starts with a call's newline
+            held = held.lstrip()
         body = held.rstrip()
         self._ws = held[len(body):]
         if body:
             self._events.append(body)
             self._after_call = False
+            self._emitted = True
 
     def _scan(self, start: int) -> None:
         if self._scanner is not None:
