@@ -103,6 +103,14 @@ def create_app(service: Service) -> FastAPI:
     async def debug_state() -> dict[str, Any]:
         return service.debug_state()
 
+    _add_tokenizer_routes(app, service)
+    add_router_endpoints(app)
+    return app
+
+
+def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
+    """vLLM's /tokenize and /detokenize: bounded bodies, charged to the caller's key, the
+    tokenizer run in a thread."""
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await _read_json(service, request)
@@ -122,9 +130,6 @@ def create_app(service: Service) -> FastAPI:
                                              service.engine.vocab_size)
             charge(len(body.get("tokens") or ()))
         return result
-
-    add_router_endpoints(app)
-    return app
 
 
 CLASS_HEADER = "x-pacer-class"   # a client-declared request class (chat | rag | agent | batch)
