@@ -98,11 +98,12 @@ def llm(base: Engine) -> LLM:
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 
 
-def wrapped_engine(llm: LLM, wrap: Callable[[Any], Any], num_blocks: int = 512) -> Engine:
+def wrapped_engine(llm: LLM, wrap: Callable[[Any], Any], num_blocks: int = 512, **engine_kwargs: Any) -> Engine:
     """A fresh engine over the session's loaded model whose executor is `wrap(ModelExecutor)`
-    (an engine's executor is fixed when it is built: tests wrap it, never swap it)."""
+    (an engine's executor is fixed when it is built: tests wrap it, never swap it);
+    `engine_kwargs`: its config (e.g. tenant_isolation="isolated", which API keys imply)."""
     base = llm.engine
-    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks)
+    cfg = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, **engine_kwargs)
     executor = wrap(ModelExecutor(base.executor.model, num_blocks, cfg.cache.block_size))
     return Engine(cfg, executor, base.tokenizer, num_blocks, base.max_model_len, base.eos_token_ids,
                   vocab_size=base.vocab_size)

@@ -31,7 +31,7 @@ KEYS = {"keys": [
 
 @pytest.fixture(scope="module")
 def gated(llm, tmp_path_factory):
-    engine = wrapped_engine(llm, GatedExecutor)
+    engine = wrapped_engine(llm, GatedExecutor, tenant_isolation="isolated")   # what keys imply
     gate = engine.executor
     tmp = tmp_path_factory.mktemp("keys")
     keys, log = tmp / "keys.json", tmp / "requests.jsonl"

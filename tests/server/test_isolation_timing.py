@@ -39,7 +39,8 @@ def isolated_llm(base):
 
 
 def _trials(engine, keys_path, num_trials, seed, prompt_len=PROMPT_LEN):
-    with serve(engine, "--api-keys", str(keys_path)) as s:
+    # keys imply an isolated cache; the shared contrast has to ask for one
+    with serve(engine, "--api-keys", str(keys_path), "--tenant-isolation", engine.config.cache.tenant_isolation) as s:
         return run_trials(s.base_url, MODEL, "victim-key", "attacker-key", num_trials,
                           prompt_len=prompt_len, seed=seed)
 

@@ -72,8 +72,8 @@ def test_unread_stream_is_aborted_at_the_bound_through_the_service():
         service.start()
         body = {"model": "fake", "prompt": [1, 2, 3, 4, 5], "max_tokens": 200, "ignore_eos": True, "stream": True}
         # the fast one first: every step (the first one included) then runs it, one output per ticket
-        fast = service.submit(parse_completion({**body, "prompt": [9, 8, 7], "max_tokens": 30}))
-        slow = service.submit(parse_completion(body))   # nobody reads its queue
+        fast = await service.submit(parse_completion({**body, "prompt": [9, 8, 7], "max_tokens": 30}))
+        slow = await service.submit(parse_completion(body))   # nobody reads its queue
         fast_ids: list[int] = []
         while True:   # one step per ticket; the fast stream's output says the step was dispatched
             tickets.give()

@@ -9,8 +9,9 @@ O(n range) dict look-ups, not a scan of the context.
 
 - `ngram` (vLLM's prompt lookup): the request's own prompt and output.
 - `suffix` (suffix decoding): the same, plus the recent outputs of other requests of the same
-  tenant (a bounded window per tenant), which pays on repeated agent loops; the longest
-  match wins, the request's own on a tie.
+  tenant (a bounded window per tenant, for at most `max_tenants` tenants, the least recently
+  used dropped first: tenants may be client-named), which pays on repeated agent loops; the
+  longest match wins, the request's own on a tie.
 
 Drafters never touch scheduler state: the caller hands them a request's tokens
 (`Request.token_ids_slice`) and tells them when a request finishes.
@@ -18,7 +19,7 @@ Drafters never touch scheduler state: the caller hands them a request's tokens
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -133,10 +134,15 @@ class _TenantOutputs:
 class SuffixDrafter(NgramDrafter):
     """Suffix decoding: the request's own tokens plus its tenant's recent outputs."""
 
-    def __init__(self, n_min: int, n_max: int, max_cached_requests: int = 64) -> None:
+    def __init__(self, n_min: int, n_max: int, max_cached_requests: int = 64, max_tenants: int = 256) -> None:
         super().__init__(n_min, n_max)
         self.max_cached_requests = max_cached_requests
-        self._tenants: dict[str, _TenantOutputs] = {}
+        self.max_tenants = max_tenants
+        self._tenants: OrderedDict[str, _TenantOutputs] = OrderedDict()   # least recently used first
+
+    @property
+    def num_tenants(self) -> int:
+        return len(self._tenants)
 
     def propose(self, request_id: str, tenant: str, prompt: Sequence[int], output: Sequence[int],
                 k: int) -> list[int]:
@@ -155,10 +161,14 @@ class SuffixDrafter(NgramDrafter):
 
     def finish(self, request_id: str, tenant: str, output_token_ids: Sequence[int]) -> None:
         super().finish(request_id, tenant, output_token_ids)
-        if self.max_cached_requests > 0 and output_token_ids:
+        if self.max_cached_requests > 0 and self.max_tenants > 0 and output_token_ids:
             shared = self._tenants.get(tenant)
             if shared is None:
+                if len(self._tenants) >= self.max_tenants:
+                    self._tenants.popitem(last=False)
                 shared = self._tenants[tenant] = _TenantOutputs(self.n_min, self.n_max, self.max_cached_requests)
+            else:
+                self._tenants.move_to_end(tenant)
             shared.add(output_token_ids)
 
 

@@ -1,6 +1,12 @@
 """FastAPI app: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /health,
-/metrics, /debug/state. OpenAI-shaped errors; a client that goes away has its requests
-aborted at the next engine step.
+/metrics, /debug/state, and vLLM's /tokenize, /detokenize, /version. OpenAI-shaped errors;
+an unexpected exception is logged with an id and the client gets the id, never its text.
+A client that goes away has its requests aborted at the next engine step.
+
+Every body is bounded before work: its size, then its JSON (in a thread: nesting depth,
+integer digits), then its counts (`pacer.server.api.limits`). With keys required, the
+schema and docs pages are off and every route but `/health` (and `/metrics` without
+`--metrics-api-key`) needs a key (`pacer.server.access.auth`).
 
 A streamed response starts (status 200, headers) with the request's first engine event, so
 a request shed from the queue or failed before its first token still gets a real 429/500.
@@ -12,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,15 +28,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pacer.config.slo import Slo, slo_from_request
 from pacer.engine import RequestOutput
-from pacer.server.access.auth import STATE_KEY, AuthMiddleware, apply_key
+from pacer.server.access.auth import STATE_KEY, AuthMiddleware, apply_key, declared_class
 from pacer.server.api import errors
 from pacer.server.api.errors import APIError
-from pacer.server.api.gateway import add_router_endpoints, tenant_from_headers
+from pacer.server.api.gateway import add_router_endpoints, detokenize_body, tenant_from_headers, tokenize_body
 from pacer.server.api.limits import read_body
-from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.api.protocol import ParsedRequest, parse_chat, parse_completion
+from pacer.server.responses import Chunks, completion_body, sse
 from pacer.server.service import Job, Service
-from pacer.server.tools.stream import ToolDeltaStream, tool_message
 
 __all__ = ["create_app"]
 
@@ -45,10 +49,12 @@ def create_app(service: Service) -> FastAPI:
         yield
         await service.shutdown()
 
-    app = FastAPI(title="pacer", lifespan=lifespan)
+    access = service.options.access
+    # with keys, no schema or docs pages (they map the API for anyone who finds the port)
+    docs: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None} if access.api_keys.enabled else {}
+    app = FastAPI(title="pacer", lifespan=lifespan, **docs)
     app.state.service = service
-    app.add_middleware(AuthMiddleware, api_keys=service.options.access.api_keys,
-                       metrics_keys=service.options.access.metrics_keys)
+    app.add_middleware(AuthMiddleware, api_keys=access.api_keys, metrics_keys=access.metrics_keys)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -56,8 +62,8 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in %s", request.url.path)
-        return JSONResponse(errors.internal(f"internal error: {exc}").body(), status_code=500)
+        error_id = errors.log_error(f"unhandled error in {request.url.path}", exc)
+        return JSONResponse(errors.internal("internal error", error_id).body(), status_code=500)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -77,9 +83,14 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if service.loop.alive and not service.draining:
+        if service.loop.healthy and not service.draining:
             return Response(status_code=200)
-        return JSONResponse(errors.unavailable("engine not running or draining").body(), status_code=503)
+        if service.loop.alive and not service.draining:
+            message = (f"engine stalled: work pending and no step finished for {service.loop.stalled_for():.0f} s "
+                       f"(--engine-iteration-timeout {service.loop.stall_timeout:g})")
+        else:
+            message = "engine not running or draining"
+        return JSONResponse(errors.unavailable(message).body(), status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -92,8 +103,33 @@ def create_app(service: Service) -> FastAPI:
     async def debug_state() -> dict[str, Any]:
         return service.debug_state()
 
-    add_router_endpoints(app, service.engine.tokenizer, service.engine.max_model_len, service.engine.vocab_size)
+    _add_tokenizer_routes(app, service)
+    add_router_endpoints(app)
     return app
+
+
+def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
+    """vLLM's /tokenize and /detokenize: bounded bodies, charged to the caller's key, the
+    tokenizer run in a thread."""
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await _read_json(service, request)
+        key = getattr(request.state, STATE_KEY, None)
+        engine = service.engine
+        with service.charged_tokenize(key) as charge:
+            result = await asyncio.to_thread(tokenize_body, engine.tokenizer, body, engine.max_model_len)
+            charge(result["count"])
+        return result
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await _read_json(service, request)
+        key = getattr(request.state, STATE_KEY, None)
+        with service.charged_tokenize(key) as charge:
+            result = await asyncio.to_thread(detokenize_body, service.engine.tokenizer, body,
+                                             service.engine.vocab_size)
+            charge(len(body.get("tokens") or ()))
+        return result
 
 
 CLASS_HEADER = "x-pacer-class"   # a client-declared request class (chat | rag | agent | batch)
@@ -120,21 +156,17 @@ def _llm_d_slo(headers: Any) -> Slo:
 async def _generate(service: Service, request: Request,
                     parse: Callable[[Any], ParsedRequest]) -> Response:
     options = service.options
-    raw = await read_body(request, options.limits.max_body_bytes)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
-    options.limits.check(body)
+    body = await _read_json(service, request)
     key = getattr(request.state, STATE_KEY, None)
     parsed = parse(body)
     if key is None:   # an open server: llm-d's fairness id names the tenant when the body does not
         parsed = tenant_from_headers(parsed, request.headers)
-    parsed = apply_key(key, parsed, body, request.headers, options.access.tenant_header)
+    parsed = apply_key(key, parsed, body, request.headers, options.access.tenant_header,
+                       shared_cache=service.shared_cache)
     agent_header = options.class_rules.agent_header
-    job = service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers,
-                         declared_class=request.headers.get(CLASS_HEADER),
-                         header_slo=_llm_d_slo(request.headers), key=key)
+    job = await service.submit(parsed, is_agent=bool(agent_header) and agent_header in request.headers,
+                               declared_class=declared_class(key, request.headers.get(CLASS_HEADER)),
+                               header_slo=_llm_d_slo(request.headers), key=key)
     watcher = asyncio.create_task(_watch_disconnect(request, lambda: service.cancel(job, 499)))
     if not parsed.stream:
         try:
@@ -152,6 +184,16 @@ async def _generate(service: Service, request: Request,
         raise
     return StreamingResponse(_stream(service, job, first, watcher), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _read_json(service: Service, request: Request) -> Any:
+    """The body as JSON, bounded before any work: its size (413), then (in a thread) its parse,
+    nesting and numbers (400), then its counts and lengths (400)."""
+    limits = service.options.limits
+    raw = await read_body(request, limits.max_body_bytes)
+    body = await asyncio.to_thread(limits.parse_json, raw)
+    limits.check(body)
+    return body
 
 
 async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
@@ -189,117 +231,11 @@ async def _collect(service: Service, job: Job) -> dict[str, Any]:
         if out.finished:
             finals[index] = out
             job.finished.add(index)
-    outs = [finals[i] for i in range(len(finals))]
-    parsed = job.parsed
-    k = parsed.sampling.get("logprobs")
-    texts = service.token_text
-    if parsed.endpoint == "chat":
-        choices = []
-        for i, o in enumerate(outs):
-            message: dict[str, Any] = {"role": "assistant", "content": o.text}
-            finish = o.finish_reason
-            if job.tool_parser is not None:
-                message, finish = tool_message(job.tool_parser, o.text, finish)
-            choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
-                            "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
-        obj = "chat.completion"
-    else:
-        choices = [{"index": i, "text": o.text,
-                    "logprobs": None if k is None else completion_logprobs(o.token_ids, o.logprobs or [], texts)[0],
-                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
-        obj = "text_completion"
-    return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
-            "choices": choices, "usage": _usage(outs, parsed.n)}
-
-
-def _usage(outs: list[RequestOutput], n: int) -> dict[str, Any]:
-    """Outputs in choice order; a prompt counts once however many choices it has (as OpenAI)."""
-    firsts = outs[::n]
-    prompt = sum(len(o.prompt_token_ids) for o in firsts)
-    completion = sum(len(o.token_ids) for o in outs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-class _Chunks:
-    """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last),
-    from the engine's deltas: each output's new text, tokens and logprobs (the engine holds text
-    back while it could still start a stop string, so nothing sent is ever taken back)."""
-
-    def __init__(self, job: Job, texts: TokenText) -> None:
-        self.chat = job.parsed.endpoint == "chat"
-        self.n = job.parsed.n
-        self.k: int | None = job.parsed.sampling.get("logprobs")
-        self.texts = texts
-        self.text_offsets: dict[int, int] = {}   # completions' text_offset runs on across chunks
-        self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                     "created": job.created, "model": job.parsed.model}
-        self.extra = {"usage": None} if job.parsed.include_usage else {}
-        self.tool_parser = job.tool_parser
-        self.tool_streams: dict[int, ToolDeltaStream] = {}
-
-    def _choice(self, choice: dict[str, Any]) -> str:
-        return _sse({**self.base, "choices": [choice], **self.extra})
-
-    def opening(self, num_choices: int) -> list[str]:
-        if not self.chat:
-            return []
-        return [self._choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}) for i in range(num_choices)]
-
-    def _new_logprobs(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
-        """The logprobs of the output's new tokens (sent as they come, with or without text)."""
-        if self.k is None or not out.new_logprobs:
-            return None
-        ids, entries = out.new_token_ids, out.new_logprobs
-        if self.chat:
-            return chat_logprobs(ids, entries, self.k, self.texts)
-        obj, self.text_offsets[index] = completion_logprobs(ids, entries, self.texts, self.text_offsets.get(index, 0))
-        return obj
-
-    def for_output(self, index: int, out: RequestOutput) -> list[str]:
-        finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
-            "finish_reason": None}
-        text = out.new_text
-        logprobs = self._new_logprobs(index, out)
-        if not self.chat:
-            if not text and logprobs is None and not out.finished:
-                return []
-            return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish})]
-        chunks = []
-        if self.tool_parser is not None:
-            return self._tool_chunks(index, out, logprobs)
-        if text or logprobs is not None:
-            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": logprobs,
-                                        "finish_reason": None}))
-        if out.finished:
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
-        return chunks
-
-    def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
-        """Deltas of a choice whose tool calls are parsed: content, then each call's id and
-        name, then its argument fragments (pacer.server.tools.stream)."""
-        stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
-        deltas = stream.update(out.new_text, out.finished)
-        chunks = [self._choice({"index": index, "delta": d, "logprobs": None, "finish_reason": None})
-                  for d in deltas]
-        if logprobs is not None:
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None}))
-        if out.finished:
-            finish = {"finish_reason": stream.finish_reason(out.finish_reason), "stop_reason": out.stop_reason}
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
-        return chunks
-
-    def usage(self, outs: list[RequestOutput]) -> str:
-        return _sse({**self.base, "choices": [], "usage": _usage(outs, self.n)})
+    return completion_body(job, [finals[i] for i in range(len(finals))], service.token_text)
 
 
 async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[None]) -> AsyncIterator[str]:
-    chunks = _Chunks(job, service.token_text)
+    chunks = Chunks(job, service.token_text)
     finals: dict[int, RequestOutput] = {}
     try:
         for c in chunks.opening(len(job.request_ids)):
@@ -310,7 +246,7 @@ async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[
                 _raise_if_failed(service, job, item)
             except APIError as e:
                 if e.status != 499:
-                    yield _sse(e.body())
+                    yield sse(e.body())
                     yield "data: [DONE]\n\n"
                 return
             index, out = item
@@ -324,6 +260,10 @@ async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[
             item = await job.queue.get()
         if job.parsed.include_usage:
             yield chunks.usage([finals[i] for i in sorted(finals)])
+        yield "data: [DONE]\n\n"
+    except Exception as e:   # the stream has started: end it with an error event, never the text
+        error_id = errors.log_error(f"streaming {job.api_id} failed", e)
+        yield sse(errors.internal("internal error while streaming", error_id).body())
         yield "data: [DONE]\n\n"
     finally:
         watcher.cancel()

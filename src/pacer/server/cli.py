@@ -5,6 +5,12 @@ between one engine and replicas.
 
 SIGTERM / Ctrl-C: stop accepting connections, let in-flight requests finish for up to
 `--drain-timeout` seconds, then cancel (abort) what is left and exit.
+
+Safe by default, and said at start-up (`security_choices`): keys imply a prefix cache
+isolated per tenant unless `--tenant-isolation shared` is given (then a warning says what it
+reveals); under keys a trusted key's own SLO targets are no tighter than its class's unless
+`--allow-tighter-slo` is given; the waiting queue is capped (`--max-waiting none` lifts the
+cap, loudly); a server without keys says that anyone who can reach it may use it.
 """
 
 from __future__ import annotations
@@ -13,13 +19,33 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from pacer.config.args import engine_kwargs_from_args
 
-__all__ = ["add_server_args", "serve", "build_service", "build_access", "DEFAULT_MODEL_NAME"]
+__all__ = ["add_server_args", "serve", "build_service", "build_access", "security_choices", "SecurityChoices",
+           "DEFAULT_MODEL_NAME", "DEFAULT_MAX_WAITING"]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MAX_WAITING = 512
+
+
+def _cap_or_none(flag: str, kind: type) -> Any:
+    """An argparse type: a number > 0, or `none` (no cap / off)."""
+    def parse(text: str) -> Any:
+        if text.strip().lower() == "none":
+            return None
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: expected a number > 0 or 'none', got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{flag}: must be > 0 (or 'none'), got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -29,13 +55,21 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients use; default: --model, or SmolLM2-135M-Instruct")
-    s.add_argument("--max-waiting", type=int, default=None,
-                   help="cap on requests waiting for their first token; past it: 429 (default: no cap)")
+    s.add_argument("--max-waiting", type=_cap_or_none("--max-waiting", int), default=DEFAULT_MAX_WAITING,
+                   help=f"cap on requests waiting for their first token; past it: 429 ('none': no cap; "
+                        f"default {DEFAULT_MAX_WAITING})")
     s.add_argument("--max-queued-outputs", type=int, default=256,
                    help="outputs a streaming client may leave unread, per choice; past it the request is aborted, "
                         "its KV freed and its stream ends with an error (vLLM bounds its queue at 256; default 256)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM before aborting them")
+    s.add_argument("--engine-iteration-timeout", type=_cap_or_none("--engine-iteration-timeout", float), default=60.0,
+                   metavar="SECONDS", help="watchdog: /health is 503 while work is pending and no engine step has "
+                                           "finished for this long (vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S; "
+                                           "'none': off; default 60)")
+    s.add_argument("--max-tenant-labels", type=int, default=100,
+                   help="client-named tenants given their own Prometheus `tenant` label; later ones share "
+                        "'other' (tenants of the --api-keys file always have theirs; default 100)")
     s.add_argument("--metrics-prefix", default="pacer",
                    help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
     s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
@@ -76,13 +110,14 @@ def add_access_args(p: argparse.ArgumentParser) -> None:
 
     a = p.add_argument_group("API keys and tenants (docs: usage/api-keys.md)")
     a.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* (vLLM's flag; default: $PACER_API_KEY, "
-                        "else $VLLM_API_KEY, else open). These keys may name any tenant.")
+                   help="require 'Authorization: Bearer KEY' on every route but /health (vLLM's flag; default: "
+                        "$PACER_API_KEY, else $VLLM_API_KEY, else open). These keys may name any tenant.")
     a.add_argument("--api-keys", default=None, metavar="FILE",
                    help="YAML/JSON file of named keys (clear or SHA-256) bound to tenants, priority ranges, "
                         "rate limits, concurrency caps and tightest SLO targets; the tenant comes from the key")
     a.add_argument("--metrics-api-key", default=None, metavar="KEY",
-                   help="require this key on /metrics and /debug/* (default: they stay open)")
+                   help="require this key on /metrics and /debug/* (default: /metrics is open, /debug/* needs an "
+                        "API key when keys are required)")
     a.add_argument("--tenant-header", default=TENANT_HEADER,
                    help="header in which a gateway key names its client's tenant (llm-d's fairness id)")
     lim = p.add_argument_group("request limits (400/413 naming the field and the limit)")
@@ -106,6 +141,51 @@ def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
         weights = loaded.tenant_weights
     metrics = KeyRing.from_plain([args.metrics_api_key], "metrics-api-key") if args.metrics_api_key else KeyRing()
     return Access(KeyRing(keys), metrics, bool(getattr(args, "api_keys", None)), args.tenant_header.lower()), weights
+@dataclass(frozen=True, slots=True)
+class SecurityChoices:
+    """What the flags decide about safety, and the start-up lines that say so."""
+
+    tenant_isolation: str | None    # what the engine is built with (None: the config's default)
+    floor_trusted_slo: bool         # a trusted key's own SLO targets are no tighter than its class's
+    notices: tuple[str, ...]
+
+
+def security_choices(args: argparse.Namespace, access: Any) -> SecurityChoices:
+    """The safe defaults the flags imply, each stated at start-up: keys isolate the prefix cache
+    per tenant unless `--tenant-isolation shared` is chosen, and bound trusted keys' SLO targets
+    unless `--allow-tighter-slo` is; an operator's opt-out (no keys, no queue cap, no
+    watchdog, a shared cache under keys) is a WARNING line."""
+    keys = access.api_keys.enabled
+    notices: list[str] = []
+    chosen = getattr(args, "tenant_isolation", None)
+    isolation = chosen
+    if keys and chosen is None:
+        isolation = "isolated"
+        notices.append("[pacer] API keys: tenant isolation 'isolated' (each tenant's prefix cache is its own; "
+                       "--tenant-isolation shared to share one)")
+    elif keys and chosen == "shared":
+        notices.append("[pacer] WARNING: --tenant-isolation shared with API keys: tenants share one prefix cache, so "
+                       "a tenant's cached_tokens and TTFT reveal whether another tenant sent the same prompt prefix")
+    allow = getattr(args, "allow_tighter_slo", None)
+    if keys and allow:
+        notices.append("[pacer] --allow-tighter-slo: plain --api-key keys may ask for SLO targets tighter than their "
+                       "class's (keys of an --api-keys file stay bounded)")
+    if not keys:
+        host = getattr(args, "host", "127.0.0.1")
+        who = "any local user" if host in ("127.0.0.1", "localhost", "::1") else "anyone who can reach it"
+        notices.append(f"[pacer] WARNING: no API key is required: {who} may use every route on {host}:"
+                       f"{getattr(args, 'port', '')} and name any tenant (--api-key or --api-keys to require keys)")
+    elif not access.metrics_keys.enabled:
+        notices.append("[pacer] /metrics needs no key (--metrics-api-key to require one)")
+    if getattr(args, "max_waiting", DEFAULT_MAX_WAITING) is None:
+        notices.append("[pacer] WARNING: --max-waiting none: the waiting queue has no cap, so a flood of requests "
+                       "holds memory without bound")
+    if getattr(args, "engine_iteration_timeout", 60.0) is None:
+        notices.append("[pacer] WARNING: --engine-iteration-timeout none: /health stays 200 while an engine step is "
+                       "stuck")
+    return SecurityChoices(isolation, bool(keys) and allow is not True, tuple(notices))
+
+
 def attach_kv_events(service: Any, config_json: str | None, replica_index: int = 0) -> Any:
     """Start the KV event publisher for `--kv-events-config` (None when not enabled); replica i
     binds the configured ports + i. Closed, and detached from the engine, at shutdown."""
@@ -181,7 +261,9 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting is not None and args.max_waiting < 1:
-        raise ValueError(f"--max-waiting must be >= 1 (omit it for no cap), got {args.max_waiting}")
+        raise ValueError(f"--max-waiting must be >= 1 ('none' for no cap), got {args.max_waiting}")
+    if args.max_tenant_labels < 0:
+        raise ValueError(f"--max-tenant-labels must be >= 0, got {args.max_tenant_labels}")
     if args.max_queued_outputs < 1:
         raise ValueError(f"--max-queued-outputs must be >= 1, got {args.max_queued_outputs}")
     if args.drain_timeout < 0:
@@ -189,6 +271,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
     names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
     access, weights = build_access(args)
+    choices = security_choices(args, access)
     limits = RequestLimits.from_args(args)
     template = load_chat_template(args.chat_template) if args.chat_template else None
     tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
@@ -196,12 +279,23 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
     if engine is None:
-        engine = Engine.from_kwargs(**engine_kwargs_from_args(args))
+        kwargs = engine_kwargs_from_args(args)
+        if choices.tenant_isolation is not None:
+            kwargs["tenant_isolation"] = choices.tenant_isolation
+        engine = Engine.from_kwargs(**kwargs)
+    elif choices.tenant_isolation not in (None, engine.config.cache.tenant_isolation):
+        raise ValueError(f"the engine was built with tenant_isolation={engine.config.cache.tenant_isolation!r} but "
+                         f"the flags ask for {choices.tenant_isolation!r} (API keys imply 'isolated'; "
+                         "--tenant-isolation shared keeps one shared cache)")
+    for line in choices.notices:
+        print(line, file=sys.stderr)
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
                              class_rules=rules, tools=tools, access=access, limits=limits,
                              tenant_weights=weights or engine.config.cache.tenant_weights,
-                             max_queued_outputs=args.max_queued_outputs)
+                             max_queued_outputs=args.max_queued_outputs,
+                             engine_iteration_timeout=args.engine_iteration_timeout,
+                             floor_trusted_slo=choices.floor_trusted_slo, max_tenant_labels=args.max_tenant_labels)
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
@@ -224,7 +318,7 @@ def serve(args: argparse.Namespace) -> int:
     print(f"[pacer] serving {service.model_name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     access = service.options.access
     if access.api_keys.enabled:
-        print(f"[pacer] /v1/* needs an API key ({len(access.api_keys.keys)} accepted"
+        print(f"[pacer] every route but /health needs an API key ({len(access.api_keys.keys)} accepted"
               f"{'; tenants come from the keys' if access.binds_tenants else ''})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=max(args.drain_timeout, 0.001))

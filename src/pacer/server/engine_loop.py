@@ -13,6 +13,14 @@ A stream's queue is bounded (`Route.max_queued`): a client that stops reading wo
 pile outputs up without end. When an output of a running request finds its queue full, the
 loop drops the queue's backlog, aborts every request feeding that queue (their KV is freed at
 the next step) and tells the overflow listeners, which end the stream with an error.
+
+Faults are contained: the thread's whole body is guarded, so whatever raises (a step,
+`has_unfinished_requests()`, `snapshot()`) every request in flight gets an answer. A failed
+step fails the requests in flight and the loop goes on; after `max_consecutive_failures` in a
+row it gives up: the error is set under the same lock `add` takes, so a request is either
+failed with the others or refused, never left waiting. A watchdog (`healthy`) turns false when
+work is pending and no step has finished for `stall_timeout` seconds: a step stuck on a lock,
+a mask or a disk shows in `/health` although the thread is alive.
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pacer.engine import Engine, EngineSnapshot, RequestOutput
 from pacer.engine.prepare import PreparedRequest
+from pacer.server.api.errors import log_error
 
 __all__ = ["EngineLoop", "Route"]
 
@@ -46,14 +57,22 @@ class Route:
 
 OutputListener = Callable[[RequestOutput, Route], None]
 OverflowListener = Callable[[list[str], Route], None]   # the requests aborted, the route that overflowed
+FailureListener = Callable[[list[str], str], None]      # the requests failed, the error id the log names
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, max_consecutive_failures: int = 3) -> None:
+    def __init__(self, engine: Engine, max_consecutive_failures: int = 3, stall_timeout: float | None = 60.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0 seconds or None (no watchdog), got {stall_timeout!r}")
         self.engine = engine
         self.max_consecutive_failures = max_consecutive_failures
+        self.stall_timeout = stall_timeout
+        self._monotonic = monotonic
+        self._progress_at = monotonic()   # when a step last finished, or work reached an idle loop
+        self.num_snapshot_failures = 0
         self.listeners: list[OutputListener] = []      # called on the event loop, before routing
-        self.failure_listeners: list[Callable[[list[str], BaseException], None]] = []
+        self.failure_listeners: list[FailureListener] = []
         self.overflow_listeners: list[OverflowListener] = []   # a stream's queue overflowed (event loop)
         self.state: EngineSnapshot = engine.snapshot()   # replaced (never mutated) after each step
         self.error: BaseException | None = None        # set when the loop gave up
@@ -83,15 +102,31 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    def stalled_for(self) -> float:
+        """Seconds for which work has been pending without a step finishing (0 when idle)."""
+        with self._live_lock:
+            if not self._live:
+                return 0.0
+            since = self._progress_at
+        return max(0.0, self._monotonic() - since)
+
+    @property
+    def healthy(self) -> bool:
+        """Alive, and not stalled past `stall_timeout` (the watchdog `/health` reports)."""
+        return self.alive and (self.stall_timeout is None or self.stalled_for() <= self.stall_timeout)
+
     # ------------------------------------------------------------------ requests (event loop)
 
     def add(self, request_id: str, prepared: PreparedRequest, route: Route) -> None:
-        """Queue one prepared engine request (`Engine.prepare`)."""
-        if self.error is not None:
-            raise RuntimeError(f"the engine loop stopped after a failure: {self.error}")
-        self._routes[request_id] = route
+        """Queue one prepared engine request (`Engine.prepare`). Raises RuntimeError once the
+        loop has given up (checked under the lock the loop sets its error under)."""
         with self._live_lock:
+            if self.error is not None:
+                raise RuntimeError("the engine loop stopped after a failure")
+            if not self._live:   # an idle loop: the watchdog counts from now
+                self._progress_at = self._monotonic()
             self._live.add(request_id)
+        self._routes[request_id] = route
         try:
             self.engine.add_request(prepared, request_id=request_id)
         except BaseException:
@@ -121,34 +156,73 @@ class EngineLoop:
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:   # anything that escaped the guarded body: answer everyone, then end
+            log.exception("the engine loop failed; failing every request in flight")
+            self._give_up(e)
+
+    def _serve(self) -> None:
         failures = 0
         while True:
-            with self._cv:
-                while not self._stopping and not self.engine.has_unfinished_requests():
-                    self._cv.wait()
-                if self._stopping:
-                    return
             try:
+                if not self._wait_for_work():
+                    return
                 outputs = self.engine.step()
-                failures = 0
             except Exception as e:   # keep serving: fail what is in flight, not the process
                 failures += 1
-                log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
-                self._fail_in_flight(e)
                 if failures >= self.max_consecutive_failures:
-                    self.error = e
+                    error_id = log_error(f"engine step failed ({failures} in a row); the loop stops", e)
+                    self._give_up(e, error_id)
                     return
+                error_id = log_error(f"engine step failed ({failures} in a row); failing the requests in flight", e)
+                self._fail_in_flight(error_id)
                 continue
-            self.state = self.engine.snapshot()
+            failures = 0
+            self._progress_at = self._monotonic()
+            self._publish_state()
             if outputs:
                 self._call(self._dispatch, outputs)
 
-    def _fail_in_flight(self, error: BaseException) -> None:
+    def _wait_for_work(self) -> bool:
+        """Sleep until the engine has work (True) or the loop is stopping (False)."""
+        with self._cv:
+            while not self._stopping and not self.engine.has_unfinished_requests():
+                self._cv.wait()
+            return not self._stopping
+
+    def _publish_state(self) -> None:
+        """The snapshot `/metrics` and `/debug/state` read; a failing snapshot keeps the last one
+        (the step's outputs are real and still go out), logged on the first failure in a row."""
+        try:
+            self.state = self.engine.snapshot()
+        except Exception:
+            self.num_snapshot_failures += 1
+            if self.num_snapshot_failures == 1:
+                log.exception("engine snapshot failed; /metrics and /debug/state keep the last one")
+            return
+        self.num_snapshot_failures = 0
+
+    def _fail_in_flight(self, error_id: str) -> None:
         with self._live_lock:
             ids = list(self._live)
+        self._abort_and_fail(ids, error_id)
+
+    def _give_up(self, error: BaseException, error_id: str | None = None) -> None:
+        """Set the error and fail what is in flight, both under `_live_lock`: an `add` either
+        came first (and is failed here) or sees the error (and is refused)."""
+        with self._live_lock:
+            self.error = error
+            ids = list(self._live)
+        self._abort_and_fail(ids, error_id or uuid.uuid4().hex[:12])
+
+    def _abort_and_fail(self, ids: list[str], error_id: str) -> None:
         for rid in ids:
-            self.engine.abort_request(rid)
-        self._call(self._fail_routes, ids, error)
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                log.exception("abort of %s failed", rid)
+        self._call(self._fail_routes, ids, error_id)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -197,6 +271,10 @@ class EngineLoop:
             except Exception:
                 log.exception("overflow listener failed")
 
-    def _fail_routes(self, request_ids: list[str], error: BaseException) -> None:
+    def _fail_routes(self, request_ids: list[str], error_id: str) -> None:
         for listener in self.failure_listeners:
-            listener(request_ids, error)
+            try:
+                listener(request_ids, error_id)
+            except Exception:
+                log.exception("failure listener failed")
+

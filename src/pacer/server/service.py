@@ -1,6 +1,7 @@
-"""The serving layer between HTTP and the engine loop: builds engine requests from parsed
-OpenAI requests (one per prompt and choice: `n` fans out into n engine requests), classifies
-them, applies admission control, and keeps metrics and the request log as outputs arrive.
+"""The serving layer between HTTP and the engine loop: charges the key, turns a parsed OpenAI
+request into engine requests (pacer.server.requests: one per prompt and choice, `n` fans out
+into n; the chat template and tokenizer off the event loop, after the key's charge for its
+places), applies admission control, and keeps metrics and the request log as outputs arrive.
 A streamed job's queue is bounded (`ServiceOptions.max_queued_outputs` per choice): a client
 that falls that far behind is aborted, counted, and its stream ends with an error.
 Runs on the event loop; touches the engine only through `EngineLoop` (thread-safe add/abort)
@@ -10,21 +11,19 @@ and read-only attributes (tokenizer, limits, clock).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pacer.config.slo import SLO_KEYS, ClassRules, Slo
+from pacer.config.slo import ClassRules, Slo
 from pacer.engine import Engine, RequestOutput
-from pacer.engine.prepare import PreparedRequest
 from pacer.errors import FieldError
-from pacer.request import ContextLengthError, SamplingParams
 from pacer.sched.admission import AdmissionController
-from pacer.server.access.auth import Access, APIKey, bound_slo_targets
+from pacer.server.access.auth import Access, APIKey
 from pacer.server.access.key_limits import KeyLimiters
 from pacer.server.api import errors
 from pacer.server.api.errors import APIError, bad_request
@@ -32,12 +31,13 @@ from pacer.server.api.limits import RequestLimits
 from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
+from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
 from pacer.server.tools.serving import ToolOptions, plan_tools
 from pacer.telemetry.collectors import KVTierCollector, SpecDecodeCollector, StructuredOutputsCollector
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 
-__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]
+__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]   # RequestContext: pacer.server.requests
 
 log = logging.getLogger("pacer.server")
 
@@ -45,7 +45,7 @@ log = logging.getLogger("pacer.server")
 @dataclass(frozen=True, slots=True)
 class ServiceOptions:
     served_model_names: tuple[str, ...]
-    max_waiting: int | None = None
+    max_waiting: int | None = 512                 # None: no cap (an operator's explicit choice)
     metrics_prefix: str = "pacer"
     request_log: str | None = None
     class_rules: ClassRules = field(default_factory=ClassRules)
@@ -55,34 +55,12 @@ class ServiceOptions:
     tools: ToolOptions = field(default_factory=ToolOptions)
     # outputs a streaming client may leave unread, per choice, before its request is aborted
     max_queued_outputs: int = 256
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """Server-side facts about one engine request, for metrics and the request log."""
-
-    api_id: str
-    index: int
-    endpoint: str
-    model: str
-    stream: bool
-    tenant: str
-    request_class: str
-    priority: int
-    max_tokens: int
-    slo: Slo = Slo()           # the targets it is held to (class's with its own on top)
-    api_key_name: str | None = None   # the key's name (never the key), for limits and the log
-    status: int = 200          # what the client got: 200, 408 (read too slowly), 429 (displaced), 499 (went away), 500
-    started: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    """One engine request of a job: its id, what the engine queues, and the server's facts."""
-
-    request_id: str
-    prepared: PreparedRequest
-    context: RequestContext
+    # the watchdog: seconds work may be pending without a step finishing before /health is 503
+    engine_iteration_timeout: float | None = 60.0
+    # under keys, a trusted key's own SLO targets are no tighter than its class's (--allow-tighter-slo: off)
+    floor_trusted_slo: bool = True
+    # client-named tenants that get their own Prometheus label; the rest share `other`
+    max_tenant_labels: int = 100
 
 
 @dataclass(slots=True)
@@ -110,10 +88,13 @@ class Service:
         self.engine = engine
         self.options = options
         self.model_name = options.served_model_names[0]
-        self.loop = EngineLoop(engine)
+        self.loop = EngineLoop(engine, stall_timeout=options.engine_iteration_timeout)
+        self.builder = RequestBuilder(engine, options.class_rules, options.tools.chat_template, self._on_refused,
+                                      options.floor_trusted_slo)
         self.admission = AdmissionController(options.max_waiting, tenant_weights=options.tenant_weights)
         self.key_limits = KeyLimiters()
-        self.metrics = ServingMetrics(self.model_name, options.metrics_prefix)
+        self.metrics = ServingMetrics(self.model_name, options.metrics_prefix, options.max_tenant_labels,
+                                      _named_tenants(options))
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
         self.draining = False
         self.token_text = TokenText(engine.tokenizer)   # logprobs' token strings
@@ -132,6 +113,11 @@ class Service:
         snap = engine.snapshot()
         self.metrics.set_cache_config(block_size=engine.config.cache.block_size, num_gpu_blocks=snap.num_blocks,
                                       enable_prefix_caching=snap.prefix_caching)
+
+    @property
+    def shared_cache(self) -> bool:
+        """Whether every tenant's prompts share one prefix cache (`--tenant-isolation shared`)."""
+        return self.engine.config.cache.tenant_isolation == "shared"
 
     def start(self) -> None:
         self.loop.start(asyncio.get_running_loop())
@@ -161,11 +147,35 @@ class Service:
 
     # ------------------------------------------------------------------ submitting
 
-    def submit(self, parsed: ParsedRequest, is_agent: bool = False, declared_class: str | None = None,
-               header_slo: Slo | None = None, key: APIKey | None = None) -> Job:
-        """Validate, classify, charge the key's limits, admit and queue; raises APIError
-        (4xx/5xx) instead. `parsed` already carries the tenant and priority the key allows;
-        its SLO targets are bounded by the key's `tightest_slo`."""
+    async def submit(self, parsed: ParsedRequest, is_agent: bool = False, declared_class: str | None = None,
+                     header_slo: Slo | None = None, key: APIKey | None = None) -> Job:
+        """Validate, charge the key, tokenize, classify, admit and queue; raises APIError
+        (4xx/5xx) instead. `parsed` already carries the tenant, priority and salt the key
+        allows. The key's places are charged before any work on the request; the chat template
+        and the tokenizer then run in a thread, and the token charge follows."""
+        self._check_open(parsed)
+        parsed, tool_parser = plan_tools(parsed, self.options.tools)
+        num_requests = num_engine_requests(parsed)
+        limiter = self._charged(parsed.tenant, lambda now: self.key_limits.acquire_requests(key, num_requests, now))
+        num_tokens = 0
+        try:
+            prompts = await asyncio.to_thread(self.builder.prompt_ids, parsed)
+            prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
+            job = Job(f"{prefix}-{uuid.uuid4().hex}", parsed, int(time.time()), [], [], asyncio.Queue(),
+                      tool_parser=tool_parser)
+            specs = self.builder.specs(job.api_id, self.model_name, parsed, prompts, is_agent=is_agent,
+                                       declared_class=declared_class, header_slo=header_slo, key=key)
+            total = sum(s.prepared.num_tokens for s in specs)
+            self._charged(parsed.tenant, lambda now: self.key_limits.acquire_tokens(limiter, total, now))
+            num_tokens = total
+            self._admit(job, [s.request_id for s in specs])
+        except BaseException:   # refused, or the client went away while the prompt was tokenized
+            self.key_limits.cancel(limiter, num_requests, num_tokens, self.engine.clock.now())
+            raise
+        self._queue(job, specs, limiter)
+        return job
+
+    def _check_open(self, parsed: ParsedRequest) -> None:
         if self.draining:
             self.metrics.on_refused("draining", parsed.tenant)
             raise errors.unavailable("the server is shutting down")
@@ -174,51 +184,24 @@ class Service:
         if parsed.model not in self.options.served_model_names:
             raise APIError(404, f"The model `{parsed.model}` does not exist", "invalid_request_error",
                            "model", "model_not_found")
-        parsed, tool_parser = plan_tools(parsed, self.options.tools)
-        prompts = self._prompt_ids(parsed)
-        prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
-        api_id = f"{prefix}-{uuid.uuid4().hex}"
-        job = Job(api_id, parsed, int(time.time()), [], [], asyncio.Queue(), tool_parser=tool_parser)
-        specs: list[_Spec] = []
-        for p, ids in enumerate(prompts):
-            params = self._params(parsed, len(ids))
-            try:
-                rclass = self.options.class_rules.classify(len(ids), parsed.max_tokens,
-                                                           is_agent or parsed.has_tools, declared_class)
-            except ValueError as e:
-                raise bad_request("x-pacer-class", str(e)) from None
-            own = (header_slo or Slo()).merged(parsed.slo)
-            if key is not None and key.tightest_slo:
-                asked = {k: v for k in SLO_KEYS if (v := getattr(own, k)) is not None}
-                own = Slo(**bound_slo_targets(key, asked))
-            prepared = self._prepare(parsed, ids, params, rclass, own)
-            for j in range(parsed.n):
-                i = p * parsed.n + j
-                ctx = RequestContext(api_id, i, parsed.endpoint, self.model_name, parsed.stream, parsed.tenant,
-                                     rclass, parsed.priority, params.max_tokens, prepared.slo,
-                                     key.name if key else None)
-                specs.append(_Spec(f"{api_id}-{i}", dataclasses.replace(prepared, params=params.for_sample(j)), ctx))
-        self._charge(job, key, sum(s.prepared.num_tokens for s in specs), len(specs))
-        try:
-            self._admit(job, [s.request_id for s in specs])
-        except APIError:
-            self._refund(specs)
-            raise
-        max_queued = self.options.max_queued_outputs * len(specs) if parsed.stream else None
+
+    def _queue(self, job: Job, specs: list[Spec], limiter: str | None) -> None:
+        """Hand the admitted requests to the engine loop; one it refuses undoes the job."""
+        stream = job.parsed.stream
+        max_queued = self.options.max_queued_outputs * len(specs) if stream else None
         try:
             for spec in specs:
-                route = Route(job.queue, spec.context.index, spec.context, stream=parsed.stream, max_queued=max_queued)
+                route = Route(job.queue, spec.context.index, spec.context, stream=stream, max_queued=max_queued)
                 self.loop.add(spec.request_id, spec.prepared, route)
                 self._contexts[spec.request_id] = spec.context
                 job.request_ids.append(spec.request_id)
                 job.contexts.append(spec.context)
         except FieldError as e:
-            self._undo(job, specs)
+            self._undo(job, specs, limiter)
             raise bad_request(e.field, str(e), e.code) from None
-        except RuntimeError as e:
-            self._undo(job, specs)
-            raise errors.unavailable(str(e)) from None
-        return job
+        except RuntimeError:
+            self._undo(job, specs, limiter)
+            raise errors.unavailable("the engine is not running") from None
 
     def cancel(self, job: Job, status: int) -> None:
         """Abort the job's unfinished engine requests (client gone, error in a sibling, ...)."""
@@ -229,64 +212,29 @@ class Service:
                     ctx.status = status
                 self.loop.abort(rid)
 
-    def _prompt_ids(self, parsed: ParsedRequest) -> list[list[int]]:
+    @contextlib.contextmanager
+    def charged_tokenize(self, key: APIKey | None) -> Iterator[Callable[[int], None]]:
+        """/tokenize and /detokenize: one request charged to the key before the work (429
+        instead), the tokens it counted debited after (call the yielded function with them)."""
+        tenant = key.tenant if key is not None and key.tenant else "default"
+        limiter = self._charged(tenant, lambda now: self.key_limits.acquire_requests(key, 1, now))
         try:
-            if parsed.messages is not None:
-                tok = self.engine.tokenizer
-                if tok is None:
-                    raise bad_request("messages", "this model has no tokenizer / chat template")
-                from pacer.server.tools.template import render_chat
+            yield lambda num_tokens: self.key_limits.debit_tokens(limiter, num_tokens, self.engine.clock.now())
+        finally:
+            self.key_limits.release(limiter, 0, self.engine.clock.now())
 
-                tools = parsed.tools.tools if parsed.tools is not None else None
-                return [render_chat(tok, parsed.messages, tools, self.options.tools.chat_template)]
-            return [self.engine.tokenize_prompt(p) for p in parsed.prompts]
-        except APIError:
-            raise
-        except (ValueError, TypeError) as e:
-            raise bad_request("messages" if parsed.messages is not None else "prompt", str(e)) from None
-        except Exception as e:   # template errors (jinja) and the like are the client's input
-            raise bad_request("messages", f"cannot apply the chat template: {e}") from None
-
-    def _params(self, parsed: ParsedRequest, num_prompt_tokens: int) -> SamplingParams:
-        """The request's sampling params; chat without max_tokens gets the room the context leaves."""
-        max_tokens = parsed.max_tokens
-        if max_tokens is None:   # chat: whatever room the context leaves (at least 1, or the fit refuses)
-            max_tokens = 16 if parsed.endpoint == "completions" else max(
-                1, self.engine.max_context_tokens - num_prompt_tokens)
+    def _charged(self, tenant: str, charge: Callable[[float], Any]) -> Any:
+        """Run one charge of the key's limits; a refusal is counted and raised (a 429)."""
         try:
-            return SamplingParams(max_tokens=max_tokens, **parsed.sampling)
-        except FieldError as e:
-            raise bad_request(e.field, str(e), e.code) from None
-
-    def _prepare(self, parsed: ParsedRequest, ids: list[int], params: SamplingParams, request_class: str,
-                 own_slo: Slo) -> PreparedRequest:
-        """The engine's one prepare of a prompt (fit, class targets with the request's own on top);
-        a prompt that can never fit is counted as refused."""
-        try:
-            return self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
-                                       request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
-                                       field="messages" if parsed.endpoint == "chat" else "prompt")
-        except ContextLengthError as e:
-            self.metrics.on_refused(e.code, parsed.tenant)
-            self.admission.refuse(e.code)
-            raise bad_request(e.field, str(e), e.code) from None
-        except FieldError as e:
-            raise bad_request(e.field, str(e), e.code) from None
-
-    def _charge(self, job: Job, key: APIKey | None, num_tokens: int, num_requests: int) -> None:
-        """Charge the key's rate and concurrency limits (prompt + max_tokens of every choice)."""
-        try:
-            self.key_limits.acquire(key, num_requests, num_tokens, self.engine.clock.now())
+            return charge(self.engine.clock.now())
         except APIError as e:
-            self.metrics.on_refused(e.code or "rate_limited", job.parsed.tenant)
+            self.metrics.on_refused(e.code or "rate_limited", tenant)
             self.admission.refuse(e.code or "rate_limited")
             raise
 
-    def _refund(self, specs: list[_Spec]) -> None:
-        """Give back the whole charge of engine requests that never reached the engine."""
-        now = self.engine.clock.now()
-        for spec in specs:
-            self.key_limits.release(spec.context.api_key_name, spec.prepared.num_tokens, now, refund_request=True)
+    def _on_refused(self, reason: str, tenant: str) -> None:
+        self.metrics.on_refused(reason, tenant)
+        self.admission.refuse(reason)
 
     def _admit(self, job: Job, request_ids: list[str]) -> None:
         now = self.engine.clock.now()
@@ -313,13 +261,14 @@ class Service:
             route.queue.put_nowait(errors.displaced(self.admission.retry_after(now)))
         self.loop.abort(request_id)
 
-    def _undo(self, job: Job, specs: list[_Spec]) -> None:
+    def _undo(self, job: Job, specs: list[Spec], limiter: str | None) -> None:
         """The engine refused one of the job's requests: release what was not added (the
         added ones are aborted and released when the engine reports them finished)."""
         added = set(job.request_ids)
         for spec in specs:
             self.admission.release(spec.request_id)
-        self._refund([s for s in specs if s.request_id not in added])
+        left = [s for s in specs if s.request_id not in added]
+        self.key_limits.cancel(limiter, len(left), sum(s.prepared.num_tokens for s in left), self.engine.clock.now())
         self.cancel(job, 500)
 
     # ------------------------------------------------------------------ outputs (event loop)
@@ -373,20 +322,22 @@ class Service:
         log.warning("aborted %s: the client left %d outputs per choice unread", ", ".join(request_ids), limit)
         route.queue.put_nowait(errors.slow_client(limit))
 
-    def _on_failure(self, request_ids: list[str], error: BaseException) -> None:
+    def _on_failure(self, request_ids: list[str], error_id: str) -> None:
+        """The engine failed these requests; the client gets the log's error id, never the error."""
         for rid in request_ids:
             ctx = self._contexts.get(rid)
             route = self.loop.route(rid)
             if ctx is not None:
                 ctx.status = 500
             if route is not None:
-                route.queue.put_nowait(errors.internal(f"the engine failed while running this request: {error}"))
+                route.queue.put_nowait(errors.internal("the engine failed while running this request", error_id))
 
     # ------------------------------------------------------------------ introspection
 
     def debug_state(self) -> dict[str, Any]:
         return {
-            "engine": {**self.loop.state.as_dict(), "alive": self.loop.alive},
+            "engine": {**self.loop.state.as_dict(), "alive": self.loop.alive, "healthy": self.loop.healthy,
+                       "stalled_for_s": round(self.loop.stalled_for(), 3)},
             "server": {"num_in_flight": self.loop.num_routes, "num_admission_waiting": self.admission.num_waiting,
                        "draining": self.draining, "refused": dict(self.admission.num_refused)},
         }
@@ -395,3 +346,12 @@ class Service:
         s = self.loop.state
         self.metrics.set_engine_state(s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
                                       s.prefix_cache_queried_tokens, s.prefix_cache_hit_tokens)
+
+
+def _named_tenants(options: ServiceOptions) -> set[str]:
+    """The tenants the operator named (keys file, weights): they always get a metrics label."""
+    names = set(options.tenant_weights or {})
+    for key in options.access.api_keys.keys:
+        names.update([key.tenant] if key.tenant else [])
+        names.update(key.allowed_tenants or ())
+    return names

@@ -4,12 +4,15 @@ progress; the request log is `pacer.telemetry.request_log`."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pacer.engine.stats import StepStats
 
-__all__ = ["ServingMetrics"]
+__all__ = ["ServingMetrics", "OTHER_TENANTS_LABEL"]
+
+OTHER_TENANTS_LABEL = "other"   # the `tenant` label of every tenant past the label cap
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0,
                     3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -43,9 +46,15 @@ class ServingMetrics:
     Prefix-cache queries/hits count tokens looked up / found: the engine's own totals
     (`EngineSnapshot.prefix_cache_*`) when it has them, else the prompt / cached tokens of each
     scheduled request.
+
+    Tenants are client-named on an open server, so the `tenant` label is capped: the
+    `known_tenants` (the keys file's) always get their own, the first `max_tenant_labels`
+    others seen get theirs, and every later one is counted under `other`. A client inventing
+    tenant names cannot grow the series without end.
     """
 
-    def __init__(self, model_name: str, prefix: str = "pacer") -> None:
+    def __init__(self, model_name: str, prefix: str = "pacer", max_tenant_labels: int = 100,
+                 known_tenants: Iterable[str] = ()) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         if not prefix.isidentifier():
@@ -88,6 +97,11 @@ class ServingMetrics:
         self.tenant_refused = Counter(self.name("tenant_request_refused"), "Requests refused, by tenant and "
                                       "reason (also rate_limited, concurrency_limit, request_too_large).",
                                       labels + ["tenant", "reason"], registry=reg)
+        if isinstance(max_tenant_labels, bool) or not isinstance(max_tenant_labels, int) or max_tenant_labels < 0:
+            raise ValueError(f"max_tenant_labels must be an integer >= 0, got {max_tenant_labels!r}")
+        self.max_tenant_labels = max_tenant_labels
+        self._known_tenants = frozenset(known_tenants)
+        self._labelled_tenants: set[str] = set()
         self._lock = threading.Lock()
         self._last_totals: dict[str, int] = {}
         self._engine_counts_cache = False
@@ -141,7 +155,17 @@ class ServingMetrics:
     def on_refused(self, reason: str, tenant: str | None = None) -> None:
         self.request_refused.labels(self.model_name, reason).inc()
         if tenant is not None:
-            self.tenant_refused.labels(self.model_name, tenant, reason).inc()
+            self.tenant_refused.labels(self.model_name, self.tenant_label(tenant), reason).inc()
+
+    def tenant_label(self, tenant: str) -> str:
+        """The `tenant` label value for `tenant`: itself while under the cap, else `other`."""
+        if tenant in self._known_tenants or tenant in self._labelled_tenants:
+            return tenant
+        with self._lock:
+            if len(self._labelled_tenants) < self.max_tenant_labels:
+                self._labelled_tenants.add(tenant)
+                return tenant
+        return OTHER_TENANTS_LABEL
 
     def on_slow_client(self, num_requests: int) -> None:
         self.slow_client_aborted.labels(self.model_name).inc(num_requests)

@@ -85,11 +85,14 @@ def test_every_single_character_chunking():
         assert (content, calls) == _message(parser, text)[:2] and stream.finish_reason("stop") == "tool_calls"
 
 
-def test_unfinished_call_is_streamed_as_far_as_written():
+def test_unfinished_call_comes_back_as_content():
+    """A call cut off (max_tokens) is not a call: streamed or not, its text is the content
+    (issue 27, finding 9; this test used to expect the cut-off arguments as a call)."""
     parser = HermesParser()
     text = '<tool_call>\n{"name": "f", "arguments": {"q": "abc'
     content, calls, _ = _stream(parser, text, [5, 20, 30])
-    assert calls == [{"name": "f", "arguments": '{"q": "abc'}] and content is None
+    assert calls == [] and content == text
+    assert _message(parser, text) == (text, [], "stop")
 
 
 @pytest.mark.parametrize("text,end", [('"a\\"b" x', 6), ('{"a": "}"} x', 10), ("12, ", 2), ('[1, "]"]', 8),

@@ -1,10 +1,13 @@
 """Per-key limits: token buckets for request and token rates, and a cap on concurrent
 requests. Pure Python; the caller passes `now` (seconds on any monotonic scale).
 
-Rule for the token rate: a request is charged `prompt tokens + max_tokens` when it is
+A charge comes in two halves, so a request is refused before it costs the server any work:
+its places (`max_concurrent`, the request rate) before the body is tokenized, its tokens once
+it is. Rule for the token rate: a request is charged `prompt tokens + max_tokens` when it is
 admitted (what it may use), and what it did not generate is refunded when it finishes
-(`refund`), so a client that asks for a large `max_tokens` but stops early pays for what it
-used, and the bucket never goes negative. A refused request is charged nothing.
+(`release`), so a client that asks for a large `max_tokens` but stops early pays for what it
+used. A refused request is charged nothing. Work whose size is known only afterwards
+(/tokenize) is debited afterwards, and may take the bucket below empty.
 """
 
 from __future__ import annotations
@@ -77,6 +80,17 @@ class KeyLimiter:
     def try_acquire(self, num_requests: int, num_tokens: int, now: float) -> LimitRefusal | None:
         """Charge `num_requests` engine requests costing `num_tokens` in all, or say why not
         (then nothing is charged)."""
+        refusal = self.try_acquire_requests(num_requests, now)
+        if refusal is not None:
+            return refusal
+        refusal = self.try_acquire_tokens(num_tokens, now)
+        if refusal is not None:
+            self.cancel(num_requests, 0, now)
+        return refusal
+
+    def try_acquire_requests(self, num_requests: int, now: float) -> LimitRefusal | None:
+        """The first half of a charge, before any work on the request: its places under
+        `max_concurrent` and in the request rate (nothing charged when refused)."""
         cap = self.limits.max_concurrent
         if cap is not None and self.num_in_flight + num_requests > cap:
             if num_requests > cap:
@@ -86,26 +100,35 @@ class KeyLimiter:
             return LimitRefusal("concurrency_limit", "max_concurrent",
                                 f"this key already has {self.num_in_flight} requests in flight; its limit is "
                                 f"{cap} (max_concurrent)", 1)
-        for bucket, amount, name in ((self.requests, num_requests, "requests_per_minute"),
-                                     (self.tokens, num_tokens, "tokens_per_minute")):
-            if bucket is None:
-                continue
-            wait = bucket.wait_time(amount, now)
-            if math.isinf(wait):
-                return LimitRefusal("request_too_large", name,
-                                    f"the request needs {amount:g} against {name}; this key's bucket holds at "
-                                    f"most {bucket.capacity:g}", None)
-            if wait > 0:
-                return LimitRefusal("rate_limited", name,
-                                    f"rate limit reached for {name} (limit {bucket.rate * 60:g}/min, this "
-                                    f"request needs {amount:g}); retry after {math.ceil(wait)} s",
-                                    max(1, math.ceil(wait)))
+        refusal = _bucket_refusal(self.requests, num_requests, "requests_per_minute", now)
+        if refusal is not None:
+            return refusal
         if self.requests is not None:
             self.requests.take(num_requests, now)
-        if self.tokens is not None:
-            self.tokens.take(num_tokens, now)
         self.num_in_flight += num_requests
         return None
+
+    def try_acquire_tokens(self, num_tokens: int, now: float) -> LimitRefusal | None:
+        """The second half, once the prompt is tokenized: the token rate (nothing charged when
+        refused; the caller then `cancel`s the first half)."""
+        refusal = _bucket_refusal(self.tokens, num_tokens, "tokens_per_minute", now)
+        if refusal is None and self.tokens is not None:
+            self.tokens.take(num_tokens, now)
+        return refusal
+
+    def cancel(self, num_requests: int, num_tokens: int, now: float) -> None:
+        """Undo a charge of requests that never reached the engine (`num_tokens` of it taken)."""
+        self.num_in_flight = max(0, self.num_in_flight - num_requests)
+        if self.requests is not None and num_requests:
+            self.requests.give_back(num_requests, now)
+        if self.tokens is not None and num_tokens:
+            self.tokens.give_back(num_tokens, now)
+
+    def debit_tokens(self, num_tokens: int, now: float) -> None:
+        """Take tokens counted after the work (e.g. /tokenize's): never refused, so the bucket
+        may go below empty and the key's next requests wait until it refills."""
+        if self.tokens is not None and num_tokens > 0:
+            self.tokens.take(num_tokens, now)
 
     def release(self, unused_tokens: int, now: float, refund_request: bool = False) -> None:
         """One engine request ended; refund the tokens it was charged but did not use (and,
@@ -115,3 +138,19 @@ class KeyLimiter:
             self.tokens.give_back(unused_tokens, now)
         if self.requests is not None and refund_request:
             self.requests.give_back(1, now)
+
+
+def _bucket_refusal(bucket: TokenBucket | None, amount: float, name: str, now: float) -> LimitRefusal | None:
+    if bucket is None:
+        return None
+    wait = bucket.wait_time(amount, now)
+    if math.isinf(wait):
+        return LimitRefusal("request_too_large", name,
+                            f"the request needs {amount:g} against {name}; this key's bucket holds at "
+                            f"most {bucket.capacity:g}", None)
+    if wait > 0:
+        return LimitRefusal("rate_limited", name,
+                            f"rate limit reached for {name} (limit {bucket.rate * 60:g}/min, this "
+                            f"request needs {amount:g}); retry after {math.ceil(wait)} s",
+                            max(1, math.ceil(wait)))
+    return None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
-__all__ = ["APIError", "bad_request", "error_body"]
+__all__ = ["APIError", "bad_request", "error_body", "log_error"]
+
+log = logging.getLogger("pacer.server")
 
 
 class APIError(Exception):
@@ -57,9 +61,20 @@ def slow_client(max_queued_outputs: int) -> APIError:
                     "invalid_request_error", None, "stream_backlog_exceeded")
 
 
-def internal(message: str) -> APIError:
+def internal(message: str, error_id: str | None = None) -> APIError:
+    """A 500 whose message never carries an exception's text: `error_id` names the log line."""
+    if error_id is not None:
+        message = f"{message} (error id {error_id}; the server log has the details)"
     return APIError(500, message, "server_error", None, "internal_error")
 
 
 def unavailable(message: str) -> APIError:
     return APIError(503, message, "server_error", None, "service_unavailable", {"Retry-After": "5"})
+
+
+def log_error(message: str, error: BaseException) -> str:
+    """Log `error` (with its traceback) under a fresh id and return the id: a client is shown
+    the id, never the exception's text."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("%s [error id %s]", message, error_id, exc_info=error)
+    return error_id

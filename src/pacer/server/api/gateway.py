@@ -7,17 +7,18 @@ events are `pacer.telemetry.kv_events`.)
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from pacer import __version__
 from pacer.server.api import errors
 from pacer.server.api.protocol import ParsedRequest
+from pacer.server.tools.template import template_error
 
-__all__ = ["add_router_endpoints", "tenant_from_headers", "FAIRNESS_HEADER"]
+__all__ = ["add_router_endpoints", "tenant_from_headers", "tokenize_body", "detokenize_body",
+           "FAIRNESS_HEADER"]
 
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"   # llm-d's flow-control / fairness id
 
@@ -30,19 +31,17 @@ def tenant_from_headers(parsed: ParsedRequest, headers: Mapping[str, str]) -> Pa
     return dataclasses.replace(parsed, tenant=value)
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise errors.bad_request(None, f"the request body is not valid JSON: {e}") from None
+def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise errors.bad_request(None, "the request body must be a JSON object")
     return body
 
 
-def tokenize_body(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+def tokenize_body(tokenizer: Any, body: Any, max_model_len: int) -> dict[str, Any]:
     """vLLM's /tokenize: `prompt` (text) or `messages` (chat template; `add_generation_prompt`,
-    default true); `add_special_tokens` is accepted. Returns count, max_model_len, tokens."""
+    default true); `add_special_tokens` is accepted. Returns count, max_model_len, tokens.
+    Any thread: the server runs it off the event loop, after the key's charge."""
+    body = _object(body)
     if tokenizer is None:
         raise errors.bad_request(None, "this model has no tokenizer")
     if "messages" in body:
@@ -55,7 +54,7 @@ def tokenize_body(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> d
         try:
             ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen))
         except Exception as e:   # template errors are the client's input
-            raise errors.bad_request("messages", f"cannot apply the chat template: {e}") from None
+            raise template_error(e) from None
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -64,7 +63,8 @@ def tokenize_body(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> d
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
 
 
-def detokenize_body(tokenizer: Any, body: dict[str, Any], vocab_size: int | None) -> dict[str, Any]:
+def detokenize_body(tokenizer: Any, body: Any, vocab_size: int | None) -> dict[str, Any]:
+    body = _object(body)
     if tokenizer is None:
         raise errors.bad_request(None, "this model has no tokenizer")
     tokens = body.get("tokens")
@@ -75,15 +75,8 @@ def detokenize_body(tokenizer: Any, body: dict[str, Any], vocab_size: int | None
     return {"prompt": tokenizer.decode(tokens, skip_special_tokens=False)}
 
 
-def add_router_endpoints(app: FastAPI, tokenizer: Any, max_model_len: int, vocab_size: int | None) -> None:
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        return tokenize_body(tokenizer, await _json_object(request), max_model_len)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> dict[str, Any]:
-        return detokenize_body(tokenizer, await _json_object(request), vocab_size)
-
+def add_router_endpoints(app: FastAPI) -> None:
+    """`GET /version`; /tokenize and /detokenize are the app's (they charge the caller's key)."""
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}

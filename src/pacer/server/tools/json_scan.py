@@ -1,16 +1,71 @@
-"""A scanner for JSON that may still be arriving: where each top-level member of an object
-starts and ends, with strings and escapes respected, so a tool parser can cut a call's
-`name` and its raw `arguments` text out of a partial model output.
+"""Scanners for JSON that may still be arriving, strings and escapes respected.
 
-Nothing is re-serialised: spans point into the text as the model wrote it, so arguments
-streamed as the text grows are always a prefix of the arguments of the finished text.
+- `ValueEnd`: where an object or array that starts at a given index ends, found as the text
+  grows: each `feed` resumes where the last stopped, so a value streamed in n pieces costs
+  O(its length) in all, not O(n x length). Tool-call readers use it to know when a call's
+  object is complete.
+- `scan_object`: where each top-level member of an object starts and ends, so a reader can
+  cut a finished call's raw `arguments` text out of the model's output (nothing is
+  re-serialised: the arguments are what the model wrote).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-__all__ = ["ObjectScan", "scan_object", "skip_ws", "value_end"]
+__all__ = ["ObjectScan", "ValueEnd", "scan_object", "skip_ws", "value_end"]
+
+_STRUCTURE = re.compile(r'["{}\[\]]')   # what changes the depth outside a string
+_IN_STRING = re.compile(r'["\\]')        # what ends or escapes inside one
+
+
+class ValueEnd:
+    """The end of the object or array whose opening bracket is `text[start]`, as `text`
+    grows. `feed(text)` (the whole text so far, of which earlier calls saw a prefix) returns
+    the index after the closing bracket, or None while it is unfinished. Brackets are only
+    counted, not matched: the caller validates the value once it has ended."""
+
+    __slots__ = ("pos", "depth", "in_string", "num_scanned")
+
+    def __init__(self, start: int) -> None:
+        self.pos = start            # the next character to look at
+        self.depth = 0
+        self.in_string = False
+        self.num_scanned = 0        # characters passed over in all (each once)
+
+    def feed(self, text: str) -> int | None:
+        i, n = self.pos, len(text)
+        start = i
+        end = None
+        while i < n:
+            m = (_IN_STRING if self.in_string else _STRUCTURE).search(text, i)
+            if m is None:
+                i = n
+                break
+            j = m.start()
+            c = text[j]
+            if self.in_string:
+                if c == "\\":
+                    if j + 1 >= n:      # the escaped character has not arrived yet
+                        i = j
+                        break
+                    i = j + 2
+                    continue
+                self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    end = i = j + 1
+                    break
+            i = j + 1
+        self.num_scanned += i - start
+        self.pos = i
+        return end
 
 _WS = " \t\r\n"
 _DELIMS = ",}] \t\r\n"

@@ -15,7 +15,7 @@ from pacer.request import StructuredOutputsParams
 from pacer.server.api.errors import bad_request
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.tools.grammar import forced_call_grammar
-from pacer.server.tools.parsers import ParseResult, ToolParser, get_parser
+from pacer.server.tools.parsers import ToolParser, get_parser
 
 __all__ = ["ToolOptions", "plan_tools"]
 
@@ -33,28 +33,15 @@ class ToolOptions:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
 
 
-class _AtMostOne(ToolParser):
-    """parallel_tool_calls=false: only the first call counts."""
-
-    def __init__(self, inner: ToolParser) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def parse(self, text: str, final: bool) -> ParseResult:
-        result = self.inner.parse(text, final)
-        return result if len(result.calls) <= 1 else ParseResult(result.content, result.calls[:1])
-
-
 def plan_tools(parsed: ParsedRequest, options: ToolOptions) -> tuple[ParsedRequest, ToolParser | None]:
     """The request to run (with the forcing grammar when the calls are forced) and the
-    parser for its output (None: plain content)."""
+    parser for its output (None: plain content): it accepts only the functions in `tools`, and
+    only the first call when `parallel_tool_calls` is false."""
     tools = parsed.tools
     if tools is None or tools.choice == "none":
         return parsed, None
     name = options.tool_call_parser or "hermes"
-    parser = get_parser(name)
-    if not tools.parallel:
-        parser = _AtMostOne(parser)
+    parser = get_parser(name, [t["function"]["name"] for t in tools.tools], None if tools.parallel else 1)
     if tools.forced:
         grammar = forced_call_grammar(name, tools.forced_tools(), tools.parallel)
         sampling = {**parsed.sampling, "structured_outputs": StructuredOutputsParams(grammar=grammar)}

@@ -8,7 +8,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["render_chat", "shipped_template", "load_chat_template"]
+from pacer.server.api import errors
+
+__all__ = ["render_chat", "shipped_template", "load_chat_template", "template_error"]
 
 
 @cache
@@ -48,3 +50,15 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     text = tokenizer.hf.apply_chat_template(messages, tools=tools or None, chat_template=template,
                                             add_generation_prompt=True, tokenize=False)
     return list(tokenizer.hf.encode(text, add_special_tokens=False))
+
+
+def template_error(e: Exception) -> errors.APIError:
+    """A chat template that failed on the client's messages: a 400. A template's own error
+    (jinja's `raise_exception`, a TypeError or ValueError on the input) is shown; anything
+    else is logged with an id and only the id is shown."""
+    from jinja2 import TemplateError
+
+    if isinstance(e, TemplateError | TypeError | ValueError):
+        return errors.bad_request("messages", f"cannot apply the chat template: {e}")
+    error_id = errors.log_error("the chat template failed", e)
+    return errors.bad_request("messages", f"cannot apply the chat template to these messages (error id {error_id})")

@@ -1,0 +1,129 @@
+"""OpenAI response bodies from engine outputs: the whole body of a job that does not stream
+(`completion_body`) and the SSE chunks of one that does (`Chunks`), with usage counted as
+OpenAI counts it (each prompt once, every choice's completion tokens). Chat choices whose
+tool calls are parsed go through one reader (pacer.server.tools.stream) either way, so a
+streamed message reassembles to the non-streamed one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pacer.engine import RequestOutput
+from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
+from pacer.server.service import Job
+from pacer.server.tools.stream import ToolDeltaStream, tool_message
+
+__all__ = ["completion_body", "Chunks", "sse"]
+
+
+def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> dict[str, Any]:
+    """The JSON body of a finished job that did not stream; `outs` in choice order."""
+    parsed = job.parsed
+    k = parsed.sampling.get("logprobs")
+    if parsed.endpoint == "chat":
+        choices = []
+        for i, o in enumerate(outs):
+            message: dict[str, Any] = {"role": "assistant", "content": o.text}
+            finish = o.finish_reason
+            if job.tool_parser is not None:
+                message, finish = tool_message(job.tool_parser, o.text, finish)
+            choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
+                            "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
+        obj = "chat.completion"
+    else:
+        choices = [{"index": i, "text": o.text,
+                    "logprobs": None if k is None else completion_logprobs(o.token_ids, o.logprobs or [], texts)[0],
+                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        obj = "text_completion"
+    return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
+            "choices": choices, "usage": _usage(outs, parsed.n)}
+
+
+
+
+def _usage(outs: list[RequestOutput], n: int) -> dict[str, Any]:
+    """Outputs in choice order; a prompt counts once however many choices it has (as OpenAI)."""
+    firsts = outs[::n]
+    prompt = sum(len(o.prompt_token_ids) for o in firsts)
+    completion = sum(len(o.token_ids) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class Chunks:
+    """SSE chunks of one streamed job, shaped like OpenAI's (chat: role first, finish_reason last),
+    from the engine's deltas: each output's new text, tokens and logprobs (the engine holds text
+    back while it could still start a stop string, so nothing sent is ever taken back)."""
+
+    def __init__(self, job: Job, texts: TokenText) -> None:
+        self.chat = job.parsed.endpoint == "chat"
+        self.n = job.parsed.n
+        self.k: int | None = job.parsed.sampling.get("logprobs")
+        self.texts = texts
+        self.text_offsets: dict[int, int] = {}   # completions' text_offset runs on across chunks
+        self.base = {"id": job.api_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                     "created": job.created, "model": job.parsed.model}
+        self.extra = {"usage": None} if job.parsed.include_usage else {}
+        self.tool_parser = job.tool_parser
+        self.tool_streams: dict[int, ToolDeltaStream] = {}
+
+    def _choice(self, choice: dict[str, Any]) -> str:
+        return sse({**self.base, "choices": [choice], **self.extra})
+
+    def opening(self, num_choices: int) -> list[str]:
+        if not self.chat:
+            return []
+        return [self._choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}) for i in range(num_choices)]
+
+    def _new_logprobs(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
+        """The logprobs of the output's new tokens (sent as they come, with or without text)."""
+        if self.k is None or not out.new_logprobs:
+            return None
+        ids, entries = out.new_token_ids, out.new_logprobs
+        if self.chat:
+            return chat_logprobs(ids, entries, self.k, self.texts)
+        obj, self.text_offsets[index] = completion_logprobs(ids, entries, self.texts, self.text_offsets.get(index, 0))
+        return obj
+
+    def for_output(self, index: int, out: RequestOutput) -> list[str]:
+        finish = {"finish_reason": out.finish_reason, "stop_reason": out.stop_reason} if out.finished else {
+            "finish_reason": None}
+        text = out.new_text
+        logprobs = self._new_logprobs(index, out)
+        if not self.chat:
+            if not text and logprobs is None and not out.finished:
+                return []
+            return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish})]
+        chunks = []
+        if self.tool_parser is not None:
+            return self._tool_chunks(index, out, logprobs)
+        if text or logprobs is not None:
+            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": logprobs,
+                                        "finish_reason": None}))
+        if out.finished:
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
+        return chunks
+
+    def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
+        """Deltas of a choice whose tool calls are parsed: content, then each call's id and
+        name, then its argument fragments (pacer.server.tools.stream)."""
+        stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
+        deltas = stream.update(out.new_text, out.finished)
+        chunks = [self._choice({"index": index, "delta": d, "logprobs": None, "finish_reason": None})
+                  for d in deltas]
+        if logprobs is not None:
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None}))
+        if out.finished:
+            finish = {"finish_reason": stream.finish_reason(out.finish_reason), "stop_reason": out.stop_reason}
+            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
+        return chunks
+
+    def usage(self, outs: list[RequestOutput]) -> str:
+        return sse({**self.base, "choices": [], "usage": _usage(outs, self.n)})
