@@ -28,6 +28,13 @@ def base() -> Iterator[Engine]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def llm(base: Engine) -> LLM:
+    """The servers' and the security suite's LLM, over the session's loaded model (one torch
+    thread: on 2 shared cores ~10x faster than two contending)."""
+    return llm_over(base, kv_cache_memory="512MiB")
+
+
 def llm_over(base: Engine, **kw: Any) -> LLM:
     """An `LLM` whose engine is `make(base, **kw)`: the offline API without loading the model again."""
     llm = LLM.__new__(LLM)

@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from pacer.cli.serve import add_args as add_serve_args
 from pacer.config import EngineConfig
 from pacer.engine import Engine
@@ -25,7 +23,6 @@ from pacer.llm import LLM
 from pacer.model.executor import ModelExecutor
 from pacer.request import SamplingParams
 from pacer.server.cli import build_service
-from tests.conftest import llm_over
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -87,12 +84,6 @@ def serve(engine: Any, *flags: str, send_buffer: int | None = None) -> Iterator[
         # hand the engine back idle: finish whatever the last aborts left in its inbox
         while engine.has_unfinished_requests():
             engine.step()
-
-
-@pytest.fixture(scope="session")
-def llm(base: Engine) -> LLM:
-    # over the session's loaded model (one torch thread: on 2 shared cores ~10x faster than two contending)
-    return llm_over(base, kv_cache_memory="512MiB")
 
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
