@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pacer.model.loader import Checkpoint, ModelArch, as_token_ids, check_tensors
+from pacer.model.checkpoint import Checkpoint, ModelArch, as_token_ids, check_tensors
 from pacer.model.tokenizer import Tokenizer, gguf_cache_stem
 
 __all__ = ["load_gguf"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pacer.model.loader import Checkpoint
+from pacer.model.checkpoint import Checkpoint
 
 __all__ = ["hf_llama_from_checkpoint"]
 

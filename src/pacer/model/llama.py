@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from pacer.model.attention import AttentionMetadata, paged_attention, write_kv
+from pacer.model.checkpoint import ModelArch
 from pacer.model.kv_quant import KVFormat, kv_format
 from pacer.model.linear import Linear
-from pacer.model.loader import ModelArch
 
 __all__ = ["LlamaModel", "rope_inv_freq"]
 

