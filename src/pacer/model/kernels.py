@@ -56,6 +56,44 @@ def _build_lock(build: pathlib.Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
+LDFLAGS = ("-fopenmp", "-lmvec")
+
+
+def _build_dir(csrc: pathlib.Path) -> tuple[pathlib.Path, dict[str, bytes]]:
+    """The build directory for these sources, and the sources (name -> bytes).
+
+    Keyed by what decides the binary: every source's and header's name and content, the compiler
+    flags, torch's version and this CPU (the flags say -march=native), so every checkout and venv
+    with the same sources shares one build, and a changed header rebuilds. Not keyed by where the
+    checkout lies: the build compiles copies staged inside the build directory.
+    """
+    import torch
+
+    sources = {f.name: f.read_bytes() for f in sorted(csrc.iterdir()) if f.suffix in (".cpp", ".h")}
+    h = hashlib.sha256()
+    for name, data in sources.items():
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode() + b"\0" + torch.__version__.encode())
+    root = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
+    build = root / "kernels" / f"{_cpu_tag()}-{h.hexdigest()[:16]}"
+    build.mkdir(parents=True, exist_ok=True)
+    return build, sources
+
+
+def _stage_sources(build: pathlib.Path, sources: dict[str, bytes]) -> None:
+    """Copy the sources into `build/src` (under the build lock); an unchanged copy is left alone,
+    so torch's own check sees the same files and loads the existing build."""
+    staged = build / "src"
+    staged.mkdir(exist_ok=True)
+    for name, data in sources.items():
+        path = staged / name
+        if not path.is_file() or path.read_bytes() != data:
+            tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+
+
 def load() -> Any | None:
     """The compiled module, or None when it cannot be built here."""
     global _module, _failed
@@ -72,22 +110,12 @@ def load() -> Any | None:
             if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
-            csrc = pathlib.Path(__file__).parent / "csrc"
-            sources = sorted(str(f) for f in csrc.glob("*.cpp"))
-            # torch rebuilds when a source or a flag changes; the headers' hash as a flag
-            # makes a header change count too
-            headers = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(csrc.glob("*.h")))).hexdigest()[:16]
-            build = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
-            # built with -march=native: one build per CPU kind; and one per checkout, since the
-            # build files name the sources by absolute path (two checkouts would rebuild each other's)
-            checkout = hashlib.sha256(str(csrc.resolve()).encode()).hexdigest()[:8]
-            build = build / "kernels" / f"{_cpu_tag()}-{checkout}"
-            build.mkdir(parents=True, exist_ok=True)
+            build, sources = _build_dir(pathlib.Path(__file__).parent / "csrc")
             with _build_lock(build):
+                _stage_sources(build, sources)
                 _module = cpp_extension.load(
-                    name="pacer_kernels", sources=sources, build_directory=str(build),
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", f"-DPACER_HEADERS={headers}"],
-                    extra_ldflags=["-fopenmp", "-lmvec"], verbose=False,
+                    name="pacer_kernels", sources=[str(build / "src" / n) for n in sorted(sources) if n.endswith(".cpp")],
+                    build_directory=str(build), extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), verbose=False,
                 )
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
             log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)

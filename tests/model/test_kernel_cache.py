@@ -1,0 +1,49 @@
+"""Where the C++ kernels are built: one build per content, shared by every checkout."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pacer.model import kernels
+
+CSRC = Path(kernels.__file__).parent / "csrc"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _checkout(root: Path, name: str) -> Path:
+    csrc = root / name / "csrc"
+    shutil.copytree(CSRC, csrc)
+    return csrc
+
+
+def test_two_checkouts_of_the_same_sources_share_one_build(cache):
+    a, _ = kernels._build_dir(_checkout(cache, "one"))
+    b, _ = kernels._build_dir(_checkout(cache, "two"))
+    assert a == b
+    assert str(cache / "cache" / "kernels") in str(a)
+
+
+def test_a_changed_header_or_source_gets_a_build_of_its_own(cache):
+    base, _ = kernels._build_dir(_checkout(cache, "one"))
+    header = _checkout(cache, "header")
+    (header / "simd.h").write_text((header / "simd.h").read_text() + "\n// changed\n")
+    source = _checkout(cache, "source")
+    (source / "fused_ops.cpp").write_text((source / "fused_ops.cpp").read_text() + "\n// changed\n")
+    dirs = {base, kernels._build_dir(header)[0], kernels._build_dir(source)[0]}
+    assert len(dirs) == 3
+
+
+def test_staged_sources_are_the_checkouts_and_an_unchanged_copy_is_not_rewritten(cache):
+    build, sources = kernels._build_dir(_checkout(cache, "one"))
+    kernels._stage_sources(build, sources)
+    staged = {p.name: p.read_bytes() for p in (build / "src").iterdir()}
+    assert staged == sources
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (build / "src").iterdir()}
+    kernels._stage_sources(build, kernels._build_dir(_checkout(cache, "two"))[1])
+    assert {p.name: p.stat().st_mtime_ns for p in (build / "src").iterdir()} == mtimes
