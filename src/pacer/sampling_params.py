@@ -103,6 +103,9 @@ class SamplingParams:
     divides the positive logits and multiplies the negative ones of every token seen in the
     prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
     token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
+    `prompt_logprobs=k` (vLLM's) returns the same for every prompt token (the first, which has no
+    context, gets None): a request asking for it skips the prefix cache, so every prompt position
+    is computed for it (see docs/usage/grading.md).
     `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
     see `for_sample`); `Engine.add_request` takes one sequence. `slo` (pacer's): the request's
     own latency targets, a `Slo` or the HTTP body's {"ttft_ms": .., "itl_ms": .., "tpot_ms": ..,
@@ -122,6 +125,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     n: int = 1
     structured_outputs: StructuredOutputsParams | None = None
     slo: Slo | None = None
@@ -164,6 +168,11 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
                 raise FieldValueError("logprobs", f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                raise FieldValueError("prompt_logprobs",
+                                      f"prompt_logprobs must be <= {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise FieldTypeError("structured_outputs",
                                  "structured_outputs must be StructuredOutputsParams, got "
