@@ -5,8 +5,11 @@ Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
 `priority`; `tenant` is a pacer extension, also read from `user` (with an API key `user` is an
 end-user id and the tenant comes from the key: pacer.server.access.auth). Options we do not implement
-(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are
-refused with a 400 naming the field rather than ignored. Unknown keys are ignored, as
+(`suffix`, `best_of` > 1, `logit_bias`) are refused with a 400 naming the field rather
+than ignored. `echo` (completions) returns the prompt before the output, with `logprobs` its
+tokens' logprobs too (the first token's null), and allows `max_tokens: 0` (score the prompt,
+generate nothing: one token is computed and dropped); vLLM's `prompt_logprobs` (both endpoints)
+returns vLLM's per-prompt-token entries. Unknown keys are ignored, as
 OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
 `structured_outputs`, `guided_*`) are read by pacer.server.api.structured, `tools` /
 `tool_choice` by pacer.server.tools.api; a chat request with tools is also of class `agent`.
@@ -49,20 +52,28 @@ class ParsedRequest:
     tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
     structured_param: str | None = None             # the field that constrained the output, if any
     slo: Slo = Slo()                                # the request's own targets (body `slo`)
+    echo: bool = False                              # completions: the prompt before the output
+    score_only: bool = False                        # echo with max_tokens 0: drop the one token computed
 
 
 def parse_completion(body: Any) -> ParsedRequest:
     body = _object(body)
     common = _common(body)
-    _refuse_if(body, "echo", lambda v: v is True, "echo is not supported")
+    echo = bool(_opt_bool(body, "echo"))
     _refuse_if(body, "suffix", lambda v: v not in (None, ""), "suffix is not supported")
     _refuse_if(body, "best_of", lambda v: v not in (None, 1), "best_of other than 1 is not supported")
     logprobs = _opt_int(body, "logprobs", low=0, high=MAX_LOGPROBS)
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
+        if echo:   # the prompt's tokens get the same k (vLLM's echo)
+            common["sampling"]["prompt_logprobs"] = max(logprobs, common["sampling"].get("prompt_logprobs") or 0)
     _add_structured(body, common)
+    max_tokens = _opt_int(body, "max_tokens", low=0 if echo else 1)
+    if max_tokens == 0 and common["stream"]:
+        raise bad_request("max_tokens", "max_tokens 0 (score the prompt only) is not supported with stream")
     return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
-                         max_tokens=_opt_int(body, "max_tokens", low=1), **common)
+                         max_tokens=1 if max_tokens == 0 else max_tokens, echo=echo, score_only=max_tokens == 0,
+                         **common)
 
 
 def parse_chat(body: Any) -> ParsedRequest:
@@ -100,7 +111,6 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("model", "model is required and must be a non-empty string")
     n = _opt_int(body, "n", low=1, high=MAX_N)
     _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
-    _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
     stream = _opt_bool(body, "stream") or False
     include_usage = False
     opts = body.get("stream_options")
@@ -126,6 +136,9 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams kwargs common to both endpoints (not max_tokens, not logprobs)."""
     sampling: dict[str, Any] = {}
+    prompt_logprobs = _opt_int(body, "prompt_logprobs", low=0, high=MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        sampling["prompt_logprobs"] = prompt_logprobs
     temperature = _opt_number(body, "temperature", 0.0, 2.0)
     sampling["temperature"] = 1.0 if temperature is None else temperature
     top_p = _opt_number(body, "top_p", 0.0, 1.0)
