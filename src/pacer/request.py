@@ -253,7 +253,7 @@ class Request:
         penalties or ask for prompt logprobs (an executor seeing the request anew mirrors
         them), else (None, None)."""
         sp = self.sampling_params
-        if not sp.has_penalties and sp.prompt_logprobs is None:
+        if not sp.needs_history and sp.prompt_logprobs is None:
             return None, None
         return list(self.prompt_token_ids), list(self.output_token_ids)
 

@@ -104,7 +104,7 @@ class ModelExecutor:
 
     @staticmethod
     def _new_history(sr: ScheduledRequest) -> TokenHistory | None:
-        if sr.sampling_params is None or not sr.sampling_params.has_penalties:
+        if sr.sampling_params is None or not sr.sampling_params.needs_history:
             return None
         if sr.prompt_token_ids is None or sr.output_token_ids is None:
             raise ValueError(f"request {sr.request_id} uses penalties but came without its token history")
