@@ -13,6 +13,7 @@ from typing import Any
 from pacer.engine import RequestOutput
 from pacer.server.api.echo import echo_logprobs, prompt_text, vllm_prompt_logprobs
 from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
+from pacer.server.api.request_metrics import metrics_body
 from pacer.server.service import Job
 from pacer.server.tools.stream import ToolDeltaStream, tool_message
 
@@ -39,8 +40,17 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
     else:
         choices = [_completion_choice(parsed, i, o, texts) for i, o in enumerate(outs)]
         obj = "text_completion"
+    if job.return_metrics:
+        extra["metrics"] = _metrics(job, outs)
     return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
             "choices": choices, "usage": _usage(outs, parsed.n, parsed.score_only), **extra}
+
+
+def _metrics(job: Job, outs: list[RequestOutput]) -> list[dict[str, Any]]:
+    """Per choice (in choice order), what the engine measured and the SLO it was held to."""
+    return [{"index": i, **metrics_body(o.metrics, job.contexts[i].slo, o.finish_reason in ("stop", "length",
+                                                                                              "tool_calls"))}
+            for i, o in enumerate(outs)]
 
 
 def _prompt_logprobs(parsed: Any, o: RequestOutput, texts: TokenText) -> Any:
@@ -166,4 +176,8 @@ class Chunks:
         return chunks
 
     def usage(self, outs: list[RequestOutput]) -> str:
-        return sse({**self.base, "choices": [], "usage": _usage(outs, self.n)})
+        return sse({**self.base, "choices": [], "usage": _usage(outs, self.n, self.parsed.score_only)})
+
+    def metrics(self, job: Job, outs: list[RequestOutput]) -> str:
+        """The last chunk of a job that asked for per-request metrics: each choice's."""
+        return sse({**self.base, "choices": [], "metrics": _metrics(job, outs)})

@@ -54,6 +54,7 @@ class ParsedRequest:
     slo: Slo = Slo()                                # the request's own targets (body `slo`)
     echo: bool = False                              # completions: the prompt before the output
     score_only: bool = False                        # echo with max_tokens 0: drop the one token computed
+    return_metrics: bool = False                    # the body asks for per-request metrics in the response
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -130,7 +131,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("cache_salt", "cache_salt must be a non-empty string")
     return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
             "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
-            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo,
+            "return_metrics": bool(_opt_bool(body, "return_metrics"))}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
