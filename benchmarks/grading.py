@@ -108,7 +108,7 @@ def grade_served(flags: list[str], task_dir: Path, work: Path, name: str) -> dic
     proc, url = start_server(flags, work / f"serve-{name}.log")
     try:
         args = (f"model=smollm2,base_url={url}/v1/completions,tokenizer={HF_DIR},tokenized_requests=True,"
-                "num_concurrent=4,max_retries=1")
+                "num_concurrent=4,max_retries=3,timeout=600")
         return run_lm_eval("local-completions", args, task_dir, work / f"out-{name}")
     finally:
         proc.terminate()
