@@ -180,11 +180,6 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
                 raise FieldValueError("logprobs", f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
-        if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
-            if self.prompt_logprobs > MAX_LOGPROBS:
-                raise FieldValueError("prompt_logprobs",
-                                      f"prompt_logprobs must be <= {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         self._check_vllm_fields()
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise FieldTypeError("structured_outputs",
@@ -192,6 +187,11 @@ class SamplingParams:
                             f"{type(self.structured_outputs).__name__}")
 
     def _check_vllm_fields(self) -> None:
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                raise FieldValueError("prompt_logprobs",
+                                      f"prompt_logprobs must be <= {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         _check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise FieldValueError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
@@ -243,6 +243,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs (it is stored so once checked)."""
+        bias = self.logit_bias
+        if not bias:
+            return ()
+        return tuple(bias.items()) if isinstance(bias, dict) else tuple(bias)
 
     @property
     def needs_history(self) -> bool:

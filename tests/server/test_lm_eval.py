@@ -6,7 +6,6 @@ accuracy on the same weights in float32 (within one item) and per-item loglikeli
 from __future__ import annotations
 
 import pytest
-
 from benchmarks.grading import HF_DIR, LM_EVAL, compare, grade_hf, grade_served, write_task
 
 pytestmark = pytest.mark.slow

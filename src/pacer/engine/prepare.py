@@ -128,7 +128,7 @@ def _resolve_token_fields(params: SamplingParams, tokenizer: Any, vocab_size: in
     `bad_words` (each with and without a leading space, as vLLM) into `bad_words_token_ids`."""
     if vocab_size is not None:
         for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()),
-                          ("logit_bias", [t for t, _ in params.logit_bias or ()])):
+                          ("logit_bias", [t for t, _ in params.logit_bias_pairs])):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise FieldValueError(name, f"{name} token ids must be < the vocabulary size {vocab_size}, got {bad[0]}")

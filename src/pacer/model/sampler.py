@@ -224,8 +224,9 @@ def _apply_token_filters(logits: torch.Tensor, rows: list[SamplingRow]) -> torch
         for word in p.bad_words_token_ids:
             if len(word) == 1 or (len(outputs) >= len(word) - 1 and outputs[len(outputs) - len(word) + 1:] == list(word[:-1])):
                 logits[i, word[-1]] = float("-inf")
-        if p.logit_bias:
-            ids = [t for t, _ in p.logit_bias if t < vocab]
-            logits[i, ids] += torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=logits.dtype,
+        pairs = p.logit_bias_pairs
+        if pairs:
+            ids = [t for t, _ in pairs if t < vocab]
+            logits[i, ids] += torch.tensor([b for t, b in pairs if t < vocab], dtype=logits.dtype,
                                            device=logits.device)
     return logits

@@ -118,9 +118,11 @@ class ModelOutput:
     prompt_logprobs: Mapping[str, tuple[int, Sequence[Mapping[int, float]]]] = field(default_factory=dict)
 
     @classmethod
-    def sampled(cls, tokens: Mapping[str, int], **timings: float) -> ModelOutput:
+    def sampled(cls, tokens: Mapping[str, int], prepare_s: float = 0.0, forward_s: float | None = None,
+                sample_s: float = 0.0) -> ModelOutput:
         """One sampled token per request id, no logprobs."""
-        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, **timings)
+        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, prepare_s=prepare_s,
+                   forward_s=forward_s, sample_s=sample_s)
 
 
 class Executor(Protocol):

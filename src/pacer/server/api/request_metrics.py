@@ -31,7 +31,7 @@ def metrics_body(m: RequestMetrics, slo: Slo, ok: bool) -> dict[str, Any]:
     # ITL is held to its target on the 99th percentile of the request's own gaps (Slo.met_by)
     values = {"ttft": m.ttft, "tpot": m.tpot, "e2e": m.e2e, "itl": percentile(itl, 99) if itl else None}
     targets = {f"{k}_ms": _ms(getattr(slo, k)) for k in SLO_KEYS if getattr(slo, k) is not None}
-    met = {k: ok and values[k] is not None and values[k] <= getattr(slo, k)   # type: ignore[operator]
+    met = {k: ok and values[k] is not None and values[k] <= getattr(slo, k)
            for k in SLO_KEYS if getattr(slo, k) is not None}
     return {
         "queue_wait_ms": _ms(m.queue_wait), "ttft_ms": _ms(m.ttft), "itl_p50_ms": _ms(_p50(itl)),
