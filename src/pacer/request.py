@@ -250,8 +250,10 @@ class Request:
 
     def penalty_history(self) -> tuple[list[int] | None, list[int] | None]:
         """Copies of the prompt and of the tokens generated so far when the params use
-        penalties (an executor seeing the request anew mirrors them), else (None, None)."""
-        if not self.sampling_params.has_penalties:
+        penalties or ask for prompt logprobs (an executor seeing the request anew mirrors
+        them), else (None, None)."""
+        sp = self.sampling_params
+        if not sp.needs_history and sp.prompt_logprobs is None:
             return None, None
         return list(self.prompt_token_ids), list(self.output_token_ids)
 

@@ -103,6 +103,15 @@ class SamplingParams:
     divides the positive logits and multiplies the negative ones of every token seen in the
     prompt or the output. `logprobs=k` returns, per generated token, the logprob of the sampled
     token and of the k most likely ones (0 <= k <= MAX_LOGPROBS), from the model's raw logits.
+    `prompt_logprobs=k` (vLLM's) returns the same for every prompt token (the first, which has no
+    context, gets None): a request asking for it skips the prefix cache, so every prompt position
+    is computed for it (see docs/usage/grading.md).
+    vLLM's / OpenAI's: `min_p` (in [0, 1]: drop tokens below min_p x the top token's probability,
+    after temperature), `logit_bias` ({token_id: bias in [-100, 100]} added to the logits),
+    `allowed_token_ids` (sample only these), `bad_words` (strings never generated: a word's last
+    token is banned when the output ends with the tokens before it, with and without a leading
+    space; the engine tokenizes them into `bad_words_token_ids`), `truncate_prompt_tokens` (keep
+    the prompt's last k tokens; -1: as many as max_model_len allows).
     `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
     see `for_sample`); `Engine.add_request` takes one sequence. `slo` (pacer's): the request's
     own latency targets, a `Slo` or the HTTP body's {"ttft_ms": .., "itl_ms": .., "tpot_ms": ..,
@@ -125,6 +134,13 @@ class SamplingParams:
     n: int = 1
     structured_outputs: StructuredOutputsParams | None = None
     slo: Slo | None = None
+    prompt_logprobs: int | None = None
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self._check_slo()
@@ -164,10 +180,49 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0)
             if self.logprobs > MAX_LOGPROBS:
                 raise FieldValueError("logprobs", f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        self._check_vllm_fields()
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise FieldTypeError("structured_outputs",
                                  "structured_outputs must be StructuredOutputsParams, got "
                             f"{type(self.structured_outputs).__name__}")
+
+    def _check_vllm_fields(self) -> None:
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                raise FieldValueError("prompt_logprobs",
+                                      f"prompt_logprobs must be <= {MAX_LOGPROBS}, got {self.prompt_logprobs}")
+        _check_number("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise FieldValueError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logit_bias is not None:
+            items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+            pairs = []
+            for tok, bias in items:
+                _check_int("logit_bias", tok, low=0)
+                _check_number("logit_bias", bias)
+                if not -100.0 <= bias <= 100.0:
+                    raise FieldValueError("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} "
+                                                        f"for token {tok}")
+                pairs.append((int(tok), float(bias)))
+            object.__setattr__(self, "logit_bias", tuple(sorted(pairs)) or None)
+        if self.allowed_token_ids is not None:
+            ids = tuple(self.allowed_token_ids)
+            if not ids:
+                raise FieldValueError("allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids")
+            for t in ids:
+                _check_int("allowed_token_ids", t, low=0)
+            object.__setattr__(self, "allowed_token_ids", ids)
+        bad = (self.bad_words,) if isinstance(self.bad_words, str) else tuple(self.bad_words)
+        if not all(isinstance(w, str) and w for w in bad):
+            raise FieldValueError("bad_words", f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+        object.__setattr__(self, "bad_words", bad)
+        object.__setattr__(self, "bad_words_token_ids", tuple(tuple(int(t) for t in w) for w in self.bad_words_token_ids))
+        if self.truncate_prompt_tokens is not None:
+            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, low=-1)
+            if self.truncate_prompt_tokens == 0:
+                raise FieldValueError("truncate_prompt_tokens",
+                                      "truncate_prompt_tokens must be >= 1 (or -1: max_model_len), got 0")
 
     def _check_slo(self) -> None:
         from pacer.config.slo import Slo, slo_from_request
@@ -188,6 +243,24 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs (it is stored so once checked)."""
+        bias = self.logit_bias
+        if not bias:
+            return ()
+        return tuple(bias.items()) if isinstance(bias, dict) else tuple(bias)
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the executor mirrors the request's tokens (penalties, multi-token bad words)."""
+        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
+
+    @property
+    def has_token_filters(self) -> bool:
+        """Whether sampling edits logits by token before penalties (vLLM's logits processors)."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words_token_ids)
 
     @property
     def has_penalties(self) -> bool:

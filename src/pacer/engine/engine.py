@@ -302,6 +302,9 @@ class Engine:
             log.exception("executor failed on step %d; retrying its requests one by one", sched_out.step_id)
             result = execute_each(self._executor, sched_out, self.scheduler.requests, self.kv.block_table)
         t2 = time.perf_counter()
+        for rid, (first, entries) in result.prompt_logprobs.items():
+            if rid in self._tracked:
+                self._tracked[rid].put_prompt_logprobs(first, entries)
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
         for req, num_new in updated:

@@ -40,6 +40,8 @@ class WholeOutput:
     # None unless SamplingParams.logprobs is set: one {token_id: logprob} per output token, the
     # sampled token first, then the top-k most likely in descending order (raw model logprobs)
     logprobs: list[dict[int, float]] | None
+    # None unless SamplingParams.prompt_logprobs is set: one entry per prompt token, the first None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +74,9 @@ class RequestOutput:
     # unsupported, or its compile timed out): the message for the client (the server sends a 400)
     error: str | None = None
     whole: WholeOutput | None = None   # set on the finished output only
+    # SamplingParams.prompt_logprobs: one entry per prompt token (the first None, as vLLM), on the
+    # request's first output with tokens and on its finished output; None otherwise
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def _whole(self, name: str) -> WholeOutput:
         if self.whole is None:
@@ -112,7 +117,7 @@ class TrackedRequest:
     outputs have carried), stop strings, logprobs."""
 
     __slots__ = ("req", "detok", "text", "num_text_sent", "stop_searched", "prompt", "max_stop_len",
-                 "logprobs", "error")
+                 "logprobs", "error", "prompt_logprobs", "prompt_logprobs_sent")
 
     def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
         self.req = req
@@ -124,6 +129,15 @@ class TrackedRequest:
         self.max_stop_len = max((len(s) for s in req.sampling_params.stop), default=0)
         self.logprobs: list[dict[int, float]] | None = None if req.sampling_params.logprobs is None else []
         self.error: str | None = None
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            None if req.sampling_params.prompt_logprobs is None else [None] * req.num_prompt_tokens)
+        self.prompt_logprobs_sent = False
+
+    def put_prompt_logprobs(self, first_index: int, entries: Sequence[Mapping[int, float]]) -> None:
+        """Record a step's prompt logprobs (prompt tokens first_index...; a recompute after
+        preemption writes the same positions again)."""
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs[first_index:first_index + len(entries)] = [dict(e) for e in entries]
 
     def push_tokens(self, num_new: int, logprobs: Sequence[Mapping[int, float]] | None
                     ) -> tuple[list[int], str, list[dict[int, float]] | None, str | None]:
@@ -223,7 +237,7 @@ class TrackedRequest:
         """The finished request's last output: the step's delta, the text still held back, and
         the whole output."""
         new_text += self._settle(final=True)
-        whole = WholeOutput(list(self.req.output_token_ids), self.text, self.logprobs)
+        whole = WholeOutput(list(self.req.output_token_ids), self.text, self.logprobs, self.prompt_logprobs)
         return self._output(new_ids, new_text, new_logprobs, whole)
 
     def _output(self, new_ids: list[int], new_text: str, new_logprobs: list[dict[int, float]] | None,
@@ -231,11 +245,14 @@ class TrackedRequest:
         r = self.req
         if self.logprobs is not None and new_logprobs is None:
             new_logprobs = []
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and (whole is not None or (new_ids and not self.prompt_logprobs_sent)):
+            prompt_logprobs, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return RequestOutput(
             request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, new_token_ids=list(new_ids),
             new_text=new_text, finished=r.is_finished,
             finish_reason=r.finish_reason.value if r.finish_reason else None, metrics=r.metrics,
             num_cached_tokens=r.num_cached_tokens, priority=r.priority, tenant=r.tenant,
             num_output_tokens=r.num_output_tokens, stop_reason=r.stop_reason, prompt=self.prompt,
-            new_logprobs=new_logprobs, error=self.error, whole=whole,
+            new_logprobs=new_logprobs, error=self.error, whole=whole, prompt_logprobs=prompt_logprobs,
         )

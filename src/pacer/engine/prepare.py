@@ -7,6 +7,7 @@ class and targets resolved once. The offline API (`LLM.generate`) and the server
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,11 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     (`messages` for a chat request)."""
     params = _check_args(params, priority, tenant, cache_salt)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
+    if params.truncate_prompt_tokens is not None:   # vLLM's: keep the prompt's last k tokens
+        keep = ctx.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+        if len(ids) > keep:
+            ids, prompt = ids[-keep:], list(ids[-keep:])
+    params = _resolve_token_fields(params, ctx.tokenizer, ctx.vocab_size)
     check_context_length(len(ids), params.max_tokens, ctx.max_model_len, ctx.kv_capacity_tokens, field)
     rclass = _resolve_class(ctx.class_rules, len(ids), params.max_tokens, request_class)
     own = params.slo if slo is None else slo
@@ -115,3 +121,25 @@ def _resolve_class(rules: ClassRules, num_prompt_tokens: int, max_tokens: int, r
     if isinstance(request_class, str) and request_class:
         return canonical_class(request_class)
     raise FieldValueError("request_class", f"request_class must be a non-empty string, got {request_class!r}")
+
+
+def _resolve_token_fields(params: SamplingParams, tokenizer: Any, vocab_size: int | None) -> SamplingParams:
+    """Checks `allowed_token_ids` and `logit_bias` ids against the vocabulary, and tokenizes
+    `bad_words` (each with and without a leading space, as vLLM) into `bad_words_token_ids`."""
+    if vocab_size is not None:
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("logit_bias", [t for t, _ in params.logit_bias_pairs])):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise FieldValueError(name, f"{name} token ids must be < the vocabulary size {vocab_size}, got {bad[0]}")
+    if not params.bad_words or params.bad_words_token_ids:
+        return params
+    if tokenizer is None:
+        raise FieldValueError("bad_words", "bad_words needs the model's tokenizer")
+    words: list[tuple[int, ...]] = []
+    for word in params.bad_words:
+        for variant in (word, " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(variant))
+            if ids and ids not in words:
+                words.append(ids)
+    return dataclasses.replace(params, bad_words_token_ids=tuple(words))

@@ -5,7 +5,7 @@ bad request fails alone (an error result) and the others keep going. Used by `En
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from pacer.request import Request
@@ -22,6 +22,7 @@ def execute_each(executor: Executor, out: SchedulerOutput, requests: Mapping[str
     executor): those that fail again get an error result. A step with KV swaps is not retried
     (its copies may have half run): all its requests fail."""
     results: dict[str, RequestResult] = {}
+    prompt_logprobs: dict[str, tuple[int, Sequence[Mapping[int, float]]]] = {}
     for sr in out.scheduled:
         req = requests.get(sr.request_id)
         if req is None or out.swap_out or out.swap_in:
@@ -36,8 +37,10 @@ def execute_each(executor: Executor, out: SchedulerOutput, requests: Mapping[str
                                  num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,
                                  token_masks=out.token_masks)
         try:
-            results.update(executor.execute(single).results)
+            alone_out = executor.execute(single)
+            results.update(alone_out.results)
+            prompt_logprobs.update(alone_out.prompt_logprobs)
         except Exception as e:
             log.exception("request %s failed alone; finishing it with an error", sr.request_id)
             results[sr.request_id] = RequestResult(error=f"{type(e).__name__}: {e}")
-    return ModelOutput(results)
+    return ModelOutput(results, prompt_logprobs=prompt_logprobs)

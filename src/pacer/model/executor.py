@@ -14,6 +14,7 @@ import torch
 from pacer.model.attention import AttentionMetadata, ChunkSpan, build_metadata
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
+from pacer.model.prompt_logprobs import PromptRows, prompt_entries, prompt_rows_of
 from pacer.model.sampler import Sampler, TokenHistory
 from pacer.model.spec_verify import fold_results, sampling_rows
 from pacer.request import SamplingParams
@@ -23,12 +24,14 @@ __all__ = ["ModelExecutor"]
 
 
 class _ReqState:
-    __slots__ = ("block_table", "params", "history")
+    __slots__ = ("block_table", "params", "history", "prompt_ids")
 
-    def __init__(self, block_table: list[int], params: SamplingParams, history: TokenHistory | None) -> None:
+    def __init__(self, block_table: list[int], params: SamplingParams, history: TokenHistory | None,
+                 prompt_ids: list[int] | None) -> None:
         self.block_table = block_table
         self.params = params
         self.history = history
+        self.prompt_ids = prompt_ids   # set when params.prompt_logprobs: the targets of prompt rows
 
 
 class ModelExecutor:
@@ -87,8 +90,11 @@ class ModelExecutor:
         for sr in out.scheduled:
             if sr.is_new:
                 assert sr.sampling_params is not None
+                prompt_ids = sr.prompt_token_ids if sr.sampling_params.prompt_logprobs is not None else None
+                if prompt_ids is None and sr.sampling_params.prompt_logprobs is not None:
+                    raise ValueError(f"request {sr.request_id} asks for prompt logprobs but came without its prompt")
                 state = self._states[sr.request_id] = _ReqState(
-                    list(sr.block_ids), sr.sampling_params, self._new_history(sr))
+                    list(sr.block_ids), sr.sampling_params, self._new_history(sr), prompt_ids)
             else:
                 state = self._states[sr.request_id]
                 if sr.block_ids:
@@ -98,7 +104,7 @@ class ModelExecutor:
 
     @staticmethod
     def _new_history(sr: ScheduledRequest) -> TokenHistory | None:
-        if sr.sampling_params is None or not sr.sampling_params.has_penalties:
+        if sr.sampling_params is None or not sr.sampling_params.needs_history:
             return None
         if sr.prompt_token_ids is None or sr.output_token_ids is None:
             raise ValueError(f"request {sr.request_id} uses penalties but came without its token history")
@@ -112,10 +118,15 @@ class ModelExecutor:
             return ModelOutput(prepare_s=time.perf_counter() - t0, forward_s=0.0)
         singles = [sr for sr in out.scheduled if sr.num_tokens == 1 and not sr.draft_token_ids]
         multis = [sr for sr in out.scheduled if sr.num_tokens > 1 or sr.draft_token_ids]
-        input_ids, positions, meta, logits_rows, sample_reqs = self._prepare(singles, multis)
+        input_ids, positions, meta, logits_rows, sample_reqs, prompt_groups = self._prepare(singles, multis)
+        num_sample_rows = len(logits_rows)
+        logits_rows.extend(r for g in prompt_groups for r in g.rows)
         t1 = time.perf_counter()
-        logits = self.model.forward(input_ids, positions, meta, self.kv_caches, logits_rows, self.kv_format)
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches,
+                                    torch.tensor(logits_rows, device=self.device, dtype=torch.long), self.kv_format)
         t2 = time.perf_counter()
+        prompt_logprobs = prompt_entries(logits[num_sample_rows:], prompt_groups) if prompt_groups else {}
+        logits = logits[:num_sample_rows]
         states = [self._states[sr.request_id] for sr in sample_reqs]
         rows, spans = sampling_rows(sample_reqs, [st.params for st in states], [st.history for st in states])
         if out.token_masks is not None and sample_reqs:   # computed while the forward ran
@@ -127,11 +138,12 @@ class ModelExecutor:
             tables = {sr.request_id: self._states[sr.request_id].block_table for sr in sample_reqs}
             results = fold_results(sample_reqs, spans, sampled.token_ids, sampled.logprobs, tables, self.block_size)
         t3 = time.perf_counter()
-        return ModelOutput(results, prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+        return ModelOutput(results, prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2,
+                           prompt_logprobs=prompt_logprobs)
 
     def _prepare(
         self, singles: list[ScheduledRequest], multis: list[ScheduledRequest]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[ScheduledRequest]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[ScheduledRequest], list[PromptRows]]:
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -140,7 +152,9 @@ class ModelExecutor:
         sample_reqs: list[ScheduledRequest] = []
         tables: list[list[int]] = []
         ctx_lens: list[int] = []
+        prompt_groups: list[PromptRows] = []
         for i, sr in enumerate(singles):
+            self._add_prompt_rows(prompt_groups, sr, i)
             table = self._states[sr.request_id].block_table
             p = sr.start_position
             ids.append(sr.token_ids[0])
@@ -161,14 +175,26 @@ class ModelExecutor:
             pos.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             chunks.append(ChunkSpan(row, n, start, table[:-(-(start + n) // bs)]))
+            self._add_prompt_rows(prompt_groups, sr, row)
             row += n
             if sr.sample:   # drafts: the logits at the last token and at every draft
                 logits_rows.extend(range(row - 1 - len(sr.draft_token_ids), row))
                 sample_reqs.append(sr)
         dev = self.device
         meta = build_metadata(slots, tables, ctx_lens, chunks, bs, dev, use_kernel=self.model.kernel is not None)
-        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
-                torch.tensor(logits_rows, device=dev, dtype=torch.long), sample_reqs)
+        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows, sample_reqs,
+                prompt_groups)
+
+    def _add_prompt_rows(self, groups: list[PromptRows], sr: ScheduledRequest, first_row: int) -> None:
+        """The chunk's prompt-scoring rows, for a request that asks for prompt logprobs and has
+        not sampled yet (a resume after its first token has them all already)."""
+        state = self._states[sr.request_id]
+        if state.prompt_ids is None or sr.num_output_tokens > 0:
+            return
+        k = state.params.prompt_logprobs or 0
+        group = prompt_rows_of(sr.request_id, state.prompt_ids, k, first_row, sr.start_position, sr.num_tokens)
+        if group is not None:
+            groups.append(group)
 
 
 

@@ -32,12 +32,13 @@ class TokenHistory:
     are new outputs. Tensors are created at the first sample and updated there with what
     arrived since, in one op each."""
 
-    __slots__ = ("num_tokens", "_pending_prompt", "_pending_output", "_counts", "_seen")
+    __slots__ = ("num_tokens", "_pending_prompt", "_pending_output", "_counts", "_seen", "output_ids")
 
     def __init__(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
         self.num_tokens = len(prompt_token_ids) + len(output_token_ids)
         self._pending_prompt = list(prompt_token_ids)
         self._pending_output = list(output_token_ids)
+        self.output_ids = list(output_token_ids)   # the output so far (bad words match its tail)
         self._counts: torch.Tensor | None = None
         self._seen: torch.Tensor | None = None
 
@@ -49,6 +50,7 @@ class TokenHistory:
         if known < len(token_ids):
             new = token_ids[known:]
             self._pending_output.extend(new)
+            self.output_ids.extend(new)
             self.num_tokens += len(new)
 
     def tensors(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +73,7 @@ class TokenHistory:
 class SamplingRow:
     params: SamplingParams
     output_index: int                     # how many tokens the request generated before this one
-    history: TokenHistory | None = None   # set when params.has_penalties
+    history: TokenHistory | None = None   # set when params.needs_history
 
 
 @dataclass(slots=True)
@@ -101,7 +103,9 @@ class Sampler:
             logits = logits.clone()
             for i, ids in banned.items():
                 logits[i, list(ids)] = float("-inf")
-        penalty_rows = [i for i, r in enumerate(rows) if r.history is not None]
+        if any(r.params.has_token_filters for r in rows):
+            logits = _apply_token_filters(logits, rows)
+        penalty_rows = [i for i, r in enumerate(rows) if r.history is not None and r.params.has_penalties]
         if penalty_rows:
             logits = self._apply_penalties(logits, rows, penalty_rows)
         tokens = self._sample_tokens(logits, rows)
@@ -127,6 +131,10 @@ class Sampler:
         sub = sub / temps
         sub = self._apply_top_k_top_p(sub, [rows[i].params for i in random_rows])
         probs = torch.softmax(sub, dim=-1)
+        min_ps = [rows[i].params.min_p for i in random_rows]
+        if any(min_ps):   # vLLM's min_p: drop tokens below min_p x the top token's probability
+            floor = torch.tensor(min_ps, dtype=probs.dtype, device=probs.device).unsqueeze(1)
+            probs = probs.masked_fill(probs < floor * probs.max(dim=-1, keepdim=True).values, 0.0)
         noise = self._exponential_noise(probs.shape, [rows[i] for i in random_rows])
         out[idx] = (probs / noise.to(probs.device)).argmax(dim=-1)
         return out
@@ -198,3 +206,27 @@ class Sampler:
                 g.manual_seed((r.params.seed * 1_000_003 + r.output_index) % (2**63))
                 noise[i].exponential_(generator=g)
         return noise.clamp_min_(1e-20)
+
+
+def _apply_token_filters(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """vLLM's per-request logits processors, on a copy: `allowed_token_ids` (every other token
+    at -inf), `bad_words_token_ids` (a word's last token at -inf when the output ends with the
+    rest of it) and `logit_bias` (added)."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i, r in enumerate(rows):
+        p = r.params
+        if p.allowed_token_ids:
+            keep = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+            keep[[t for t in p.allowed_token_ids if t < vocab]] = True
+            logits[i].masked_fill_(~keep, float("-inf"))
+        outputs = r.history.output_ids if r.history is not None else []
+        for word in p.bad_words_token_ids:
+            if len(word) == 1 or (len(outputs) >= len(word) - 1 and outputs[len(outputs) - len(word) + 1:] == list(word[:-1])):
+                logits[i, word[-1]] = float("-inf")
+        pairs = p.logit_bias_pairs
+        if pairs:
+            ids = [t for t, _ in pairs if t < vocab]
+            logits[i, ids] += torch.tensor([b for t, b in pairs if t < vocab], dtype=logits.dtype,
+                                           device=logits.device)
+    return logits

@@ -49,7 +49,7 @@ class ScheduledRequest:
     is_prefill: bool              # for stats: False only for a plain decode token
     num_output_tokens: int        # tokens generated before this step (seeded sampling position)
     sampling_params: SamplingParams | None = None  # set when is_new
-    prompt_token_ids: list[int] | None = None      # set when is_new and sampling_params.has_penalties
+    prompt_token_ids: list[int] | None = None      # set when is_new and has_penalties or prompt_logprobs
     output_token_ids: list[int] | None = None      # likewise: the tokens generated before this step
     # Room for the sampler's next per-request inputs (unset today; executors must reject what
     # they cannot honour rather than ignore it). Token masks travel per step, not per request:
@@ -113,11 +113,16 @@ class ModelOutput:
     prepare_s: float = 0.0
     forward_s: float | None = None
     sample_s: float = 0.0
+    # requests asking for prompt logprobs whose prompt tokens this step scored: request id ->
+    # (index of the first prompt token scored, one {token_id: logprob} per token, the token first)
+    prompt_logprobs: Mapping[str, tuple[int, Sequence[Mapping[int, float]]]] = field(default_factory=dict)
 
     @classmethod
-    def sampled(cls, tokens: Mapping[str, int], **timings: float) -> ModelOutput:
+    def sampled(cls, tokens: Mapping[str, int], prepare_s: float = 0.0, forward_s: float | None = None,
+                sample_s: float = 0.0) -> ModelOutput:
         """One sampled token per request id, no logprobs."""
-        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, **timings)
+        return cls({rid: RequestResult((tok,)) for rid, tok in tokens.items()}, prepare_s=prepare_s,
+                   forward_s=forward_s, sample_s=sample_s)
 
 
 class Executor(Protocol):

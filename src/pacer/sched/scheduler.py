@@ -257,7 +257,10 @@ class Scheduler:
                     continue
                 return
             # new, or resuming after recompute preemption: look up its cached prefix (no refs yet)
-            hit = self.kv.lookup_prefix(req) if req.num_computed_tokens == 0 else None
+            # prompt logprobs are computed, never read off cached KV (maybe another tenant's);
+            # once the first token is out they are all in, and a resume may hit the cache again
+            wants_prompt = req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == 0
+            hit = self.kv.lookup_prefix(req) if req.num_computed_tokens == 0 and not wants_prompt else None
             computed = req.num_computed_tokens if hit is None else hit.num_tokens
             n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:

@@ -132,7 +132,7 @@ class SpecDecoder:
     @staticmethod
     def eligible(req: Request) -> bool:
         sp = req.sampling_params
-        return not sp.has_penalties and sp.structured_outputs is None
+        return not sp.needs_history and sp.structured_outputs is None and not sp.bad_words_token_ids
 
     def acceptance_rate(self, request_id: str) -> float:
         acc = self._acceptance.get(request_id)

@@ -260,6 +260,8 @@ async def _stream(service: Service, job: Job, first: Any, watcher: asyncio.Task[
             item = await job.queue.get()
         if job.parsed.include_usage:
             yield chunks.usage([finals[i] for i in sorted(finals)])
+        if job.return_metrics:
+            yield chunks.metrics(job, [finals[i] for i in sorted(finals)])
         yield "data: [DONE]\n\n"
     except Exception as e:   # the stream has started: end it with an error event, never the text
         error_id = errors.log_error(f"streaming {job.api_id} failed", e)

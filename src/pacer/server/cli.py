@@ -91,6 +91,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="publish KV cache events as vLLM does (its KVEventsConfig fields), e.g. "
                         '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
                         '"replay_endpoint": "tcp://*:5558", "topic": "kv"}\'')
+    s.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="every response carries each choice's metrics (queue wait, TTFT, ITL, TPOT, cached "
+                        "tokens, SLO targets, slack at admission, met); else a body's return_metrics asks")
     t = p.add_argument_group("tools and chat template (vLLM's flags)")
     t.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
@@ -295,7 +298,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
                              tenant_weights=weights or engine.config.cache.tenant_weights,
                              max_queued_outputs=args.max_queued_outputs,
                              engine_iteration_timeout=args.engine_iteration_timeout,
-                             floor_trusted_slo=choices.floor_trusted_slo, max_tenant_labels=args.max_tenant_labels)
+                             floor_trusted_slo=choices.floor_trusted_slo, max_tenant_labels=args.max_tenant_labels,
+                             per_request_metrics=getattr(args, "enable_per_request_metrics", False))
     if getattr(args, "prewarm", None):
         cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)

@@ -102,7 +102,7 @@ class RequestBuilder:
                 ctx = RequestContext(api_id, i, parsed.endpoint, model_name, parsed.stream, parsed.tenant,
                                      rclass, parsed.priority, params.max_tokens, prepared.slo,
                                      key.name if key else None)
-                specs.append(Spec(f"{api_id}-{i}", dataclasses.replace(prepared, params=params.for_sample(j)), ctx))
+                specs.append(Spec(f"{api_id}-{i}", dataclasses.replace(prepared, params=prepared.params.for_sample(j)), ctx))
         return specs
 
     def _params(self, parsed: ParsedRequest, num_prompt_tokens: int) -> SamplingParams:

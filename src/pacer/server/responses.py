@@ -11,7 +11,9 @@ import json
 from typing import Any
 
 from pacer.engine import RequestOutput
+from pacer.server.api.echo import echo_logprobs, prompt_text, vllm_prompt_logprobs
 from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
+from pacer.server.api.request_metrics import metrics_body
 from pacer.server.service import Job
 from pacer.server.tools.stream import ToolDeltaStream, tool_message
 
@@ -22,6 +24,7 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
     """The JSON body of a finished job that did not stream; `outs` in choice order."""
     parsed = job.parsed
     k = parsed.sampling.get("logprobs")
+    extra: dict[str, Any] = {}
     if parsed.endpoint == "chat":
         choices = []
         for i, o in enumerate(outs):
@@ -32,22 +35,51 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
             choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
                             "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
         obj = "chat.completion"
+        if outs and outs[0].prompt_logprobs is not None:   # vLLM's: one prompt, top level
+            extra["prompt_logprobs"] = _prompt_logprobs(parsed, outs[0], texts)
     else:
-        choices = [{"index": i, "text": o.text,
-                    "logprobs": None if k is None else completion_logprobs(o.token_ids, o.logprobs or [], texts)[0],
-                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for i, o in enumerate(outs)]
+        choices = [_completion_choice(parsed, i, o, texts) for i, o in enumerate(outs)]
         obj = "text_completion"
+    if job.return_metrics:
+        extra["metrics"] = _metrics(job, outs)
     return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
-            "choices": choices, "usage": _usage(outs, parsed.n)}
+            "choices": choices, "usage": _usage(outs, parsed.n, parsed.score_only), **extra}
+
+
+def _metrics(job: Job, outs: list[RequestOutput]) -> list[dict[str, Any]]:
+    """Per choice (in choice order), what the engine measured and the SLO it was held to."""
+    return [{"index": i, **metrics_body(o.metrics, job.contexts[i].slo, o.finish_reason in ("stop", "length",
+                                                                                              "tool_calls"))}
+            for i, o in enumerate(outs)]
+
+
+def _prompt_logprobs(parsed: Any, o: RequestOutput, texts: TokenText) -> Any:
+    return vllm_prompt_logprobs(o.prompt_token_ids, o.prompt_logprobs, parsed.sampling.get("prompt_logprobs") or 0,
+                                texts)
+
+
+def _completion_choice(parsed: Any, i: int, o: RequestOutput, texts: TokenText) -> dict[str, Any]:
+    """One completions choice; with `echo` the prompt leads its text and its logprobs; with
+    `score_only` (max_tokens 0) the token computed is dropped."""
+    k = parsed.sampling.get("logprobs")
+    ids, entries, text = (list(o.token_ids), o.logprobs or [], o.text) if not parsed.score_only else ([], [], "")
+    logprobs = None if k is None else completion_logprobs(ids, entries, texts)[0]
+    if parsed.echo:
+        text = prompt_text(o.prompt, o.prompt_token_ids, texts) + text
+        if k is not None:
+            logprobs = echo_logprobs(o.prompt_token_ids, o.prompt_logprobs or [], ids, entries, texts)
+    return {"index": i, "text": text, "logprobs": logprobs,
+            "finish_reason": o.finish_reason, "stop_reason": o.stop_reason,
+            "prompt_logprobs": None if o.prompt_logprobs is None else _prompt_logprobs(parsed, o, texts)}
 
 
 
 
-def _usage(outs: list[RequestOutput], n: int) -> dict[str, Any]:
+def _usage(outs: list[RequestOutput], n: int, score_only: bool = False) -> dict[str, Any]:
     """Outputs in choice order; a prompt counts once however many choices it has (as OpenAI)."""
     firsts = outs[::n]
     prompt = sum(len(o.prompt_token_ids) for o in firsts)
-    completion = sum(len(o.token_ids) for o in outs)
+    completion = 0 if score_only else sum(len(o.token_ids) for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
 
@@ -72,6 +104,8 @@ class Chunks:
         self.extra = {"usage": None} if job.parsed.include_usage else {}
         self.tool_parser = job.tool_parser
         self.tool_streams: dict[int, ToolDeltaStream] = {}
+        self.parsed = job.parsed
+        self.echoed: set[int] = set()   # choices whose prompt (echo) has been sent
 
     def _choice(self, choice: dict[str, Any]) -> str:
         return sse({**self.base, "choices": [choice], **self.extra})
@@ -98,9 +132,7 @@ class Chunks:
         text = out.new_text
         logprobs = self._new_logprobs(index, out)
         if not self.chat:
-            if not text and logprobs is None and not out.finished:
-                return []
-            return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish})]
+            return self._completion_chunks(index, out, text, logprobs, finish)
         chunks = []
         if self.tool_parser is not None:
             return self._tool_chunks(index, out, logprobs)
@@ -110,6 +142,24 @@ class Chunks:
         if out.finished:
             chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
         return chunks
+
+    def _completion_chunks(self, index: int, out: RequestOutput, text: str, logprobs: dict[str, Any] | None,
+                           finish: dict[str, Any]) -> list[str]:
+        """A completions chunk; the first one of an `echo` choice leads with the prompt (its
+        text, and its tokens' logprobs, which arrive with the first output token)."""
+        extra: dict[str, Any] = {}
+        if out.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = _prompt_logprobs(self.parsed, out, self.texts)
+        if self.parsed.echo and index not in self.echoed and (self.k is None or out.prompt_logprobs is not None):
+            self.echoed.add(index)
+            text = prompt_text(out.prompt, out.prompt_token_ids, self.texts) + text
+            if self.k is not None:
+                ids, entries = out.new_token_ids, out.new_logprobs or []
+                logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs or [], ids, entries, self.texts)
+                self.text_offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+        if not text and logprobs is None and not out.finished:
+            return []
+        return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish, **extra})]
 
     def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
         """Deltas of a choice whose tool calls are parsed: content, then each call's id and
@@ -126,4 +176,8 @@ class Chunks:
         return chunks
 
     def usage(self, outs: list[RequestOutput]) -> str:
-        return sse({**self.base, "choices": [], "usage": _usage(outs, self.n)})
+        return sse({**self.base, "choices": [], "usage": _usage(outs, self.n, self.parsed.score_only)})
+
+    def metrics(self, job: Job, outs: list[RequestOutput]) -> str:
+        """The last chunk of a job that asked for per-request metrics: each choice's."""
+        return sse({**self.base, "choices": [], "metrics": _metrics(job, outs)})

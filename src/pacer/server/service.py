@@ -61,6 +61,8 @@ class ServiceOptions:
     floor_trusted_slo: bool = True
     # client-named tenants that get their own Prometheus label; the rest share `other`
     max_tenant_labels: int = 100
+    # every response carries each choice's metrics (else only when the body asks: return_metrics)
+    per_request_metrics: bool = False
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class Job:
     queue: asyncio.Queue[Any]
     finished: set[int] = field(default_factory=set)
     tool_parser: Any = None     # pacer.server.tools.parsers.ToolParser reading the output's tool calls
+    return_metrics: bool = False   # the response carries each choice's metrics (api.request_metrics)
 
     @property
     def done(self) -> bool:
@@ -162,7 +165,8 @@ class Service:
             prompts = await asyncio.to_thread(self.builder.prompt_ids, parsed)
             prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
             job = Job(f"{prefix}-{uuid.uuid4().hex}", parsed, int(time.time()), [], [], asyncio.Queue(),
-                      tool_parser=tool_parser)
+                      tool_parser=tool_parser,
+                      return_metrics=parsed.return_metrics or self.options.per_request_metrics)
             specs = self.builder.specs(job.api_id, self.model_name, parsed, prompts, is_agent=is_agent,
                                        declared_class=declared_class, header_slo=header_slo, key=key)
             total = sum(s.prepared.num_tokens for s in specs)

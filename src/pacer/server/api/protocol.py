@@ -5,8 +5,11 @@ Fields follow the OpenAI API, `logprobs` (completions: an int k; chat: `logprobs
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`,
 `priority`; `tenant` is a pacer extension, also read from `user` (with an API key `user` is an
 end-user id and the tenant comes from the key: pacer.server.access.auth). Options we do not implement
-(`echo`, `suffix`, `best_of` > 1, `logit_bias`, vLLM's `prompt_logprobs`) are
-refused with a 400 naming the field rather than ignored. Unknown keys are ignored, as
+(`suffix`, `best_of` > 1) are refused with a 400 naming the field rather
+than ignored. `echo` (completions) returns the prompt before the output, with `logprobs` its
+tokens' logprobs too (the first token's null), and allows `max_tokens: 0` (score the prompt,
+generate nothing: one token is computed and dropped); vLLM's `prompt_logprobs` (both endpoints)
+returns vLLM's per-prompt-token entries. Unknown keys are ignored, as
 OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
 `structured_outputs`, `guided_*`) are read by pacer.server.api.structured, `tools` /
 `tool_choice` by pacer.server.tools.api; a chat request with tools is also of class `agent`.
@@ -49,20 +52,30 @@ class ParsedRequest:
     tools: ToolRequest | None = None                # chat: tools, tool_choice, parallel_tool_calls
     structured_param: str | None = None             # the field that constrained the output, if any
     slo: Slo = Slo()                                # the request's own targets (body `slo`)
+    echo: bool = False                              # completions: the prompt before the output
+    score_only: bool = False                        # echo with max_tokens 0: drop the one token computed
+    return_metrics: bool = False                    # the body asks for per-request metrics in the response
 
 
 def parse_completion(body: Any) -> ParsedRequest:
     body = _object(body)
     common = _common(body)
-    _refuse_if(body, "echo", lambda v: v is True, "echo is not supported")
+    echo = bool(_opt_bool(body, "echo"))
     _refuse_if(body, "suffix", lambda v: v not in (None, ""), "suffix is not supported")
-    _refuse_if(body, "best_of", lambda v: v not in (None, 1), "best_of other than 1 is not supported")
+    _refuse_if(body, "best_of", lambda v: v not in (None, 1),
+               "best_of other than 1 is not supported: ask for n choices and pick among them")
     logprobs = _opt_int(body, "logprobs", low=0, high=MAX_LOGPROBS)
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
+        if echo:   # the prompt's tokens get the same k (vLLM's echo)
+            common["sampling"]["prompt_logprobs"] = max(logprobs, common["sampling"].get("prompt_logprobs") or 0)
     _add_structured(body, common)
+    max_tokens = _opt_int(body, "max_tokens", low=0 if echo else 1)
+    if max_tokens == 0 and common["stream"]:
+        raise bad_request("max_tokens", "max_tokens 0 (score the prompt only) is not supported with stream")
     return ParsedRequest(endpoint="completions", prompts=_prompts(body.get("prompt", ...)), messages=None,
-                         max_tokens=_opt_int(body, "max_tokens", low=1), **common)
+                         max_tokens=1 if max_tokens == 0 else max_tokens, echo=echo, score_only=max_tokens == 0,
+                         **common)
 
 
 def parse_chat(body: Any) -> ParsedRequest:
@@ -99,8 +112,6 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(model, str) or not model:
         raise bad_request("model", "model is required and must be a non-empty string")
     n = _opt_int(body, "n", low=1, high=MAX_N)
-    _refuse_if(body, "logit_bias", lambda v: v not in (None, {}), "logit_bias is not supported")
-    _refuse_if(body, "prompt_logprobs", lambda v: v is not None, "prompt_logprobs is not supported")
     stream = _opt_bool(body, "stream") or False
     include_usage = False
     opts = body.get("stream_options")
@@ -120,12 +131,17 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("cache_salt", "cache_salt must be a non-empty string")
     return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
             "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
-            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo}
+            "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo,
+            "return_metrics": bool(_opt_bool(body, "return_metrics"))}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams kwargs common to both endpoints (not max_tokens, not logprobs)."""
     sampling: dict[str, Any] = {}
+    prompt_logprobs = _opt_int(body, "prompt_logprobs", low=0, high=MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        sampling["prompt_logprobs"] = prompt_logprobs
+    _vllm_fields(body, sampling)
     temperature = _opt_number(body, "temperature", 0.0, 2.0)
     sampling["temperature"] = 1.0 if temperature is None else temperature
     top_p = _opt_number(body, "top_p", 0.0, 1.0)
@@ -160,6 +176,42 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("stop_token_ids", "stop_token_ids must be a list of non-negative integers")
         sampling["stop_token_ids"] = tuple(stop_ids)
     return sampling
+
+
+def _vllm_fields(body: dict[str, Any], sampling: dict[str, Any]) -> None:
+    """OpenAI's `logit_bias` ({token id (a string key): bias in [-100, 100]}) and vLLM's `min_p`,
+    `allowed_token_ids`, `bad_words`, `truncate_prompt_tokens`."""
+    min_p = _opt_number(body, "min_p", 0.0, 1.0)
+    if min_p is not None:
+        sampling["min_p"] = min_p
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise bad_request("logit_bias", "logit_bias must be an object of token id -> bias in [-100, 100]")
+        pairs = {}
+        for key, value in bias.items():
+            if not (isinstance(key, str) and key.isdigit()) and not _is_int(key):
+                raise bad_request("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+                raise bad_request("logit_bias", f"logit_bias values must be numbers in [-100, 100], got {value!r}")
+            pairs[int(key)] = float(value)
+        if pairs:
+            sampling["logit_bias"] = pairs
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None:
+        if not isinstance(allowed, list) or not allowed or not all(_is_int(t) and t >= 0 for t in allowed):
+            raise bad_request("allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids (>= 0)")
+        sampling["allowed_token_ids"] = tuple(allowed)
+    bad_words = body.get("bad_words")
+    if bad_words is not None:
+        if not isinstance(bad_words, list) or not all(isinstance(w, str) and w for w in bad_words):
+            raise bad_request("bad_words", "bad_words must be a list of non-empty strings")
+        sampling["bad_words"] = tuple(bad_words)
+    truncate = _opt_int(body, "truncate_prompt_tokens", low=-1)
+    if truncate == 0:
+        raise bad_request("truncate_prompt_tokens", "truncate_prompt_tokens must be >= 1 (or -1: max_model_len), got 0")
+    if truncate is not None:
+        sampling["truncate_prompt_tokens"] = truncate
 
 
 def _tenant(body: dict[str, Any]) -> str:
