@@ -73,3 +73,25 @@ def test_a_policy_under_an_impossible_itl_logs_its_regime_once_per_change(caplog
             policy.prefill_budget([_decoding(i, 20, itl, now) for i in range(4)], head, 2048, now)
     assert policy.feasibility.num_flips == 2
     assert len(caplog.records) == 2
+
+
+def test_infeasible_steps_are_counted_in_the_budget_tally_and_the_metric() -> None:
+    from pacer.telemetry.prometheus import ServingMetrics
+    from pacer.workload.budget import BudgetTally, describe_budget
+
+    steps, _ = _long_prompt_with_impossible_itl()
+    tally = BudgetTally().extend(steps)
+    assert tally.num_infeasible > 0
+    line = describe_budget(tally.as_dict())
+    assert line is not None and "exceeded the ITL target" in line
+    metrics = ServingMetrics("m")
+    for s in steps:
+        metrics.on_step(s)   # the fake executor's steps carry the fields on_step reads
+    value = metrics.registry.get_sample_value("pacer_steps_itl_infeasible_total", {"model_name": "m"})
+    assert value == tally.num_infeasible
+
+
+def _long_prompt_with_impossible_itl() -> tuple[list, dict]:
+    from tests.sched.test_slo_policy import _long_prompt_with_chats
+
+    return _long_prompt_with_chats("slo", "1us", FixedCostModel(5e-3, 1e-4))
