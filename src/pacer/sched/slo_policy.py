@@ -229,8 +229,9 @@ class SloPolicy(Policy):
             return StepBudget(tokens_left, "max_num_batched_tokens")
         reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
                   else f"arrival ttft {bound * 1e3:.1f}ms")
-        limit = bound * min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
-        over = decodes_exceed(self.cost_model, shape, limit)
+        safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
+        limit = bound * safety
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, serve as fcfs would
             detail = f"decodes {over * 1e3:.1f}ms > {reason}"
             self.feasibility.observe(ITL_INFEASIBLE, detail)
@@ -281,6 +282,13 @@ class SloPolicy(Policy):
         if self.arrival_ttft_s is not None and ARRIVAL_SHARE * self.arrival_ttft_s < bound:
             bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, None
         return bound, owner, shape
+
+    def _tightest_target(self, decodes: list[Request], bound: float) -> float:
+        """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
+        make a target infeasible), or the arrival cap `bound` when that is tighter or none has one."""
+        targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
+        arrival = ARRIVAL_SHARE * self.arrival_ttft_s if self.arrival_ttft_s is not None else _INF
+        return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
         """The longest step `r` tolerates now: its ITL target minus the time since its last
