@@ -26,6 +26,10 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   steps (on this CPU a mixed step ran over its prediction by 18% one time in twenty, by 33%
   one time in a hundred). Each chunk added to a step after the budget is priced with the step
   as built (`fit_chunk`): several rows cost more than one chunk of the same size.
+- **stops chasing an unreachable ITL** (pacer.sched.feasibility): when the step's decodes
+  alone are predicted past the limit, no prefill budget meets it, so the step takes the
+  budget fcfs would (`budget_reason` "itl infeasible: ..."), the queue drains at least as
+  fast as under fcfs; a regime change is logged once.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
@@ -42,6 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pacer.request import Request
+from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker, decodes_exceed
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import StepLimit, StepPlan
@@ -79,6 +84,7 @@ class SloPolicy(Policy):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk = max(1, prefill_chunk)
         self.shed_hopeless = shed_hopeless
+        self.feasibility = FeasibilityTracker()
         self._now = -_INF
 
     @classmethod
@@ -223,7 +229,14 @@ class SloPolicy(Policy):
             return StepBudget(tokens_left, "max_num_batched_tokens")
         reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
                   else f"arrival ttft {bound * 1e3:.1f}ms")
-        limit = bound * min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
+        safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
+        limit = bound * safety
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
+        if over is not None:     # no prefill budget meets it: do not chase it, serve as fcfs would
+            detail = f"decodes {over * 1e3:.1f}ms > {reason}"
+            self.feasibility.observe(ITL_INFEASIBLE, detail)
+            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
+        self.feasibility.observe(FEASIBLE)
         start = head.num_computed_tokens
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
         if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
@@ -269,6 +282,13 @@ class SloPolicy(Policy):
         if self.arrival_ttft_s is not None and ARRIVAL_SHARE * self.arrival_ttft_s < bound:
             bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, None
         return bound, owner, shape
+
+    def _tightest_target(self, decodes: list[Request], bound: float) -> float:
+        """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
+        make a target infeasible), or the arrival cap `bound` when that is tighter or none has one."""
+        targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
+        arrival = ARRIVAL_SHARE * self.arrival_ttft_s if self.arrival_ttft_s is not None else _INF
+        return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
         """The longest step `r` tolerates now: its ITL target minus the time since its last

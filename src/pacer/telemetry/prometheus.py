@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from pacer.sched.feasibility import ITL_INFEASIBLE
+
 if TYPE_CHECKING:
     from pacer.engine.stats import StepStats
 
@@ -75,6 +77,9 @@ class ServingMetrics:
                               labels, registry=reg)
         self.iteration_tokens = Histogram(self.name("iteration_tokens_total"), "Tokens scheduled per engine step.",
                                           labels, buckets=_LENGTH_BUCKETS, registry=reg)
+        self.steps_infeasible = Counter(self.name("steps_itl_infeasible"), "Engine steps whose decodes alone "
+                                        "were predicted past the tightest ITL target (slo: served at fcfs's "
+                                        "budget rather than chasing it).", labels, registry=reg)
         counters = {
             "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
             "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
@@ -141,6 +146,8 @@ class ServingMetrics:
     def on_step(self, stats: StepStats) -> None:
         """Each engine step's `StepStats` (called on the engine's thread)."""
         self.iteration_tokens.labels(self.model_name).observe(stats.num_prefill_tokens + stats.num_decode_tokens)
+        if stats.budget_reason.startswith(ITL_INFEASIBLE):
+            self.steps_infeasible.labels(self.model_name).inc()
 
     def on_tokens(self, num_tokens: int) -> None:
         if num_tokens:

@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from pacer.sched.feasibility import ITL_INFEASIBLE
+
 __all__ = ["BudgetTally", "describe_budget"]
 
 _OWNER = re.compile(r"^itl ([0-9.]+)ms of (\S+)")
@@ -35,12 +37,14 @@ class BudgetTally:
         self.num_by_target = 0      # steps whose budget an ITL target cut below max_num_batched_tokens
         self.num_at_floor = 0       # of them, at the prefill floor (the target asked for less)
         self.num_by_arrival = 0     # steps kept within a share of the tightest TTFT (for arrivals)
+        self.num_infeasible = 0     # steps whose decodes alone exceeded the limit (served at fcfs's budget)
         self.budgets: list[int] = []
         self.owners: Counter[str] = Counter()
 
     def add(self, step: _Step) -> None:
         self.num_steps += 1
         reason = step.budget_reason or ""
+        self.num_infeasible += reason.startswith(ITL_INFEASIBLE)
         if reason.startswith(_ARRIVAL):
             self.num_by_arrival += 1
             self.budgets.append(int(step.token_budget))
@@ -62,6 +66,7 @@ class BudgetTally:
         b = self.budgets
         return {"num_steps": self.num_steps, "num_set_by_itl": self.num_by_target, "num_at_floor": self.num_at_floor,
                 "num_set_by_arrival": self.num_by_arrival,
+                "num_itl_infeasible": self.num_infeasible,
                 "budget_min": min(b) if b else None, "budget_median": statistics.median(b) if b else None,
                 "top_owners": dict(self.owners.most_common(3))}
 
@@ -69,10 +74,12 @@ class BudgetTally:
 def describe_budget(d: Mapping[str, Any]) -> str | None:
     """One line for a report: None when no target ever set a budget."""
     by_itl, by_arrival = (d.get("num_set_by_itl", 0), d.get("num_set_by_arrival", 0)) if d else (0, 0)
+    infeasible = d.get("num_itl_infeasible", 0) if d else 0
     if not by_itl and not by_arrival:
-        return None
+        return (f"step budget: the decodes alone exceeded the ITL target in {infeasible} of {d['num_steps']} "
+                "steps (served at max_num_batched_tokens)") if infeasible else None
     line = (f"step budget: an ITL target set it in {by_itl} of {d['num_steps']} steps, the tightest TTFT (for "
             f"arrivals) in {by_arrival} (median {d['budget_median']:g} tokens, min {d['budget_min']}, "
-            f"{d['num_at_floor']} at the prefill floor)")
+            f"{d['num_at_floor']} at the prefill floor; {infeasible} infeasible, at max_num_batched_tokens)")
     owners = ", ".join(f"{k} ({v})" for k, v in d.get("top_owners", {}).items())
     return line + (f"; most often the target of {owners}" if owners else "")

@@ -1,0 +1,55 @@
+"""Whether the slo policy's step targets can be met at today's load, and the regime it is in.
+Pure Python (the standard library's logging only).
+
+The slo policy budgets each step's prefill so the step stays within the tightest inter-token
+target among its decodes (or a share of the tightest TTFT, for arrivals). When the decodes
+alone are predicted to take longer than that limit, no prefill budget can meet it: chasing
+it only starves prefill (the queue grows and every request misses its TTFT, issue 25). In
+that regime the policy stops chasing: the step takes the budget fcfs would give
+(`max_num_batched_tokens`), so the predicted queue drain rate is never below fcfs's.
+
+`FeasibilityTracker` keeps the regime and reports a change once (a log line and a count),
+not once per step; the step's `budget_reason` names the regime on every step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pacer.sched.step_cost import StepCostModel, StepShape
+
+__all__ = ["FEASIBLE", "ITL_INFEASIBLE", "FeasibilityTracker", "decodes_exceed"]
+
+FEASIBLE = "feasible"
+ITL_INFEASIBLE = "itl infeasible"
+
+logger = logging.getLogger("pacer.sched.feasibility")
+
+
+def decodes_exceed(cost_model: StepCostModel, decodes: StepShape, limit_s: float) -> float | None:
+    """The decodes' predicted step time when it alone exceeds `limit_s` (None: the limit can be met)."""
+    if decodes.num_seqs == 0:
+        return None
+    decode_s = cost_model.predict_step_s(decodes)
+    return decode_s if decode_s > limit_s else None
+
+
+class FeasibilityTracker:
+    """The regime the policy is in; each change is logged once and counted (`num_flips`)."""
+
+    __slots__ = ("regime", "num_flips", "last_detail")
+
+    def __init__(self) -> None:
+        self.regime = FEASIBLE
+        self.num_flips = 0
+        self.last_detail = ""
+
+    def observe(self, regime: str, detail: str = "") -> bool:
+        """Record this step's regime; True (and one log line) when it differs from the last."""
+        if regime == self.regime:
+            return False
+        logger.warning("slo targets %s -> %s%s", self.regime, regime, f": {detail}" if detail else "")
+        self.regime = regime
+        self.num_flips += 1
+        self.last_detail = detail
+        return True

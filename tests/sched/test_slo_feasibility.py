@@ -1,0 +1,97 @@
+"""The slo policy on a machine that cannot meet its targets (issue 25): when the decodes alone
+exceed the step's ITL limit, the budget is fcfs's (the predicted queue drain rate never falls
+below fcfs's), and the regime change is reported once, not per step."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacer.config.slo import Slo
+from pacer.request import Request, SamplingParams
+from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker
+from pacer.sched.slo_policy import SloPolicy
+from pacer.sched.step_cost import FixedCostModel, StepShape
+
+PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def _decoding(i: int, context: int, itl_s: float, now: float) -> Request:
+    r = Request(f"d{i}", list(range(1, context + 1)), PARAMS, arrival_time=0.0, slo=Slo(ttft=10.0, itl=itl_s))
+    r.num_computed_tokens = context
+    r.output_token_ids.append(1)
+    r.metrics.token_times.append(now)
+    return r
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
+       context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
+       head_len=st.integers(1, 8000))
+def test_the_budget_never_falls_below_fcfs_when_the_decodes_alone_exceed_the_limit(
+        per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
+        tokens_left: int, head_len: int) -> None:
+    cost = FixedCostModel(per_step, per_token)
+    policy = SloPolicy(cost, 4096, 512)
+    now = 100.0
+    decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
+    head = Request("head", [7] * head_len, PARAMS, arrival_time=now, slo=Slo(ttft=10.0))
+    budget = policy.prefill_budget(decodes, head, tokens_left, now)
+    shape = StepShape()
+    for r in decodes:
+        shape = shape.with_decode(r.num_tokens)
+    decode_s = cost.predict_step_s(shape)
+    if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share: fcfs's budget
+        assert budget.tokens == tokens_left, budget
+        assert budget.reason.startswith(ITL_INFEASIBLE)
+        assert policy.feasibility.regime == ITL_INFEASIBLE
+    else:
+        assert budget.tokens >= min(tokens_left, 16)
+        assert policy.feasibility.regime == FEASIBLE
+
+
+def test_a_feasibility_flip_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    tracker = FeasibilityTracker()
+    with caplog.at_level(logging.WARNING, logger="pacer.sched.feasibility"):
+        flips = [tracker.observe(regime) for regime in
+                 [FEASIBLE] * 3 + [ITL_INFEASIBLE] * 50 + [FEASIBLE] * 5 + [ITL_INFEASIBLE]]
+    assert flips.count(True) == 3 == tracker.num_flips
+    assert len(caplog.records) == 3
+    assert "feasible -> itl infeasible" in caplog.records[0].getMessage()
+
+
+def test_a_policy_under_an_impossible_itl_logs_its_regime_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    policy = SloPolicy(FixedCostModel(5e-3, 1e-4), 2048, 512)
+    head = Request("head", [7] * 3000, PARAMS, arrival_time=0.0, slo=Slo(ttft=10.0))
+    with caplog.at_level(logging.WARNING, logger="pacer.sched.feasibility"):
+        for step in range(20):
+            now = 1.0 + step * 0.01
+            itl = 1e-6 if step < 10 else 1.0      # impossible for ten steps, then easy
+            policy.prefill_budget([_decoding(i, 20, itl, now) for i in range(4)], head, 2048, now)
+    assert policy.feasibility.num_flips == 2
+    assert len(caplog.records) == 2
+
+
+def test_infeasible_steps_are_counted_in_the_budget_tally_and_the_metric() -> None:
+    from pacer.telemetry.prometheus import ServingMetrics
+    from pacer.workload.budget import BudgetTally, describe_budget
+
+    steps, _ = _long_prompt_with_impossible_itl()
+    tally = BudgetTally().extend(steps)
+    assert tally.num_infeasible > 0
+    line = describe_budget(tally.as_dict())
+    assert line is not None and "exceeded the ITL target" in line
+    metrics = ServingMetrics("m")
+    for s in steps:
+        metrics.on_step(s)   # the fake executor's steps carry the fields on_step reads
+    value = metrics.registry.get_sample_value("pacer_steps_itl_infeasible_total", {"model_name": "m"})
+    assert value == tally.num_infeasible
+
+
+def _long_prompt_with_impossible_itl() -> tuple[list, dict]:
+    from tests.sched.test_slo_policy import _long_prompt_with_chats
+
+    return _long_prompt_with_chats("slo", "1us", FixedCostModel(5e-3, 1e-4))
