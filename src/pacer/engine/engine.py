@@ -193,6 +193,11 @@ class Engine:
         return prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
                        slo=slo, cache_salt=cache_salt, field=field)
 
+    @property
+    def retention_max_ttl(self) -> float:
+        """The longest session retention window (a `kv_retention.ttl_s` hint's bound), seconds."""
+        return self.kv.retention.max_ttl
+
     def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
@@ -204,6 +209,8 @@ class Engine:
         the agent conversation it continues (its KV is retained between turns, `pacer.kv.retention`);
         `kv_retention` is its hint: {"ttl_s": 30} keeps it that long, {"release": true} drops it now."""
         ttl, release = check_session(session, kv_retention, self.kv.retention.max_ttl)
+        if isinstance(prompt, PreparedRequest) and session is None:   # checked when it was prepared
+            session, ttl, release = prompt.session, prompt.retention_ttl, prompt.retention_release
         if isinstance(prompt, PreparedRequest):
             prepared = prompt
         else:

@@ -31,6 +31,9 @@ class PreparedRequest:
     slo: Slo = Slo()                # its class's targets with its own on top
     cache_salt: str | None = None
     prompt_text: str | None = None  # the prompt as text, when it came as text
+    session: str | None = None      # agent session and its kv_retention hint (`check_session`)
+    retention_ttl: float | None = None
+    retention_release: bool = False
 
     @property
     def num_tokens(self) -> int:
