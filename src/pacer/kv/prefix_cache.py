@@ -248,7 +248,7 @@ class PrefixCache:
             raise ValueError("cannot split the root")
         upper = RadixNode(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
         upper.lock_ref = node.lock_ref
-        upper.retain_ref = node.retain_ref
+        upper.retain_ref, upper.next_use = node.retain_ref, node.next_use
         upper.last_access, upper.tick, upper.priority = node.last_access, node.tick, node.priority
         upper.key = node.key
         parent.children[upper.key] = upper

@@ -133,13 +133,13 @@ class SessionRetention:
             if n > self.max_blocks:
                 self.stats.capped += 1
                 return False
-            for old in sorted(self.windows.values(), key=lambda w: w.deadline):
+            for old in sorted(self.windows.values(), key=lambda w: -w.deadline):   # farthest return first
                 if self.stats.retained_blocks + n <= self.max_blocks:
                     break
                 self._close((old.tenant, old.session))
                 self.stats.capped += 1
         self.windows[key] = RetentionWindow(tenant, session, handle.node, n, now, now + ttl)
-        self._mark(handle.node, +1)
+        self._mark(handle.node, +1, now + ttl / self.margin)   # expected back after its learned gap
         self.stats.windows_opened += 1
         self.stats.retained_blocks += n
         return True
@@ -198,13 +198,15 @@ class SessionRetention:
             self._mark(window.node, -1)
             self.stats.retained_blocks -= window.num_blocks
 
-    def _mark(self, node: RadixNode | None, delta: int) -> None:
-        """Count a window on every node of the path (nodes split later copy the count; a leaf
-        whose count turns on or off is re-keyed in the cache's eviction order)."""
+    def _mark(self, node: RadixNode | None, delta: int, next_use: float = 0.0) -> None:
+        """Count a window on every node of the path (nodes split later copy the count) and, on
+        opening, when it is expected back (the soonest of its windows); a leaf is re-keyed in
+        the cache's eviction order."""
         while node is not None and node.parent is not None:
-            before = node.retain_ref
+            node.next_use = next_use if delta > 0 and node.retain_ref == 0 else (
+                min(node.next_use, next_use) if delta > 0 else node.next_use)
             node.retain_ref += delta
-            if self.cache is not None and (before == 0) != (node.retain_ref == 0):
+            if self.cache is not None:
                 self.cache.rekey(node)
             node = node.parent
 
