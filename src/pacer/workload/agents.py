@@ -188,3 +188,44 @@ def _agent_finished(loop: AgentLoop, a: _Agent, out: Any, rng: random.Random, no
     a.history += list(out.token_ids) + _tokens(rng, loop.tool_output_len, loop.vocab)
     heapq.heappush(due, (now + loop.draw_latency(rng), i))
     return 0
+
+
+# ---------------------------------------------------------------- CLI (`pacer sim` / `pacer bench --engine inprocess`)
+
+AGENT_LOOP = "agent-loop"
+
+
+def add_agent_loop_args(p: Any) -> None:
+    """The `--workload agent-loop` flags (agents = --concurrency)."""
+    g = p.add_argument_group("agent loop (--workload agent-loop; --concurrency agents, default 8)")
+    g.add_argument("--agent-turns", type=int, default=6, help="agent loop: calls per job")
+    g.add_argument("--tool-latency", type=float, default=1.0, help="agent loop: mean tool time between calls, s")
+    g.add_argument("--tool-latency-dist", default="exponential", choices=TOOL_LATENCY_DISTRIBUTIONS,
+                   help="agent loop: distribution of tool times around the mean")
+    g.add_argument("--chat-rate", type=float, default=0.0,
+                   help="agent loop: req/s of a chat tenant sharing the engine (default 0: none)")
+
+
+def loop_from_args(args: Any) -> AgentLoop:
+    """The agent loop the flags describe (--output-len sets the tokens per call)."""
+    return AgentLoop(num_agents=args.concurrency or 8, turns=args.agent_turns, tool_latency=args.tool_latency,
+                     tool_latency_dist=args.tool_latency_dist, chat_rate=args.chat_rate,
+                     output_len=args.output_len or 8, seed=args.seed)
+
+
+def result_lines(loop: AgentLoop, result: AgentLoopResult) -> list[str]:
+    """The report of one agent-loop run: job completion time, follow-up TTFT, hits and retention counters."""
+    row = result.row()
+    stats = result.retention
+    return [
+        f"agent loop: {loop.num_agents} agents x {loop.turns} calls, tool {loop.tool_latency:g}s "
+        f"({loop.tool_latency_dist}), final history {loop.max_history()} tokens, chat {loop.chat_rate:g}/s; "
+        f"{result.wall:.1f} s",
+        f"job completion time p50 {row['jct_p50']:.3f} s, mean {row['jct_mean']:.3f} s; follow-up TTFT p50 "
+        f"{row['followup_ttft_p50'] * 1e3:.1f} ms; first-call TTFT p50 {result.pct(result.first_ttfts, 50) * 1e3:.1f} ms;"
+        f" chat TTFT p99 {row['chat_ttft_p99'] * 1e3:.1f} ms",
+        f"follow-up prompt tokens cached {row['followup_hit']:.0%}; retention hits {result.retention_hit_tokens} tokens;"
+        f" windows opened {stats.get('windows_opened', 0)}, returns {stats.get('returns', 0)}, expiries "
+        f"{stats.get('expiries', 0)}, releases {stats.get('releases', 0)}, capped {stats.get('capped', 0)}, "
+        f"retained blocks demoted {stats.get('demoted_blocks', 0)}",
+    ]
