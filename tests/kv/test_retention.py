@@ -70,14 +70,14 @@ def test_window_closes_at_its_deadline_and_gaps_are_learned() -> None:
     clock.advance(10.0)
     kv.drop_expired()
     assert not kv.retention.windows and kv.retention.stats.expiries == 1
-    # returns after 10 s, then 2 s: an EWMA (alpha 0.3); the next window lasts margin (2) x it
+    # returns after 10 s, then 2 s: an EWMA (alpha 0.3); the next window lasts margin (4) x it
     _turn(kv, clock, "a2", [1, 2, 3, 4, 5, 6, 7], session="s")
     assert kv.retention.expected_gap("t", "s") == pytest.approx(10.0)
     clock.advance(2.0)
     _turn(kv, clock, "a3", [1, 2, 3, 4, 5, 6, 7, 8, 9], session="s")
     assert kv.retention.expected_gap("t", "s") == pytest.approx(0.3 * 2.0 + 0.7 * 10.0)
     window = kv.retention.windows[("t", "s")]
-    assert window.deadline - window.opened == pytest.approx(2 * 7.6)
+    assert window.deadline - window.opened == pytest.approx(4 * 7.6)
 
 
 def test_release_hint_frees_the_conversation_at_once_and_tenants_do_not_cross() -> None:
@@ -96,16 +96,19 @@ def test_release_hint_frees_the_conversation_at_once_and_tenants_do_not_cross() 
     kv.retention.check_invariants()
 
 
-def test_operator_cap_closes_the_oldest_window() -> None:
+def test_operator_cap_keeps_the_windows_expected_back_first() -> None:
     clock = VirtualClock()
     kv = _kv(clock, max_blocks=4)
     _turn(kv, clock, "a", [1, 2, 3, 4, 5], session="s1")
     clock.advance(1)
     _turn(kv, clock, "b", [9, 8, 7, 6, 5], session="s2")
     clock.advance(1)
-    _turn(kv, clock, "c", [11, 12, 13, 14, 15], session="s3")
-    assert set(kv.retention.windows) == {("t", "s2"), ("t", "s3")}
+    _turn(kv, clock, "c", [11, 12, 13, 14, 15], session="s3")   # expected back last: refused
+    assert set(kv.retention.windows) == {("t", "s1"), ("t", "s2")}
     assert kv.retention.stats.capped == 1 and kv.retention.stats.retained_blocks <= 4
+    _turn(kv, clock, "d", [21, 22, 23, 24, 25], session="s4", ttl=0.5)   # a short hint: s2 makes room
+    assert set(kv.retention.windows) == {("t", "s1"), ("t", "s4")}
+    assert kv.retention.stats.capped == 2
 
 
 def test_hint_is_checked_with_the_field_and_the_limit() -> None:

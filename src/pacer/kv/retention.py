@@ -10,7 +10,8 @@ pinned prefix is touched, and the cache's TTL skips them while a window is open.
 
 A window closes when the session's next turn looks its history up (a *return*: the tokens it
 found count as retention hits), when its deadline passes (an *expiry*), on an explicit
-`release`, or when the operator cap on retained blocks makes room for a newer window. Its
+`release`, or when the operator cap on retained blocks makes room for a window expected back
+sooner (the cap keeps the windows expected back first, refusing a new one expected last). Its
 length is the session's expected tool time, learned from its own past gaps (an EWMA, times a
 margin), or an explicit `ttl_s` hint; both are bounded by `max_ttl`. Windows are keyed by
 (tenant, session): a session of one tenant never retains or releases another tenant's window.
@@ -83,7 +84,7 @@ class SessionRetention:
 
     def __init__(self, cache: PrefixCache | None, now: Callable[[], float], *, enabled: bool = True,
                  default_ttl: float = 30.0, max_ttl: float = 300.0, max_blocks: int | None = None,
-                 alpha: float = 0.3, margin: float = 2.0) -> None:
+                 alpha: float = 0.3, margin: float = 4.0) -> None:
         if max_ttl <= 0 or default_ttl <= 0:
             raise ValueError(f"session retention TTLs must be > 0 seconds, got default {default_ttl}, max {max_ttl}")
         if max_blocks is not None and max_blocks < 0:
@@ -133,9 +134,13 @@ class SessionRetention:
             if n > self.max_blocks:
                 self.stats.capped += 1
                 return False
-            for old in sorted(self.windows.values(), key=lambda w: -w.deadline):   # farthest return first
+            deadline = now + ttl
+            for old in sorted(self.windows.values(), key=lambda w: -w.deadline):   # expected back last first
                 if self.stats.retained_blocks + n <= self.max_blocks:
                     break
+                if old.deadline <= deadline:   # the new window is the one expected back last: keep the others
+                    self.stats.capped += 1
+                    return False
                 self._close((old.tenant, old.session))
                 self.stats.capped += 1
         self.windows[key] = RetentionWindow(tenant, session, handle.node, n, now, now + ttl)
