@@ -33,7 +33,14 @@ from pacer.kv.events import (
     BlockEventLog,
     BlockRemovedEvent,
 )
-from pacer.kv.radix_node import EVICTION_KEYS, PUBLIC, EvictableLeaves, PrefixMatch, RadixNode, retention_tiered
+from pacer.kv.radix_node import (
+    EVICTION_KEYS,
+    PUBLIC,
+    EvictableLeaves,
+    PrefixMatch,
+    RadixNode,
+    retention_tiered,
+)
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig

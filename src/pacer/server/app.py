@@ -17,8 +17,8 @@ With `n` > 1 every choice is its own engine request; streamed chunks carry their
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
