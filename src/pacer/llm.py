@@ -61,7 +61,9 @@ class LLM:
                  priority: int | Sequence[int] | None = None,
                  tenant: str | Sequence[str] | None = None,
                  slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
-                 request_class: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+                 request_class: str | Sequence[str | None] | None = None,
+                 session: str | Sequence[str | None] | None = None,
+                 kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; outputs in input order. With
         `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
         (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`).
@@ -75,14 +77,16 @@ class LLM:
         tenants = _per_prompt("tenant", tenant, n, "default")
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
+        sessions = _per_prompt("session", session, n, None)
         prepared = []
         for p, sp, pr, te, so, rc in zip(prompt_list, params, prios, tenants, slos, classes):   # all before any
             if not isinstance(sp, SamplingParams):
                 raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             one = sp if sp.n == 1 else sp.for_sample(0)
             prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so), sp))
-        groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j))) for j in range(sp.n)]
-                  for prep, sp in prepared]
+        groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j)), session=ses,
+                                           kv_retention=kv_retention) for j in range(sp.n)]
+                  for (prep, sp), ses in zip(prepared, sessions)]
         ids = [rid for g in groups for rid in g]
         finals = dict(zip(ids, self._collect(ids)))
         outs = []
@@ -98,8 +102,12 @@ class LLM:
              priority: int | Sequence[int] | None = None,
              tenant: str | Sequence[str] | None = None,
              slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
-             request_class: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them."""
+             request_class: str | Sequence[str | None] | None = None,
+             session: str | Sequence[str | None] | None = None,
+             kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them. `session` names
+        each conversation's agent session: its KV is retained while the caller's tool runs (an
+        eviction tier, `pacer.kv.retention`); `kv_retention` {"ttl_s": s} or {"release": True}."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
         convs: list[Sequence[Message]]
@@ -109,7 +117,7 @@ class LLM:
             convs = list(messages)  # type: ignore[arg-type]
         prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
-                             request_class=request_class)
+                             request_class=request_class, session=session, kv_retention=kv_retention)
 
     def prewarm(self, prompts: Prompt | Sequence[Prompt] | Sequence[Sequence[Message]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

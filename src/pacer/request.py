@@ -128,6 +128,7 @@ class RequestMetrics(Latencies):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     cached_tokens_host: int = 0    # of cached_tokens, those promoted from the host tier (the rest: device hits)
+    retention_hit_tokens: int = 0  # of cached_tokens, those its session's retention window kept (pacer.kv.retention)
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
     # preemption loss: seconds from each preemption until the request has its KV back (recomputed
@@ -172,6 +173,7 @@ class RequestMetrics(Latencies):
             "output_tokens": len(self.token_times),
             "cached_tokens": self.cached_tokens,
             "cached_tokens_host": self.cached_tokens_host,
+            "retention_hit_tokens": self.retention_hit_tokens,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
             "preempted_time": self.preempted_time,
@@ -190,6 +192,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "priority", "tenant", "arrival_seq",
         "output_token_ids", "num_computed_tokens", "status", "finish_reason", "metrics",
         "eos_token_ids", "stop_reason", "num_cached_tokens", "request_class", "slo", "policy_state", "cache_salt",
+        "session", "retention_ttl", "retention_release",
     )
 
     def __init__(
@@ -205,6 +208,9 @@ class Request:
         request_class: str = "default",
         slo: Slo | None = None,
         cache_salt: str | None = None,
+        session: str | None = None,
+        retention_ttl: float | None = None,
+        retention_release: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -214,6 +220,11 @@ class Request:
         self.arrival_seq = arrival_seq  # tie-breaker among equal arrival times
         self.eos_token_ids = eos_token_ids
         self.cache_salt = cache_salt  # vLLM's: cached blocks are shared only with the same salt
+        # agent sessions (pacer.kv.retention): the conversation this turn belongs to, and its
+        # kv_retention hint (keep its KV this many seconds after it finishes / drop it now)
+        self.session = session
+        self.retention_ttl = retention_ttl
+        self.retention_release = retention_release
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule

@@ -205,3 +205,20 @@ def test_simulated_cluster_caps_requests_in_flight(paced):
         assert all(rec.arrival_time >= req.arrival_time - 1e-9 for rec, req in zip(result.records, trace))
     with pytest.raises(ValueError, match="--concurrency"):
         simulate_cluster(replicas, make_router("least-loaded", 2), index, trace, block_size=16, concurrency=0)
+
+
+def test_a_long_session_history_is_its_own_routing_key():
+    """Agents sharing one system prompt: each session's long history goes home to the replica
+    holding it, not to the system prompt's home."""
+    from pacer.deploy.routers import SESSION_ROUTING_MIN_TOKENS
+
+    c = _cluster(2)
+    system = list(range(100, 132))
+    _store(c.index, "r0", system)
+    history = system + list(range(1000, 1000 + SESSION_ROUTING_MIN_TOKENS))
+    _store(c.index, "r1", history)          # agent-1's retained history lives on r1
+    router = PrefixRouter()
+    assert router.choose(RouteRequest("a", system + [1, 2, 3, 4]), c) == "r0"
+    turn = RouteRequest("b", history + [7, 7, 7, 7], session="agent-1")
+    assert router.choose(turn, c) == "r1"
+    assert router.homes.homes(hash(("session", "", "agent-1"))) == ("r1",)

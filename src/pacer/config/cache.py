@@ -66,6 +66,16 @@ class CacheConfig:
                           "all unlisted tenants together; default 0 = they cache nothing)."})
     cache_ttl: float | None = field(
         default=None, metadata={"help": "Drop prefix-cache nodes idle longer than this many seconds (any policy)."})
+    session_retention: bool = field(
+        default=True,
+        metadata={"help": "Agent sessions: a finished turn of a named session (x-session-id) keeps its "
+                          "conversation's KV as an eviction tier until its next turn, its window's end or a release."})
+    session_retention_ttl: float = field(
+        default=30.0, metadata={"help": "Retention window before a session's tool time is learned, seconds."})
+    session_retention_max_ttl: float = field(
+        default=300.0, metadata={"help": "Longest retention window (learned or kv_retention.ttl_s hint), seconds."})
+    session_retention_max_blocks: int | None = field(
+        default=None, metadata={"help": "Operator cap on blocks under retention windows (default: no cap)."})
 
     def validate(self) -> None:
         positive_int("block_size", self.block_size)
@@ -82,6 +92,7 @@ class CacheConfig:
             if isinstance(self.cache_ttl, bool) or not isinstance(self.cache_ttl, int | float) or self.cache_ttl <= 0:
                 raise ValueError(f"cache_ttl must be > 0 seconds, got {self.cache_ttl!r}")
         self._validate_tenants()
+        self._validate_retention()
         if self.num_kv_blocks is not None:
             positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory is not None:
@@ -96,6 +107,16 @@ class CacheConfig:
             raise ValueError("kv_offloading_dir needs kv_offloading_size > 0 (the host tier) and prefix caching")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
+
+    def _validate_retention(self) -> None:
+        if not isinstance(self.session_retention, bool):
+            raise TypeError(f"session_retention must be a bool, got {self.session_retention!r}")
+        for name in ("session_retention_ttl", "session_retention_max_ttl"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {v!r}")
+        if self.session_retention_max_blocks is not None:
+            non_negative_int("session_retention_max_blocks", self.session_retention_max_blocks)
 
     def _validate_tenants(self) -> None:
         for name, value in (("tenant_weights", self.tenant_weights), ("tenant_quotas", self.tenant_quotas)):

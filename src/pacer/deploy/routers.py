@@ -60,6 +60,12 @@ class RouteRequest:
     tenant: str = "default"
     owner: str = ""                 # cache namespace: request_namespace(tenant, cache_salt, isolation)
     request_class: str = "chat"
+    session: str | None = None      # agent session (x-session-id): a long history routes by it
+
+
+# a session's history this long (tokens) is its own routing key: its turns go to the replica
+# retaining it (pacer.kv.retention), not wherever the shared system prompt's home is
+SESSION_ROUTING_MIN_TOKENS = 512
 
 
 @dataclass(slots=True)
@@ -142,6 +148,8 @@ class PrefixRouter:
         matched = {r: self._match(r, req, cluster, memo, hashes) for r in ids}
         turn = next(self._turn)
         head = hash(tuple(req.token_ids[:bs])) ^ hash(req.owner)   # the prefix's name for its homes
+        if req.session is not None and len(req.token_ids) >= SESSION_ROUTING_MIN_TOKENS:
+            head = hash(("session", req.owner, req.session))
         homes = self._holding_homes(head, matched)
         choice = self._cached_choice(head, homes, matched, ids, cluster, turn)
         low = least_loaded(ids, cluster.load, turn)

@@ -22,7 +22,7 @@ from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine.outputs import RequestOutput, TrackedRequest
-from pacer.engine.prepare import PrepareContext, PreparedRequest, prepare, tokenize_prompt
+from pacer.engine.prepare import PrepareContext, PreparedRequest, check_session, prepare, tokenize_prompt
 from pacer.engine.retry import execute_each
 from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
@@ -193,13 +193,24 @@ class Engine:
         return prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
                        slo=slo, cache_salt=cache_salt, field=field)
 
+    @property
+    def retention_max_ttl(self) -> float:
+        """The longest session retention window (a `kv_retention.ttl_s` hint's bound), seconds."""
+        return self.kv.retention.max_ttl
+
     def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
-                    slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None) -> str:
+                    slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
+                    session: str | None = None, kv_retention: Mapping[str, Any] | None = None) -> str:
         """Queue a request (any thread): a `PreparedRequest`, or the arguments of `prepare`, which
         checks them first (raising a FieldError naming the bad field). `cache_salt` (vLLM's):
-        the request shares cached blocks only with requests of the same salt."""
+        the request shares cached blocks only with requests of the same salt. `session` names
+        the agent conversation it continues (its KV is retained between turns, `pacer.kv.retention`);
+        `kv_retention` is its hint: {"ttl_s": 30} keeps it that long, {"release": true} drops it now."""
+        ttl, release = check_session(session, kv_retention, self.kv.retention.max_ttl)
+        if isinstance(prompt, PreparedRequest) and session is None:   # checked when it was prepared
+            session, ttl, release = prompt.session, prompt.retention_ttl, prompt.retention_release
         if isinstance(prompt, PreparedRequest):
             prepared = prompt
         else:
@@ -218,7 +229,7 @@ class Engine:
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=prepared.priority, tenant=prepared.tenant, arrival_seq=next(self._seq),
                       eos_token_ids=self.eos_token_ids, request_class=prepared.request_class, slo=prepared.slo,
-                      cache_salt=prepared.cache_salt)
+                      cache_salt=prepared.cache_salt, session=session, retention_ttl=ttl, retention_release=release)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer

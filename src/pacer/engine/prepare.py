@@ -14,6 +14,7 @@ from typing import Any
 
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
 from pacer.errors import FieldTypeError, FieldValueError
+from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
 
 __all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt"]
@@ -31,6 +32,9 @@ class PreparedRequest:
     slo: Slo = Slo()                # its class's targets with its own on top
     cache_salt: str | None = None
     prompt_text: str | None = None  # the prompt as text, when it came as text
+    session: str | None = None      # agent session and its kv_retention hint (`check_session`)
+    retention_ttl: float | None = None
+    retention_release: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -112,6 +116,25 @@ def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise FieldValueError("cache_salt", f"cache_salt must be a non-empty string, got {cache_salt!r}")
     return params
+
+
+MAX_SESSION_ID_LEN = 256
+
+
+def check_session(session: str | None, kv_retention: Mapping[str, Any] | None,
+                  max_ttl: float) -> tuple[float | None, bool]:
+    """An agent session id and its `kv_retention` hint -> (ttl seconds or None, release);
+    raises a FieldValueError naming the field and the limit."""
+    if session is not None and (not isinstance(session, str) or not session or len(session) > MAX_SESSION_ID_LEN):
+        raise FieldValueError("session", f"session must be a non-empty string of at most {MAX_SESSION_ID_LEN} "
+                                         f"characters, got {session!r:.80}")
+    try:
+        ttl, release = parse_retention_hint(kv_retention, max_ttl)
+    except ValueError as e:
+        raise FieldValueError("kv_retention", str(e)) from None
+    if kv_retention is not None and session is None:
+        raise FieldValueError("kv_retention", "kv_retention needs a session (x-session-id header or session field)")
+    return ttl, release
 
 
 def _resolve_class(rules: ClassRules, num_prompt_tokens: int, max_tokens: int, request_class: str | None) -> str:

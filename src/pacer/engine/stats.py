@@ -97,6 +97,7 @@ class EngineSnapshot:
     spec_decode: Mapping[str, Any] | None = None   # speculation totals (vLLM's counters); None when off
     num_waiting_for_grammar: int = 0  # of num_waiting, those whose grammar is compiling (no seat, no KV)
     structured: Mapping[str, float] = field(default_factory=dict)   # structured-output counters ({} before any)
+    retention: Mapping[str, int] = field(default_factory=dict)   # session retention (pacer.kv.retention.RetentionStats)
 
     @property
     def num_preemptions(self) -> int:
@@ -122,6 +123,7 @@ class EngineSnapshot:
         d["evicted_blocks"] = dict(self.evicted_blocks)
         d["tiers"] = {name: dict(t) for name, t in self.tiers.items()}
         d["structured"] = dict(self.structured)
+        d["retention"] = dict(self.retention)
         for name in ("num_preemptions", "prefix_cache_hit_rate", "swap_out_bytes", "swap_in_bytes"):
             d[name] = getattr(self, name)
         return d
@@ -152,4 +154,5 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         | {name: dict(row) for name, row in (io_tiers or {}).items()},
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
         num_waiting_for_grammar=sched.num_waiting_for_grammar, structured=sched.structured.stats(),
+        retention=asdict(kv.retention.stats),
     )

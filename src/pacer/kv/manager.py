@@ -20,6 +20,10 @@ Tenants (namespaces, quotas, eviction groups): `pacer.kv.tenancy`. The host tier
 `kv_offloading_size` (`pacer.kv.tiers.host`, glued to the tree by `pacer.kv.tiers.offload`):
 evicted blocks are demoted to it, and a look-up continues a device match there (promoted when
 committed); without one the offload is the null one, which finds nothing.
+
+Agent sessions (`pacer.kv.retention`): a finished turn of a named session opens a retention
+window on its cached conversation (an eviction tier, not a pin); the session's next turn closes
+it when it commits its hit, counting the tokens the window kept.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from pacer.kv.events import BlockEvent, BlockEventLog
 from pacer.kv.interface import PrefixCacheProtocol, PrefixOffloadProtocol
 from pacer.kv.null_cache import NullPrefixCache
 from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
+from pacer.kv.retention import SessionRetention
 from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.kv.tiers.host import HostKVTier
 from pacer.kv.tiers.offload import NullOffload, PrefixOffload
 from pacer.kv.tiers.swap import CpuSwapTier, SwapPairs
-from pacer.request import Request
+from pacer.request import FinishReason, Request
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -64,7 +69,8 @@ class KVStats:
 
     queried_tokens: int = 0       # tokens looked up in the prefix cache at admission
     hit_tokens: int = 0           # of those, served from the cache
-    evicted_blocks: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "quota": 0})
+    evicted_blocks: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "quota": 0,
+                                                                 "release": 0})
     swap_out_requests: int = 0
     swap_out_blocks: int = 0
     swap_in_requests: int = 0
@@ -75,8 +81,10 @@ class KVStats:
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCacheProtocol | None = None, *,
                  tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
-                 num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None) -> None:
-        """`prefix_cache` None: no prefix caching (the null cache)."""
+                 num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None,
+                 retention: SessionRetention | None = None) -> None:
+        """`prefix_cache` None: no prefix caching (the null cache). `retention` None: no
+        session retention."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         self.block_size = block_size
@@ -96,6 +104,7 @@ class KVCacheManager:
         self.pins: dict[tuple[int, ...], PrefixMatch] = {}
         self._deferred_quota: list[str] = []
         self.stats = KVStats()
+        self.retention = retention if retention is not None else SessionRetention(None, lambda: 0.0, enabled=False)
 
     @classmethod
     def from_config(cls, config: CacheConfig, num_blocks: int, now: Callable[[], float],
@@ -110,9 +119,14 @@ class KVCacheManager:
         if num_cpu is None:
             num_cpu = int(config.swap_space * 1024**3 // block_bytes) if block_bytes else 0
         host = HostKVTier.from_config(config, now, block_bytes, num_blocks)
+        retention = SessionRetention(
+            cache if isinstance(cache, PrefixCache) else None, now, enabled=config.session_retention,
+            default_ttl=config.session_retention_ttl, max_ttl=config.session_retention_max_ttl,
+            max_blocks=config.session_retention_max_blocks)
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
-                   num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host)
+                   num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host,
+                   retention=retention)
 
     # ------------------------------------------------------------------ sizes
 
@@ -190,6 +204,9 @@ class KVCacheManager:
         look-up counts in the stats."""
         self.stats.queried_tokens += hit.num_queried_tokens
         self.stats.hit_tokens += hit.num_tokens
+        if req.session is not None:
+            req.metrics.retention_hit_tokens = self.retention.on_return(
+                req.tenant, req.session, hit.num_tokens, self.block_size)
         if hit.match.block_ids:
             self.cache.lock(hit.match)
             self._handles[req.request_id] = hit.match
@@ -233,7 +250,16 @@ class KVCacheManager:
 
     def drop_expired(self) -> None:
         """Proactively drop cache nodes idle longer than the TTL (cheap when nothing is due)."""
+        self.retention.expire()
         self._release(self.cache.expire(), "ttl")
+        self.retention.sync_dropped()
+
+    def release_session(self, tenant: str, session: str) -> int:
+        """Close the session's retention window and free its conversation's unused blocks now
+        (what a `kv_retention: {"release": true}` hint does); returns how many were freed."""
+        freed = self.retention.release(tenant, session)
+        self._release(freed, "release")
+        return len(freed)
 
     def _release(self, block_ids: list[int], reason: str) -> None:
         if block_ids:
@@ -267,14 +293,14 @@ class KVCacheManager:
         self.pool.incref(adopted)
         return handle
 
-    def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> None:
+    def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> PrefixMatch | None:
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         rid = req.request_id
         owner, owners = self._owner(req), self._owners(req)   # a public prewarm walks public nodes only
         self._public_ids.discard(rid)
         if n_full == 0:
             self._pin_ids.discard(rid)
-            return
+            return None
         handle = self._insert(req, table, n_full, start, owner, owners)
         if rid in self._pin_ids:
             self._pin_ids.discard(rid)
@@ -285,6 +311,18 @@ class KVCacheManager:
             group = self.tenants.quota_group(req.tenant)
             if self.cache.cached_blocks(group) > self.tenants.quota(group):
                 self._deferred_quota.append(group)
+        return handle
+
+    def _retain_session(self, req: Request, handle: PrefixMatch | None) -> None:
+        """A finished turn of a named session retains its conversation; with a release hint it
+        closes the session's window and drops the conversation's unused blocks now."""
+        if req.session is None or req.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            return
+        if req.retention_release:
+            node = handle.node if handle is not None and handle.num_blocks else None
+            self._release(self.retention.release(req.tenant, req.session, node), "release")
+        elif handle is not None:
+            self.retention.open(req.tenant, req.session, handle, req.retention_ttl)
 
     def _enforce_quotas(self) -> None:
         while self._deferred_quota:
@@ -345,12 +383,14 @@ class KVCacheManager:
         table = self.block_tables.pop(rid, None)
         match = self._handles.pop(rid, None)
         swapping_in = self.swap.drop(rid)   # then its blocks hold no KV yet
+        handle = None
         if table and not swapping_in:
-            self._cache_request(req, table, match)
+            handle = self._cache_request(req, table, match)
         if match is not None:
             self.cache.unlock(match)
         if table:
             self.pool.free(table)
+        self._retain_session(req, handle)
         # admitted and preempted in one step: blocks the tree kept still get their copy
         self.offload.cancel(rid, lambda b: self.pool.ref_count(b) > 0)
         self._enforce_quotas()

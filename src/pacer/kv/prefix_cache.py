@@ -15,7 +15,9 @@ split when a match or insert diverges inside it.
 Lock counts propagate to the root, and evictable / protected block counts are kept
 incrementally (per eviction group too), so "how many blocks could I get?" is O(1).
 Eviction takes blocks from the tail of the best unlocked leaf under a small key function
-(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group.
+(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group. Session retention
+(`pacer.kv.retention`) is a tier above the key: leaves a retention window covers go after every
+unretained leaf, and the TTL does not expire them while a window is open.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from pacer.kv.events import (
     BlockEventLog,
     BlockRemovedEvent,
 )
-from pacer.kv.radix_node import EVICTION_KEYS, PUBLIC, EvictableLeaves, PrefixMatch, RadixNode
+from pacer.kv.radix_node import (
+    EVICTION_KEYS,
+    PUBLIC,
+    EvictableLeaves,
+    PrefixMatch,
+    RadixNode,
+    retention_tiered,
+)
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -69,7 +78,7 @@ class PrefixCache:
         self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
         self.root.lock_ref = 1  # never evicted, never a leaf candidate
         self._inflation = 0.0
-        self._leaves = EvictableLeaves(self._key)
+        self._leaves = EvictableLeaves(retention_tiered(self._key))
         self.num_cached_blocks = 0
         self.num_evictable_blocks = 0
         self._cached_by_group: dict[str, int] = {}
@@ -80,6 +89,7 @@ class PrefixCache:
         # called with (leaf, n) before the leaf's last n blocks are dropped: the host tier
         # (pacer.kv.tiers.offload) keeps a copy of them
         self.on_drop: Callable[[RadixNode, int], None] | None = None
+        self.num_retained_dropped = 0   # blocks eviction took from leaves a retention window covered
 
     @classmethod
     def from_config(cls, config: CacheConfig, now: Callable[[], float],
@@ -245,6 +255,7 @@ class PrefixCache:
             raise ValueError("cannot split the root")
         upper = RadixNode(next(self._ids), parent, node.owner, node.group, node.tokens[:k * bs], node.block_ids[:k])
         upper.lock_ref = node.lock_ref
+        upper.retain_ref, upper.next_use = node.retain_ref, node.next_use
         upper.last_access, upper.tick, upper.priority = node.last_access, node.tick, node.priority
         upper.key = node.key
         parent.children[upper.key] = upper
@@ -346,6 +357,8 @@ class PrefixCache:
     def _trim(self, node: RadixNode, most: int) -> list[int]:
         """Remove up to `most` blocks from the tail of an evictable leaf."""
         take = min(most, len(node.block_ids))
+        if node.retain_ref:
+            self.num_retained_dropped += take
         if self.on_drop is not None and take:
             self.on_drop(node, take)
         dropped = node.block_ids[-take:]
@@ -376,15 +389,30 @@ class PrefixCache:
         self._next_expiry_scan = now + self.ttl / 10
         deadline = now - self.ttl
         freed: list[int] = []
-        stack = [n for n in self._leaves if n.last_access < deadline]
+        stack = [n for n in self._leaves if n.last_access < deadline and not n.retain_ref]
         while stack:
             node = stack.pop()
-            if not node.is_leaf_candidate or node.last_access >= deadline:
+            if not node.is_leaf_candidate or node.last_access >= deadline or node.retain_ref:
                 continue
             parent = node.parent
             freed.extend(self._trim(node, len(node.block_ids)))
             if parent is not None and parent.is_leaf_candidate:
                 stack.append(parent)
+        return freed
+
+    def rekey(self, node: RadixNode) -> None:
+        """Re-order an eviction candidate whose key changed (its retention tier)."""
+        if node.is_leaf_candidate:
+            self._leaves.push(node)
+
+    def drop_path(self, node: RadixNode) -> list[int]:
+        """Drop `node` and then its ancestors while each is an unlocked, unretained leaf of the
+        tree (a released session's own blocks); returns the dropped block ids."""
+        freed: list[int] = []
+        while node.parent is not None and node.is_leaf_candidate and not node.retain_ref:
+            parent = node.parent
+            freed.extend(self._trim(node, len(node.block_ids)))
+            node = parent
         return freed
 
     # ------------------------------------------------------------------ checks

@@ -7,9 +7,11 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RadixNode", "PrefixMatch", "PUBLIC", "EVICTION_KEYS", "Key", "EvictableLeaves"]
+__all__ = ["RadixNode", "PrefixMatch", "PUBLIC", "EVICTION_KEYS", "Key", "TieredKey", "EvictableLeaves",
+           "retention_tiered"]
 
 Key = tuple[float, int]
+TieredKey = tuple[int, float, float]   # (retained?, key): retained leaves go after every unretained one
 PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
 
 
@@ -17,7 +19,8 @@ class RadixNode:
     """A run of whole cached blocks (token ids + block ids) under one owner, and its place in the tree."""
 
     __slots__ = ("id", "parent", "owner", "group", "key", "tokens", "block_ids", "children", "lock_ref",
-                 "last_access", "tick", "priority", "version", "is_leaf_candidate", "hashes")
+                 "last_access", "tick", "priority", "version", "is_leaf_candidate", "hashes", "retain_ref",
+                 "next_use")
 
     def __init__(self, node_id: int, parent: RadixNode | None, owner: str, group: str,
                  tokens: list[int], block_ids: list[int]) -> None:
@@ -36,6 +39,8 @@ class RadixNode:
         self.version = 0
         self.is_leaf_candidate = False  # in its group's evictable-leaf set
         self.hashes: list[int] = []     # block identities (pacer.kv.events), kept only when events are on
+        self.retain_ref = 0             # open session retention windows over this node (pacer.kv.retention)
+        self.next_use = 0.0             # while retained: when its session is expected back (the soonest window's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +67,29 @@ def _weighted_key(node: RadixNode) -> Key:
 EVICTION_KEYS: dict[str, Callable[[RadixNode], Key]] = {"lru": _lru_key, "ttl": _lru_key, "weighted-lru": _weighted_key}
 
 
+def retention_tiered(key: Callable[[RadixNode], Key]) -> Callable[[RadixNode], TieredKey]:
+    """An eviction key with session retention as a tier above it: a leaf some retention window
+    covers sorts after every unretained leaf (pinned leaves are locked, so they come after
+    both). Unretained leaves keep `key`'s order; retained ones go farthest expected return
+    first (Belady's rule on the learned tool times: the conversation needed last is dropped
+    first, so a cyclic agent loop does not thrash as LRU does)."""
+    def tiered(node: RadixNode) -> TieredKey:
+        if node.retain_ref:
+            return (1, -node.next_use, -node.tick)
+        a, b = key(node)
+        return (0, a, b)
+    return tiered
+
+
 class EvictableLeaves:
     """Per eviction group, the eviction candidates (unlocked, childless, non-root nodes), each
     with a lazily invalidated heap by the eviction key: a node re-keyed or dropped leaves a
     stale item behind, skipped by its version (and the heap is rebuilt when mostly stale)."""
 
-    def __init__(self, key: Callable[[RadixNode], Key]) -> None:
+    def __init__(self, key: Callable[[RadixNode], TieredKey]) -> None:
         self.key = key
         self._leaves: dict[str, set[RadixNode]] = {}
-        self._heaps: dict[str, list[tuple[Key, int, int, RadixNode]]] = {}
+        self._heaps: dict[str, list[tuple[TieredKey, int, int, RadixNode]]] = {}
 
     def update(self, node: RadixNode, on: bool) -> None:
         """Add `node` to (on, when it qualifies) or remove it from its group's candidates."""

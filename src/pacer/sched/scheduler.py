@@ -123,6 +123,7 @@ class Scheduler:
             self._finished_since_step.append(req.request_id)
         else:
             self.waiting.remove(req)
+        req.finish_reason = reason   # before free: a finished session turn opens a retention window
         self.kv.free(req)
         if self.spec is not None:
             self.spec.finish(req)

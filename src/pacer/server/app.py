@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -132,6 +133,7 @@ def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
         return result
 
 
+SESSION_HEADER = "x-session-id"   # names the agent session a turn continues (its KV retained between turns)
 CLASS_HEADER = "x-pacer-class"   # a client-declared request class (chat | rag | agent | batch)
 _LLM_D_HEADERS = {"x-llm-d-slo-ttft-ms": "ttft_ms", "x-llm-d-slo-tpot-ms": "tpot_ms"}
 
@@ -161,6 +163,8 @@ async def _generate(service: Service, request: Request,
     parsed = parse(body)
     if key is None:   # an open server: llm-d's fairness id names the tenant when the body does not
         parsed = tenant_from_headers(parsed, request.headers)
+    if parsed.session is None and SESSION_HEADER in request.headers:   # agent sessions (pacer.kv.retention)
+        parsed = dataclasses.replace(parsed, session=request.headers[SESSION_HEADER])
     parsed = apply_key(key, parsed, body, request.headers, options.access.tenant_header,
                        shared_cache=service.shared_cache)
     agent_header = options.class_rules.agent_header

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine import Engine
-from pacer.engine.prepare import PreparedRequest
+from pacer.engine.prepare import PreparedRequest, check_session
 from pacer.errors import FieldError
 from pacer.request import ContextLengthError, SamplingParams
 from pacer.server.access.auth import APIKey, bound_slo
@@ -121,9 +121,13 @@ class RequestBuilder:
         """The engine's one prepare of a prompt (fit, class targets with the request's own on top);
         a prompt that can never fit is reported as refused."""
         try:
-            return self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
-                                       request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
-                                       field="messages" if parsed.endpoint == "chat" else "prompt")
+            prepared = self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
+                                           request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
+                                           field="messages" if parsed.endpoint == "chat" else "prompt")
+            if parsed.session is None and parsed.kv_retention is None:
+                return prepared
+            ttl, release = check_session(parsed.session, parsed.kv_retention, self.engine.retention_max_ttl)
+            return dataclasses.replace(prepared, session=parsed.session, retention_ttl=ttl, retention_release=release)
         except ContextLengthError as e:
             self.on_refused(e.code, parsed.tenant)
             raise bad_request(e.field, str(e), e.code) from None

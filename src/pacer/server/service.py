@@ -33,7 +33,12 @@ from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
 from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
 from pacer.server.tools.serving import ToolOptions, plan_tools
-from pacer.telemetry.collectors import KVTierCollector, SpecDecodeCollector, StructuredOutputsCollector
+from pacer.telemetry.collectors import (
+    KVTierCollector,
+    SessionRetentionCollector,
+    SpecDecodeCollector,
+    StructuredOutputsCollector,
+)
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 
@@ -105,7 +110,7 @@ class Service:
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
-        for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector):   # read loop.state
+        for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector, SessionRetentionCollector):   # read loop.state
             self.metrics.registry.register(collector(lambda: self.loop.state, self.metrics.name, self.model_name))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)

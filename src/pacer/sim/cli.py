@@ -121,6 +121,15 @@ def _run_sim(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs_from_args(args)
     config = EngineConfig.from_kwargs(**kwargs)
     slo = parse_slo(args.slo)
+    if args.workload == "agent-loop":   # closed-loop agents: job completion time is the result
+        from pacer.workload.agents import loop_from_args, result_lines, run_agent_loop
+
+        engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization)
+        loop = loop_from_args(args)
+        print(f"pacer sim: {model.name} on {hw.name} x{args.tp}, {engine.snapshot().num_blocks} KV blocks")
+        for line in result_lines(loop, run_agent_loop(engine, loop, sessions=config.cache.session_retention)):
+            print(line)
+        return 0
     rates = parse_rates(args.request_rate, args.concurrency)
     if args.replicas != 1 or args.router != "least-loaded":
         from pacer.sim.cluster import run_cluster_cli

@@ -7,7 +7,9 @@ its own thread is mutating. Three families, each absent or zero until its featur
 - the KV tiers (device, host, disk): blocks, usage, hit tokens, promotions, demotions and bytes moved,
   each labelled by tier;
 - structured outputs: compilations, cache hits, timeouts, errors, compile seconds, mask compute and
-  wait seconds, and the requests waiting for their grammar.
+  wait seconds, and the requests waiting for their grammar;
+- session retention (agent sessions): retained blocks, retention hit tokens, windows opened,
+  returned, expired, released and capped, and retained blocks demoted under pressure.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pacer.engine.stats import EngineSnapshot
 
-__all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SnapshotSource"]
+__all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SessionRetentionCollector",
+           "SnapshotSource"]
 
 SnapshotSource = Callable[[], "EngineSnapshot"]
 
@@ -46,6 +49,18 @@ _STRUCTURED_COUNTERS = {
     "compile_seconds": "Wall time of finished grammar compiles.",
     "mask_compute_seconds": "Time the mask thread spent computing token masks.",
     "mask_wait_seconds": "Time steps waited for token masks after their forward.",
+}
+
+
+_RETENTION_SERIES = {   # RetentionStats field -> help; retained_blocks is a gauge, the rest counters
+    "retained_blocks": "KV blocks under open session retention windows (agent turns whose tool is running).",
+    "windows_opened": "Retention windows opened (finished turns of named sessions).",
+    "hit_tokens": "Prompt tokens a session's next turn found in its open retention window.",
+    "returns": "Retention windows closed by their session's next turn.",
+    "expiries": "Retention windows closed by their deadline (the tool did not come back in time).",
+    "releases": "Retention windows closed by a kv_retention release hint.",
+    "capped": "Retention windows closed or refused to respect --session-retention-max-blocks.",
+    "demoted_blocks": "Retained blocks eviction took under pressure (demoted to the host tier when there is one).",
 }
 
 
@@ -114,3 +129,15 @@ class StructuredOutputsCollector(_SnapshotCollector):
                                     labels=["model_name"])
         waiting.add_metric([self.model_name], float(snap.num_waiting_for_grammar))
         yield waiting
+
+
+class SessionRetentionCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.state().retention
+        for key, help_ in _RETENTION_SERIES.items():
+            family: Any = (GaugeMetricFamily if key == "retained_blocks" else CounterMetricFamily)(
+                self.name(f"session_retention_{key}"), help_, labels=["model_name"])
+            family.add_metric([self.model_name], float(stats.get(key, 0)))
+            yield family

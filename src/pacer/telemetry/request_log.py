@@ -31,6 +31,8 @@ these keys (names are stable; new keys may be added, none renamed):
 ``cached_tokens``      prompt tokens served from the prefix cache
 ``cached_tokens_device``  of ``cached_tokens``, those matched in the device tier (the radix tree)
 ``cached_tokens_host``    of ``cached_tokens``, those promoted from the host tier (``kv_offloading_size``)
+``retention_hit_tokens``  of ``cached_tokens``, those its agent session's retention window kept
+                       (0 without a session or an open window; ``pacer.kv.retention``)
 ``prefill_tokens``     prompt tokens computed (prefill and recompute after preemption)
 ``preemptions``        times the request was preempted
 ``preempted_time``     preemption loss, s: from each preemption until its KV was back (waiting
@@ -73,6 +75,7 @@ REQUEST_LOG_FIELDS = (
     "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
     "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed", "api_key_name",
+    "retention_hit_tokens",
 )
 
 
@@ -135,6 +138,7 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "preempted_time": round(m.preempted_time, 6), "preempted_time_ttft": round(m.preempted_time_ttft, 6),
         "ttft_deadline": rel(getattr(m, "ttft_deadline", None)), "slack_at_admission": getattr(m, "slack_at_admission", None),
         "deprioritized": getattr(m, "deprioritized", False), "shed": getattr(m, "shed", False),
+        "retention_hit_tokens": getattr(m, "retention_hit_tokens", 0),
     }
     derived.update(fields)
     unknown = set(derived) - set(REQUEST_LOG_FIELDS)

@@ -17,8 +17,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, num_prompts_help: str = "",
     """Adds the workload, arrivals and report groups; returns the report group for extras."""
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default=None,
-                   help="chat | rag | agent | batch | mixed | fixed, or a .yaml/.json spec (default chat; fixed "
-                        "when --input-len is given)")
+                   help="chat | rag | agent | batch | mixed | fixed | agent-loop (closed-loop agents over growing "
+                        "histories, job completion time), or a .yaml/.json spec (default chat; fixed when "
+                        "--input-len is given)")
     w.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens per request")
     w.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens per request")
     w.add_argument("--prompt-cv", type=float, default=None, help="override every class's prompt length CV")
@@ -35,6 +36,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, num_prompts_help: str = "",
     a.add_argument("--num-prompts", type=int, default=None,
                    help=num_prompts_help or f"requests to send (default {DEFAULT_NUM_PROMPTS})")
     a.add_argument("--duration", type=float, default=None, help="send for this many seconds instead")
+    from pacer.workload.agents import add_agent_loop_args
+
+    add_agent_loop_args(p)
     r = p.add_argument_group("report")
     r.add_argument("--slo", action="append", default=[],
                    help="goodput targets, e.g. ttft=300ms,itl=50ms or per class rag:ttft=2s (repeatable)")
@@ -61,6 +65,9 @@ def parse_rates(text: str | None) -> list[float | None]:
 def workload_from_args(args: argparse.Namespace) -> Workload:
     """The workload named by --workload / --input-len / --output-len, with CV overrides applied."""
     name = args.workload or ("fixed" if args.input_len is not None else "chat")
+    if name == "agent-loop":
+        raise ValueError("--workload agent-loop runs under `pacer sim` (and benchmarks/agent_sessions.py); "
+                         "`pacer bench` does not loop agents yet")
     if name == "fixed":
         wl = builtin_workload("fixed", args.input_len, args.output_len)
     elif args.input_len is not None or args.output_len is not None:

@@ -55,6 +55,8 @@ class ParsedRequest:
     echo: bool = False                              # completions: the prompt before the output
     score_only: bool = False                        # echo with max_tokens 0: drop the one token computed
     return_metrics: bool = False                    # the body asks for per-request metrics in the response
+    session: str | None = None                      # agent session (body `session` or x-session-id header)
+    kv_retention: dict[str, Any] | None = None      # its hint: {"ttl_s": 30} | {"release": true}
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -129,7 +131,13 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise bad_request("cache_salt", "cache_salt must be a non-empty string")
-    return {"cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
+    session, kv_retention = body.get("session"), body.get("kv_retention")
+    if session is not None and (not isinstance(session, str) or not session):
+        raise bad_request("session", "session must be a non-empty string")
+    if kv_retention is not None and not isinstance(kv_retention, dict):
+        raise bad_request("kv_retention", "kv_retention must be an object such as {\"ttl_s\": 30} or {\"release\": true}")
+    return {"session": session, "kv_retention": kv_retention,
+            "cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
             "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
             "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo,
             "return_metrics": bool(_opt_bool(body, "return_metrics"))}
