@@ -18,7 +18,12 @@ from typing import Any
 import torch
 
 from pacer.model.checkpoint import (
-    Checkpoint, ModelArch, as_token_ids, check_tensors, expected_shapes, projection_names,
+    Checkpoint,
+    ModelArch,
+    as_token_ids,
+    check_tensors,
+    expected_shapes,
+    projection_names,
 )
 from pacer.model.tokenizer import Tokenizer
 
