@@ -105,7 +105,7 @@ def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int
         s, t, o = agree[name]
         print(f"quality {name:8s} vs float32, {len(CHATS)} chats x {n} tokens: KL mean {statistics.fmean(kls):.2e} "
               f"max {max(kls):.2e}; greedy agreement {s / (s + t + o):.1%} ({t} near-ties < {tie} nats, "
-              f"{o} other) | {load_line()}")
+              f"{o} other) | {load_line()}", flush=True)
 
 
 def timed(fn: Any) -> float:
@@ -134,7 +134,7 @@ def speed(models: dict[str, LlamaModel], kvs: dict[str, Any], repeats: int) -> N
         print(f"speed {name:8s} ({models[name].weights_line()}): batch-1 decode {r['b1'] * 1e3:.1f} ms/token "
               f"({f32['b1'] / r['b1']:.2f}x float32); 32-seq decode {32 / r['b32']:.0f} tok/s "
               f"({f32['b32'] / r['b32']:.2f}x); prefill 256 {256 / r['pre']:.0f} tok/s ({f32['pre'] / r['pre']:.2f}x) "
-              f"| {load_line()}")
+              f"| {load_line()}", flush=True)
 
 
 def main() -> None:
@@ -155,7 +155,7 @@ def main() -> None:
     }
     kvs = {k: m.allocate_kv_cache(32 * 512 // BS, BS) for k, m in models.items()}
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | cpu flags {cpu_flags()} "
-          f"| {load_line()}")
+          f"| {load_line()}", flush=True)
     with torch.inference_mode():
         quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie)
         speed(models, kvs, args.repeats)
