@@ -12,6 +12,8 @@ from pacer.config.cache import CacheConfig
 from pacer.config.checks import DTYPES, choice, positive_int
 from pacer.config.scheduler import SchedulerConfig
 
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+
 __all__ = ["ModelConfig", "StructuredOutputsConfig", "EngineConfig", "option_names"]
 
 
@@ -33,6 +35,17 @@ class ModelConfig:
         metadata={"help": "auto | onednn | torch: projections through oneDNN with weights packed once "
                           "(auto on CPU when torch has it) or plain F.linear."},
     )
+    quantization: str = field(
+        default="auto",
+        metadata={"help": "auto | none | gguf | int8: weights kept quantized (CPU, float32): a GGUF's "
+                          "Q4_0/Q4_1/Q8_0 blocks as shipped (auto for .gguf), int8 weight-only from float "
+                          "weights, or none (dequantized float32, the reference)."},
+    )
+    quant_activations: str = field(
+        default="float",
+        metadata={"help": "float | int8: activations of quantized linears, float (the float32 path's "
+                          "results) or int8 per token and block of 32 (integer dot products, faster)."},
+    )
 
     def validate(self) -> None:
         choice("dtype", self.dtype, ("auto", *DTYPES))
@@ -42,6 +55,8 @@ class ModelConfig:
             positive_int("num_threads", self.num_threads)
         choice("attention_backend", self.attention_backend, ("auto", "cpp", "torch"))
         choice("linear_backend", self.linear_backend, ("auto", "onednn", "torch"))
+        choice("quantization", self.quantization, QUANTIZATIONS)
+        choice("quant_activations", self.quant_activations, ("float", "int8"))
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from pacer.config.slo import ClassRules
 __all__ = ["add_args", "run", "load_sources", "today_kwargs", "SIM_SKIP"]
 
 # engine options that do not describe scheduling or KV (dropped before simulating)
-SIM_SKIP = ("model", "device", "num_threads", "attention_backend", "linear_backend", "seed")
+SIM_SKIP = ("model", "device", "num_threads", "attention_backend", "linear_backend", "quant_activations", "seed")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

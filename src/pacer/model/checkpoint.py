@@ -5,14 +5,17 @@ directories, `gguf_loader` for GGUF files) build these; neither is imported here
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pacer.model.tokenizer import Tokenizer
 
-__all__ = ["ModelArch", "Checkpoint", "as_token_ids", "expected_shapes", "check_tensors"]
+if TYPE_CHECKING:
+    from pacer.model.quant import QuantWeight
+
+__all__ = ["ModelArch", "Checkpoint", "as_token_ids", "expected_shapes", "check_tensors", "projection_names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +44,16 @@ class ModelArch:
 
 @dataclass
 class Checkpoint:
-    """Weights (float32, CPU, HF names; `lm_head.weight` only when untied) and what describes them."""
+    """Weights (float32, CPU, HF names; `lm_head.weight` only when untied) and what describes them.
+
+    `quantized`: projection weights kept packed (HF names; `lm_head.weight` also when tied), which
+    the model runs instead of their float32 copies in `tensors`; empty when not quantized."""
 
     arch: ModelArch
     tensors: dict[str, torch.Tensor]
     tokenizer: Tokenizer | None
     path: str
+    quantized: dict[str, QuantWeight] = field(default_factory=dict)
 
 
 def as_token_ids(*values: Any) -> tuple[int, ...]:
@@ -84,6 +91,14 @@ def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         if arch.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     return shapes
+
+
+def projection_names(arch: ModelArch) -> list[str]:
+    """The weights a quantized model runs packed: every layer's projections and the LM head
+    (`lm_head.weight` names the tied embedding's matrix too)."""
+    layer = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    return [f"model.layers.{i}.{p}.weight" for i in range(arch.num_layers) for p in layer] + ["lm_head.weight"]
 
 
 def check_tensors(arch: ModelArch, tensors: dict[str, torch.Tensor], source: str) -> None:

@@ -16,14 +16,17 @@ import re
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pacer.model.checkpoint import Checkpoint, ModelArch, as_token_ids, check_tensors
+from pacer.model.checkpoint import Checkpoint, ModelArch, as_token_ids, check_tensors, projection_names
 from pacer.model.tokenizer import Tokenizer, gguf_cache_stem
 
-__all__ = ["load_gguf"]
+if TYPE_CHECKING:
+    from pacer.model.quant import QuantWeight
+
+__all__ = ["load_gguf", "load_gguf_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +70,31 @@ def load_gguf(path: Path, cache_dir: str | None = None) -> Checkpoint:
                     tensors[key] = _unpermute_rows(tensors[key], n_head)
         _write_cache(cached, arch, tensors)
     return Checkpoint(arch=arch, tensors=tensors, tokenizer=tokenizer, path=str(path))
+
+
+def load_gguf_blocks(path: Path, arch: ModelArch) -> dict[str, QuantWeight]:
+    """The projection weights (and the LM head, tied or not) as packed blocks, read straight from
+    the file (memory-mapped; no dequantization), q/k rows un-permuted as `load_gguf` does.
+    Weights of a type without a packed kernel (float, K-quants) are left out: they run float32."""
+    import gguf
+
+    from pacer.model.quant import GGUF_BLOCK_TYPES, from_gguf_blocks
+
+    wanted = set(projection_names(arch))
+    out: dict[str, QuantWeight] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        tied_head = t.name == "token_embd.weight" and arch.tie_word_embeddings
+        name = "lm_head.weight" if tied_head else _hf_name(t.name, path)
+        if name not in wanted or t.tensor_type.name not in GGUF_BLOCK_TYPES:
+            continue
+        shape = (int(t.shape[1]), int(t.shape[0]))   # GGUF lists dims innermost first
+        qw = from_gguf_blocks(t.tensor_type.name, t.data, shape)
+        if arch.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n_head = arch.num_heads if "q_proj" in name else arch.num_kv_heads
+            order = _unpermute_rows(torch.arange(shape[0], dtype=torch.float64).unsqueeze(1), n_head)
+            qw = qw.rows(order.squeeze(1).long())
+        out[name] = qw
+    return out
 
 
 def _field(fields: Any, key: str, default: Any = ...) -> Any:

@@ -5,6 +5,10 @@ step does not copy every request's context; `rope_write_kv`, `silu_and_mul` and
 `add_rms_norm_` fuse the elementwise steps of a layer into one pass each;
 `apply_token_bitmask_` applies structured outputs' packed token masks in place. If the compiler
 or ninja is missing the engine falls back to the torch reference path and says so once.
+
+`load_quant()` builds the quantized-linear kernel (csrc_quant/) as its own small module, without
+`-march=native`: its ISA variants carry function-level target attributes and are picked at run
+time from the CPU's features, so one build runs on AVX2-only and AVX-512 machines alike.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ log = logging.getLogger("pacer.kernels")
 _lock = threading.Lock()
 _module: Any = None
 _failed = False
+_quant_module: Any = None
+_quant_failed = False
 
 
 def _cpu_tag() -> str:
@@ -58,9 +64,12 @@ def _build_lock(build: pathlib.Path) -> Iterator[None]:
 
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
 LDFLAGS = ("-fopenmp", "-lmvec")
+QUANT_CFLAGS = ("-O3", "-fopenmp")   # no -march: the ISA variants are chosen at run time
+QUANT_LDFLAGS = ("-fopenmp",)
 
 
-def _build_dir(csrc: pathlib.Path) -> tuple[pathlib.Path, dict[str, bytes]]:
+def _build_dir(csrc: pathlib.Path, cflags: tuple[str, ...] = CFLAGS,
+               ldflags: tuple[str, ...] = LDFLAGS) -> tuple[pathlib.Path, dict[str, bytes]]:
     """The build directory for these sources, and the sources (name -> bytes).
 
     Keyed by what decides the binary: every source's and header's name and content, the compiler
@@ -74,7 +83,7 @@ def _build_dir(csrc: pathlib.Path) -> tuple[pathlib.Path, dict[str, bytes]]:
     h = hashlib.sha256()
     for name, data in sources.items():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    h.update(" ".join(CFLAGS + LDFLAGS).encode() + b"\0" + torch.__version__.encode())
+    h.update(" ".join(cflags + ldflags).encode() + b"\0" + torch.__version__.encode())
     root = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
     build = root / "kernels" / f"{_cpu_tag()}-{h.hexdigest()[:16]}"
     build.mkdir(parents=True, exist_ok=True)
@@ -94,6 +103,22 @@ def _stage_sources(build: pathlib.Path, sources: dict[str, bytes]) -> None:
             tmp.replace(path)
 
 
+def _compile(name: str, csrc: pathlib.Path, cflags: tuple[str, ...], ldflags: tuple[str, ...]) -> Any:
+    from torch.utils import cpp_extension
+
+    # ninja may be installed in this environment's bin (pip's `ninja`) without being on PATH
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    build, sources = _build_dir(csrc, cflags, ldflags)
+    with _build_lock(build):
+        _stage_sources(build, sources)
+        return cpp_extension.load(
+            name=name, sources=[str(build / "src" / n) for n in sorted(sources) if n.endswith(".cpp")],
+            build_directory=str(build), extra_cflags=list(cflags), extra_ldflags=list(ldflags), verbose=False,
+        )
+
+
 def load() -> Any | None:
     """The compiled module, or None when it cannot be built here."""
     global _module, _failed
@@ -103,21 +128,25 @@ def load() -> Any | None:
         if _module is not None or _failed:
             return _module
         try:
-            from torch.utils import cpp_extension
-
-            # ninja may be installed in this environment's bin (pip's `ninja`) without being on PATH
-            bin_dir = os.path.dirname(sys.executable)
-            if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-                os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-
-            build, sources = _build_dir(pathlib.Path(__file__).parent / "csrc")
-            with _build_lock(build):
-                _stage_sources(build, sources)
-                _module = cpp_extension.load(
-                    name="pacer_kernels", sources=[str(build / "src" / n) for n in sorted(sources) if n.endswith(".cpp")],
-                    build_directory=str(build), extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), verbose=False,
-                )
+            _module = _compile("pacer_kernels", pathlib.Path(__file__).parent / "csrc", CFLAGS, LDFLAGS)
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
             log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)
             _failed = True
     return _module
+
+
+def load_quant() -> Any | None:
+    """The quantized-linear module (csrc_quant/), or None when it cannot be built here."""
+    global _quant_module, _quant_failed
+    if _quant_module is not None or _quant_failed:
+        return _quant_module
+    with _lock:
+        if _quant_module is not None or _quant_failed:
+            return _quant_module
+        try:
+            _quant_module = _compile("pacer_quant", pathlib.Path(__file__).parent / "csrc_quant",
+                                     QUANT_CFLAGS, QUANT_LDFLAGS)
+        except Exception as e:  # compiler, ninja or headers missing: quantized linears use torch
+            log.warning("pacer quantized-linear kernel unavailable (%s); using the torch path", e)
+            _quant_failed = True
+    return _quant_module

@@ -17,11 +17,19 @@ from typing import Any
 
 import torch
 
-from pacer.model.checkpoint import Checkpoint, ModelArch, as_token_ids, check_tensors, expected_shapes
+from pacer.model.checkpoint import (
+    Checkpoint,
+    ModelArch,
+    as_token_ids,
+    check_tensors,
+    expected_shapes,
+    projection_names,
+)
 from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
     "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
+    "resolve_quantization", "quantize_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +81,41 @@ def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkp
         f"model path {path!r} {what}: expected an HF model directory (config.json + *.safetensors) "
         f"or a .gguf file"
     )
+
+
+def resolve_quantization(quantization: str, path: str | None, device: str, dtype: torch.dtype) -> str:
+    """`ModelConfig.quantization` made concrete: auto is gguf for a .gguf file run in float32 on
+    the CPU (the packed kernels' home) and none otherwise; an explicit choice that cannot run is
+    an error naming the field."""
+    is_gguf = str(path or default_model_path()).endswith(".gguf")
+    native = device == "cpu" and dtype == torch.float32
+    if quantization == "auto":
+        return "gguf" if is_gguf and native else "none"
+    if quantization != "none" and not native:
+        raise ValueError(f"quantization={quantization!r} runs on device='cpu' with dtype float32 only "
+                         f"(got device={device!r}, dtype={str(dtype).removeprefix('torch.')}); use quantization='none'")
+    if quantization == "gguf" and not is_gguf:
+        raise ValueError(f"quantization='gguf' needs a .gguf model file, got {path!r}; use 'int8' for HF checkpoints")
+    return quantization
+
+
+def quantize_checkpoint(ckpt: Checkpoint, quantization: str) -> None:
+    """Fill `ckpt.quantized` for a resolved `quantization` (gguf: the file's packed blocks; int8:
+    weight-only int8 per block of 32 from the float32 tensors; none: nothing)."""
+    if quantization == "gguf":
+        from pacer.model.gguf_loader import load_gguf_blocks
+
+        ckpt.quantized = load_gguf_blocks(Path(ckpt.path), ckpt.arch)
+    elif quantization == "int8":
+        from pacer.model.quant import quantize_int8
+
+        t = ckpt.tensors
+        for name in projection_names(ckpt.arch):
+            w = t[name] if name in t else t["model.embed_tokens.weight"]   # the tied head
+            if w.shape[1] % 32 == 0:
+                ckpt.quantized[name] = quantize_int8(w)
+    elif quantization != "none":
+        raise ValueError(f"quantization must be resolved to none, gguf or int8; got {quantization!r}")
 
 
 # ---------------------------------------------------------------- HF directories

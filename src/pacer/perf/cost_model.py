@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pacer.perf.profiles import HardwareProfile, ModelProfile, dtype_bytes
+from pacer.perf.profiles import HardwareProfile, ModelProfile, dtype_bytes, weight_bytes_per_param
 from pacer.sched.contract import SchedulerOutput
 
 __all__ = [
@@ -101,13 +101,14 @@ class StepCounts:
     __slots__ = ("model", "bytes_per_el", "layer_flops_per_token", "lm_head_flops", "weight_read_bytes",
                  "attn_flops_per_pair", "kv_bytes_per_token")
 
-    def __init__(self, model: ModelProfile, dtype: str, kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, model: ModelProfile, dtype: str, kv_cache_dtype: str = "auto",
+                 weight_dtype: str = "auto") -> None:
         self.model = model
         self.bytes_per_el = dtype_bytes(dtype)
         self.layer_flops_per_token = 2.0 * model.num_layers * model.layer_params
         self.lm_head_flops = 2.0 * model.lm_head_params
         self.weight_read_bytes = float((model.num_layers * model.layer_params + model.lm_head_params)
-                                       * self.bytes_per_el)
+                                       * weight_bytes_per_param(weight_dtype, dtype))
         self.attn_flops_per_pair = 4.0 * model.num_layers * model.num_heads * model.head_dim
         self.kv_bytes_per_token = float(model.kv_bytes_per_token(dtype, 1, kv_cache_dtype))
 
@@ -125,12 +126,13 @@ class RooflineCostModel:
     """Datasheet roofline per operator group, divided over `tp` devices, plus all-reduces."""
 
     def __init__(self, hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
-                 block_size: int = 16, kv_cache_dtype: str = "auto") -> None:
+                 block_size: int = 16, kv_cache_dtype: str = "auto", weight_dtype: str = "auto") -> None:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
-        self.name = f"roofline:{hw.name}x{tp}:{model.name}:{dtype}"
+        weights = "" if weight_dtype == "auto" else f"+w{weight_dtype}"
+        self.name = f"roofline:{hw.name}x{tp}:{model.name}:{dtype}{weights}"
         self.hw, self.model, self.dtype, self.tp = hw, model, dtype, tp
-        self.counts = StepCounts(model, dtype, kv_cache_dtype)
+        self.counts = StepCounts(model, dtype, kv_cache_dtype, weight_dtype)
         self.peak_flops = hw.flops(dtype) * tp
         self.peak_bw = hw.mem_bandwidth * tp
         self.eff_flops = self.peak_flops * hw.compute_efficiency
@@ -223,10 +225,12 @@ class LinearCostModel:
 
 
 def make_cost_model(hw: HardwareProfile, model: ModelProfile, dtype: str, tp: int = 1,
-                    block_size: int = 16, kv_cache_dtype: str = "auto") -> CostModel:
-    """The calibrated model when this hardware has a fit for this model and dtype, else the roofline;
-    either prices KV reads and swaps at `kv_cache_dtype`'s bytes."""
+                    block_size: int = 16, kv_cache_dtype: str = "auto", weight_dtype: str = "auto") -> CostModel:
+    """The calibrated model when this hardware has a fit for this model and dtype (float weights),
+    else the roofline; either prices KV reads and swaps at `kv_cache_dtype`'s bytes, the roofline
+    reads the projection weights at `weight_dtype`'s bytes (auto: the model's dtype)."""
     calib = hw.calibration
-    if calib and tp == 1 and calib.get("model") == model.name and calib.get("dtype") == dtype:
+    if calib and tp == 1 and weight_dtype == "auto" and calib.get("model") == model.name \
+            and calib.get("dtype") == dtype:
         return LinearCostModel(hw, model, dtype, dict(calib["coefficients"]), block_size, kv_cache_dtype)
-    return RooflineCostModel(hw, model, dtype, tp, block_size, kv_cache_dtype)
+    return RooflineCostModel(hw, model, dtype, tp, block_size, kv_cache_dtype, weight_dtype)

@@ -17,7 +17,8 @@ from typing import Any
 
 __all__ = [
     "HardwareProfile", "ModelProfile", "HARDWARE", "MODELS", "get_hardware", "get_model",
-    "dtype_bytes", "kv_capacity_blocks", "kv_head_bytes",
+    "dtype_bytes", "kv_capacity_blocks", "kv_head_bytes", "weight_bytes_per_param", "WEIGHT_DTYPES",
+    "weight_dtype_for",
 ]
 
 _GB = 1000**3
@@ -31,6 +32,28 @@ def dtype_bytes(dtype: str) -> int:
         return _DTYPE_BYTES[dtype]
     except KeyError:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPE_BYTES)}; got {dtype!r}") from None
+
+
+# Bytes per weight a decode step reads, as pacer's packed kernels store them (pacer.model.quant):
+# blocks of 32 values with a float32 scale (and a float32 offset for 4-bit blocks).
+_WEIGHT_BYTES = {"q4_0": (16 + 8) / 32, "q4_1": (16 + 8) / 32, "q8_0": (32 + 4) / 32, "int8": (32 + 4) / 32}
+WEIGHT_DTYPES = ("auto", *_WEIGHT_BYTES)
+
+
+def weight_bytes_per_param(weight_dtype: str, dtype: str) -> float:
+    """Bytes per projection weight: the model's dtype (auto) or a packed quantized format."""
+    if weight_dtype == "auto":
+        return float(dtype_bytes(dtype))
+    try:
+        return _WEIGHT_BYTES[weight_dtype]
+    except KeyError:
+        raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {weight_dtype!r}") from None
+
+
+def weight_dtype_for(quantization: str) -> str:
+    """The weight dtype `pacer sim` prices for an engine's `quantization` (gguf: the Q4_1 blocks the
+    default model ships in)."""
+    return {"gguf": "q4_1", "int8": "int8"}.get(quantization, "auto")
 
 
 def kv_head_bytes(head_dim: int, dtype: str, kv_cache_dtype: str = "auto") -> int:

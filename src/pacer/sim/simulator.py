@@ -22,7 +22,7 @@ from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
 from pacer.engine import Engine, StepStats
 from pacer.perf.cost_model import CostModel, StepCost, make_cost_model
-from pacer.perf.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks
+from pacer.perf.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks, weight_dtype_for
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams, StructuredOutputsParams
 from pacer.sim.executor import SimExecutor
@@ -94,7 +94,8 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
     else:
         num_blocks = kv_capacity_blocks(hw, model, dtype, tp, cache.block_size, gpu_memory_utilization, kv_dtype)
     clock = VirtualClock()
-    cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size, kv_dtype)
+    weight_dtype = weight_dtype_for(config.model.quantization)
+    cm = cost_model or make_cost_model(hw, model, dtype, tp, cache.block_size, kv_dtype, weight_dtype)
     spec = config.scheduler.speculative()
     executor = SimExecutor(cm, clock, keep_records=keep_records,
                            kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size,

@@ -14,7 +14,8 @@ from pacer.workload.report import SloSet
 
 __all__ = ["measure_defaults", "refit_target", "verify_inprocess", "verify_server", "print_verification"]
 
-_REAL_ONLY = ("model", "device", "num_threads", "attention_backend", "linear_backend", "dtype")
+_REAL_ONLY = ("model", "device", "num_threads", "attention_backend", "linear_backend", "dtype", "quantization",
+              "quant_activations")
 
 
 def _engine(kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,165 @@
+"""Quantized weights run as shipped, against the dequantized float32 path, side by side in one run.
+
+Models, all from the default GGUF (SmolLM2-135M-Instruct Q4_1, its LM head Q8_0): `float32`
+(`--quantization none`, the reference), `q-float` (packed blocks, float activations: the default),
+`q-int8` (packed blocks, int8 activations per token and block of 32).
+
+Quality: each held-out chat's prompt plus the reference's own 64 greedy tokens, teacher-forced
+through every model in one prefill; per-token KL(float32 || model) and greedy (top-1) agreement
+over the 64 generated positions, with disagreements where the reference's top two are within
+`--tie` nats counted as near-ties. Speed: model.forward timed directly (no scheduler), the models
+interleaved each repeat, medians: batch-1 decode ms/token at a 128-token context, decode
+throughput of 32 sequences, and prefill tokens/s of one 256-token chunk. Load average and the
+CPU's flags are printed beside the figures.
+
+    PYTHONPATH=src python benchmarks/quantized.py [--threads 2] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from pacer.model.attention import ChunkSpan, build_metadata
+from pacer.model.llama import LlamaModel
+from pacer.model.loader import load_checkpoint, quantize_checkpoint
+
+CHATS = [
+    "Explain in two sentences why the sky looks blue at noon and red at sunset.",
+    "Write a short Python function that checks whether a string is a palindrome.",
+    "My tomato plants have yellow leaves at the bottom. What could be wrong?",
+    "Give me three ideas for a rainy Sunday afternoon with two kids.",
+]
+BS = 16
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")
+    return ",".join(f for f in want if f in flags.split())
+
+
+def load_line() -> str:
+    a, b, c = os.getloadavg()
+    return f"load {a:.2f} {b:.2f} {c:.2f}"
+
+
+def forward(model: LlamaModel, kv: Any, seqs: list[tuple[list[int], int]], all_rows: bool = False) -> torch.Tensor:
+    """One step: each seq is (token ids of this step, start position); a seq owns blocks from
+    `i * blocks_per_seq` on. Single-token rows first, as the executor packs them."""
+    per_seq = 512 // BS
+    ids, pos, slots, single_tables, lens, chunks = [], [], [], [], [], []
+    for i, (toks, start) in sorted(enumerate(seqs), key=lambda e: len(e[1][0]) > 1):
+        table = list(range(i * per_seq, i * per_seq + (start + len(toks) + BS - 1) // BS))
+        if len(toks) == 1:
+            single_tables.append(table)
+            lens.append(start + 1)
+        else:
+            chunks.append(ChunkSpan(len(ids), len(toks), start, table))
+        ids += toks
+        pos += range(start, start + len(toks))
+        slots += [table[p // BS] * BS + p % BS for p in range(start, start + len(toks))]
+    meta = build_metadata(slots, single_tables, lens, chunks, BS, "cpu", model.kernel is not None)
+    rows = torch.arange(len(ids)) if all_rows else torch.arange(len(seqs)) if not chunks else torch.tensor(
+        [c.q_start + c.q_len - 1 for c in chunks])
+    return model.forward(torch.tensor(ids), torch.tensor(pos), meta, kv, rows)
+
+
+def greedy(model: LlamaModel, kv: Any, prompt: list[int], n: int) -> list[int]:
+    out = [int(forward(model, kv, [(prompt, 0)])[-1].argmax())]
+    for i in range(n - 1):
+        out.append(int(forward(model, kv, [([out[-1]], len(prompt) + i)])[0].argmax()))
+    return out
+
+
+def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int, tie: float) -> None:
+    ref_name = "float32"
+    stats: dict[str, list[float]] = {k: [] for k in models if k != ref_name}
+    agree = {k: [0, 0, 0] for k in stats}   # same top-1, near-tie misses, other misses
+    for chat in CHATS:
+        prompt = tok.apply_chat_template([{"role": "user", "content": chat}])
+        cont = greedy(models[ref_name], kvs[ref_name], prompt, n)
+        seq = prompt + cont
+        sl = slice(len(prompt) - 1, len(seq) - 1)   # the rows that predicted the n generated tokens
+        ref = torch.log_softmax(forward(models[ref_name], kvs[ref_name], [(seq, 0)], True)[sl], -1)
+        top2 = ref.topk(2, dim=-1).values
+        for name in stats:
+            lp = torch.log_softmax(forward(models[name], kvs[name], [(seq, 0)], True)[sl], -1)
+            kl = (ref.exp() * (ref - lp)).sum(-1)
+            stats[name] += kl.tolist()
+            same = lp.argmax(-1) == ref.argmax(-1)
+            near = (~same) & ((top2[:, 0] - top2[:, 1]) < tie)
+            agree[name][0] += int(same.sum())
+            agree[name][1] += int(near.sum())
+            agree[name][2] += int((~same & ~near).sum())
+    for name, kls in stats.items():
+        s, t, o = agree[name]
+        print(f"quality {name:8s} vs float32, {len(CHATS)} chats x {n} tokens: KL mean {statistics.fmean(kls):.2e} "
+              f"max {max(kls):.2e}; greedy agreement {s / (s + t + o):.1%} ({t} near-ties < {tie} nats, "
+              f"{o} other) | {load_line()}", flush=True)
+
+
+def timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def speed(models: dict[str, LlamaModel], kvs: dict[str, Any], repeats: int) -> None:
+    ctx = 128
+    prompt = list(range(300, 300 + ctx))
+    batch = [([1000 + i], ctx) for i in range(32)]
+    chunk = list(range(500, 756))
+    runs: dict[str, dict[str, list[float]]] = {k: {"b1": [], "b32": [], "pre": []} for k in models}
+    for name, m in models.items():   # warm-up (the KV's contents do not matter for timing)
+        forward(m, kvs[name], [(prompt, 0)])
+    for _ in range(repeats):
+        for name, m in models.items():
+            kv = kvs[name]
+            runs[name]["b1"].append(timed(lambda m=m, kv=kv: forward(m, kv, [([7], ctx)])))
+            runs[name]["b32"].append(timed(lambda m=m, kv=kv: forward(m, kv, batch)))
+            runs[name]["pre"].append(timed(lambda m=m, kv=kv: forward(m, kv, [(chunk, 0)])))
+    med = {k: {s: statistics.median(v) for s, v in r.items()} for k, r in runs.items()}
+    f32 = med["float32"]
+    for name, r in med.items():
+        print(f"speed {name:8s} ({models[name].weights_line()}): batch-1 decode {r['b1'] * 1e3:.1f} ms/token "
+              f"({f32['b1'] / r['b1']:.2f}x float32); 32-seq decode {32 / r['b32']:.0f} tok/s "
+              f"({f32['b32'] / r['b32']:.2f}x); prefill 256 {256 / r['pre']:.0f} tok/s ({f32['pre'] / r['pre']:.2f}x) "
+              f"| {load_line()}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads")
+    ap.add_argument("--repeats", type=int, default=15, help="timed repeats per figure (medians)")
+    ap.add_argument("--tokens", type=int, default=64, help="generated tokens per chat for the quality check")
+    ap.add_argument("--tie", type=float, default=0.01, help="a reference top-2 gap (nats) counted as a near-tie")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ckpt = load_checkpoint(None)
+    quantize_checkpoint(ckpt, "gguf")
+    models = {
+        "float32": LlamaModel(ckpt.arch, ckpt.tensors, torch.float32),
+        "q-float": LlamaModel(ckpt.arch, ckpt.tensors, torch.float32, quantized=ckpt.quantized),
+        "q-int8": LlamaModel(ckpt.arch, ckpt.tensors, torch.float32, quantized=ckpt.quantized,
+                             quant_activations="int8"),
+    }
+    kvs = {k: m.allocate_kv_cache(32 * 512 // BS, BS) for k, m in models.items()}
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | cpu flags {cpu_flags()} "
+          f"| {load_line()}", flush=True)
+    with torch.inference_mode():
+        quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie)
+        speed(models, kvs, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
