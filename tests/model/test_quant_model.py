@@ -1,5 +1,5 @@
-"""The default GGUF runs quantized by default, and its greedy output is the dequantized float32
-path's (weight-only, float activations: equal up to summation order, so apart from near-ties)."""
+"""The default GGUF run as shipped (--quantization gguf), and its greedy output is the dequantized
+float32 path's (weight-only, float activations: equal up to summation order, so apart from near-ties)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from pacer.model.quant import QuantLinear
 from tests.conftest import llm_over
 
 
-def test_default_gguf_loads_quantized_and_matches_float32(base: Engine) -> None:
-    model = base.executor.model
+def test_default_gguf_runs_quantized_and_matches_float32(base: Engine) -> None:
+    ckpt = load_checkpoint(None)
+    quantize_checkpoint(ckpt, "gguf")
+    model = LlamaModel(ckpt.arch, ckpt.tensors, dtype=torch.float32, quantized=ckpt.quantized)
     assert isinstance(model.lm_head, QuantLinear) and isinstance(model.layers[0].gate_up, QuantLinear)
     assert model.quantization == ["Q4_1", "Q8_0"]
     assert model.weight_bytes < 0.25 * sum(x.out_features * x.in_features * 4 for x in model._projections())
 
-    ckpt = load_checkpoint(None)   # the reference: --quantization none keeps the float32 path
-    ref = LlamaModel(ckpt.arch, ckpt.tensors, dtype=torch.float32)
+    ref = base.executor.model   # the reference: --quantization none (auto) keeps the float32 path
     prompt = base.tokenizer.encode("The capital of France is")
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=2)
     outs = []
@@ -37,7 +38,8 @@ def test_default_gguf_loads_quantized_and_matches_float32(base: Engine) -> None:
 
 
 def test_quantization_choices_resolve() -> None:
-    assert resolve_quantization("auto", None, "cpu", torch.float32) == "gguf"
+    assert resolve_quantization("auto", None, "cpu", torch.float32) == "none"
+    assert resolve_quantization("gguf", None, "cpu", torch.float32) == "gguf"
     assert resolve_quantization("auto", None, "cpu", torch.bfloat16) == "none"
     assert resolve_quantization("none", None, "cpu", torch.float32) == "none"
     for bad, kw in (("gguf", {"path": "/some/hf_dir"}), ("int8", {"dtype": torch.bfloat16})):

@@ -38,8 +38,8 @@ class ModelConfig:
     quantization: str = field(
         default="auto",
         metadata={"help": "auto | none | gguf | int8: weights kept quantized (CPU, float32): a GGUF's "
-                          "Q4_0/Q4_1/Q8_0 blocks as shipped (auto for .gguf), int8 weight-only from float "
-                          "weights, or none (dequantized float32, the reference)."},
+                          "Q4_0/Q4_1/Q8_0 blocks as shipped, int8 weight-only from float weights, or none "
+                          "(dequantized float32, the reference; auto is none until batched work wins)."},
     )
     quant_activations: str = field(
         default="float",
