@@ -48,6 +48,14 @@ class CacheConfig:
         metadata={"help": "Disk KV tier directory (needs kv_offloading_size): blocks demoted to the host tier are "
                           "written here, and at a graceful shutdown the cached blocks of the faster tiers too; a "
                           "restarted engine reads them back (files of another model or KV dtype are refused)."})
+    kv_offloading_dir_size: int | str | None = field(
+        default=None,
+        metadata={"help": "Byte cap of the disk KV tier, in bytes or as '2GiB': past it the least recently used "
+                          "block files are deleted (default: no cap; a full disk only pauses the tier)."})
+    kv_offloading_dir_key_file: str | None = field(
+        default=None,
+        metadata={"help": "A file holding a secret: disk KV block files carry an HMAC-SHA256 under it and files "
+                          "without a valid one (planted, or another key's) are refused."})
     eviction_policy: str = field(
         default="lru",
         metadata={"help": "Prefix-cache eviction: lru | weighted-lru (per-tenant tenant_weights) | ttl "
@@ -105,6 +113,11 @@ class CacheConfig:
             raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size!r}")
         if self.kv_offloading_dir is not None and (not self.kv_offloading_size or not self.enable_prefix_caching):
             raise ValueError("kv_offloading_dir needs kv_offloading_size > 0 (the host tier) and prefix caching")
+        if self.kv_offloading_dir_size is not None:
+            parse_memory_size(self.kv_offloading_dir_size, "kv_offloading_dir_size")
+        for name in ("kv_offloading_dir_size", "kv_offloading_dir_key_file"):
+            if getattr(self, name) is not None and self.kv_offloading_dir is None:
+                raise ValueError(f"{name} needs kv_offloading_dir (the disk KV tier)")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
 

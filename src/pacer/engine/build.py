@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pacer.config import EngineConfig
+from pacer.config.cache import parse_memory_size
 from pacer.engine.tier_hooks import KVTierFactory
 from pacer.kv.tiers.disk import DiskTier
 from pacer.perf.cost_model import make_cost_model
@@ -71,7 +72,16 @@ def kv_tiers(config: EngineConfig, executor: Executor) -> list[KVTierFactory]:
     from pacer.model.kv_io import ModelBlockStore
 
     store = ModelBlockStore(executor)
-    return [lambda kv: DiskTier.open(kv, directory, store)]
+    cache = config.cache
+    max_bytes = None if cache.kv_offloading_dir_size is None else parse_memory_size(
+        cache.kv_offloading_dir_size, "kv_offloading_dir_size")
+    key = None
+    if cache.kv_offloading_dir_key_file is not None:
+        with open(cache.kv_offloading_dir_key_file, "rb") as f:
+            key = f.read().strip()
+        if not key:
+            raise ValueError(f"kv_offloading_dir_key_file {cache.kv_offloading_dir_key_file} is empty")
+    return [lambda kv: DiskTier.open(kv, directory, store, max_bytes, key)]
 
 
 def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None = None,

@@ -25,11 +25,12 @@ if TYPE_CHECKING:
     from pacer.kv.radix_node import RadixNode
 
 __all__ = ["EventSinks", "BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
-           "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "MEDIUM_DEVICE",
+           "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "SALTED", "MEDIUM_DEVICE",
            "MEDIUM_HOST"]
 
 MEDIUM_DEVICE = "GPU"   # vLLM's medium names: the device tier (the radix tree), whatever the device
 MEDIUM_HOST = "CPU"     # the host tier (kv_offloading_size); its block hashes are the device's
+SALTED = "salted"   # what events say in place of a cache_salt
 SALT_SEPARATOR = "\x1f"   # owner = tenant + SALT_SEPARATOR + cache_salt (tenant is "" in shared mode)
 _HASH_MASK = (1 << 63) - 1   # non-negative 63-bit ints: every msgpack and Go/Rust consumer reads them
 
@@ -40,11 +41,14 @@ def namespace(tenant: str, cache_salt: str | None) -> str:
 
 
 def namespace_keys(owner: str) -> tuple[str, ...] | None:
-    """The extra keys a block of this owner carries in its identity (None for public blocks)."""
+    """The extra keys a block of this owner carries in its events (None for public blocks):
+    the tenant, and `SALTED` in place of a salt. A salt is a secret shared by the requests
+    that may reuse each other's KV; it never leaves the process (the block hash, which does,
+    already keeps salted copies apart)."""
     if not owner:
         return None
     tenant, _, salt = owner.partition(SALT_SEPARATOR)
-    return tuple(k for k in (tenant, salt) if k) or None
+    return tuple(k for k in (tenant, SALTED if salt else "") if k) or None
 
 
 def block_hash(parent: int | None, token_ids: Sequence[int], owner: str) -> int:

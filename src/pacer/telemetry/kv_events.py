@@ -17,108 +17,39 @@ them from its own thread, so the engine never waits on a socket.
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import queue
 import threading
-from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 import zmq
 
+from pacer.config.kv_events import (
+    DEFAULT_ENDPOINT,
+    KVEventsConfig,
+    connect_address,
+    is_bind_endpoint,
+    is_wildcard,
+    offset_endpoint,
+    parse_kv_events_config,
+)
 from pacer.kv.events import AllBlocksClearedEvent, BlockEvent, BlockRemovedEvent, BlockStoredEvent
 
 __all__ = ["KVEventsConfig", "parse_kv_events_config", "KVEventPublisher", "KVEventSubscriber",
            "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "to_wire", "offset_endpoint",
-           "connect_address", "MEDIUM_GPU", "END_SEQ"]
+           "connect_address", "is_bind_endpoint", "MEDIUM_GPU", "END_SEQ", "DEFAULT_ENDPOINT", "TokenBucket",
+           "REPLAY_SLICE"]
+
+log = logging.getLogger("pacer.kv_events")
 
 MEDIUM_GPU = "GPU"
 END_SEQ = -1
-
-
-# ---------------------------------------------------------------------- config
-
-@dataclass(frozen=True, slots=True)
-class KVEventsConfig:
-    """vLLM's `KVEventsConfig` fields and defaults (`--kv-events-config` takes them as JSON)."""
-
-    enable_kv_cache_events: bool = False
-    publisher: str | None = None          # "zmq" | "null"; default: zmq when events are enabled
-    endpoint: str = "tcp://*:5557"        # PUB socket
-    replay_endpoint: str | None = None    # ROUTER socket for missed batches
-    buffer_steps: int = 10_000            # batches kept for replay
-    hwm: int = 100_000                    # ZMQ high-water mark of the PUB socket
-    max_queue_size: int = 100_000         # batches waiting for the publisher thread
-    topic: str = ""
-
-    @property
-    def enabled(self) -> bool:
-        return self.enable_kv_cache_events and self.publisher != "null"
-
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "enable_kv_cache_events": (bool,), "publisher": (str, type(None)), "endpoint": (str,),
-    "replay_endpoint": (str, type(None)), "buffer_steps": (int,), "hwm": (int,), "max_queue_size": (int,),
-    "topic": (str,),
-}
-
-
-def parse_kv_events_config(value: str | Mapping[str, Any] | None) -> KVEventsConfig:
-    """From `--kv-events-config` JSON (or a dict): unknown keys and wrong types are errors
-    that name the key, like vLLM's own parser."""
-    if value is None:
-        return KVEventsConfig()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--kv-events-config: not valid JSON ({e.msg} at position {e.pos})") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"--kv-events-config must be a JSON object, got {type(value).__name__}")
-    known = [f.name for f in fields(KVEventsConfig)]
-    for key, v in value.items():
-        if key not in _TYPES:
-            raise ValueError(f"--kv-events-config: unknown key {key!r}; known keys: {', '.join(known)}")
-        ok = _TYPES[key]
-        if not isinstance(v, ok) or (bool not in ok and isinstance(v, bool)):
-            raise ValueError(f"--kv-events-config: {key} must be {' or '.join(t.__name__ for t in ok)}, got {v!r}")
-    config = KVEventsConfig(**dict(value))
-    if config.publisher is None:
-        config = replace(config, publisher="zmq" if config.enable_kv_cache_events else "null")
-    if config.publisher not in ("zmq", "null"):
-        raise ValueError(f"--kv-events-config: publisher must be 'zmq' or 'null', got {config.publisher!r}")
-    for key in ("buffer_steps", "hwm", "max_queue_size"):
-        if getattr(config, key) < 1:
-            raise ValueError(f"--kv-events-config: {key} must be >= 1, got {getattr(config, key)}")
-    for key in ("endpoint", "replay_endpoint"):
-        ep = getattr(config, key)
-        if ep is not None and not ep.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"--kv-events-config: {key} must be a tcp://, ipc:// or inproc:// address, got {ep!r}")
-    return config
-
-
-def offset_endpoint(endpoint: str | None, index: int) -> str | None:
-    """Replica `index`'s own address: tcp ports move up by the index (port 0 stays 0: the OS
-    picks), other transports get a suffix. The same rule as vLLM's per-DP-rank offset."""
-    if endpoint is None or index == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        base, _, port = endpoint.rpartition(":")
-        return endpoint if int(port) == 0 else f"{base}:{int(port) + index}"
-    return f"{endpoint}_dp{index}"
-
-
-def is_bind_endpoint(endpoint: str) -> bool:
-    """vLLM's rule for the PUB socket: bind a wildcard (`tcp://*:5557`, `::`) or an ipc/inproc
-    address, connect to any other (a consumer that binds, as llm-d's EPP can)."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
-def connect_address(endpoint: str, host: str = "127.0.0.1") -> str:
-    """Where a subscriber connects for a bound address (`tcp://*:5557` -> tcp://host:5557)."""
-    return endpoint.replace("tcp://*:", f"tcp://{host}:").replace("tcp://0.0.0.0:", f"tcp://{host}:")
+REPLAY_SLICE = 64          # replay frames sent per loop turn, after every queued live batch
+MAX_ACTIVE_REPLAYS = 16    # replays in progress at once; more are refused (answered with the end marker)
 
 
 # ---------------------------------------------------------------------- wire schema (vLLM's)
@@ -170,13 +101,45 @@ def to_wire(events: Iterable[BlockEvent], ts: float, rank: int | None = None) ->
 
 # ---------------------------------------------------------------------- publisher
 
+class TokenBucket:
+    """`rate` tokens per second up to `burst`; `take()` spends one if there is one."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+def _curve_keys(path: str, role: str) -> tuple[bytes, bytes]:
+    import zmq.auth
+
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is None:
+        raise ValueError(f"--kv-events-config: {role} {path} holds no secret key (use the .key_secret file)")
+    return public, secret
+
+
 class KVEventPublisher:
     """PUB + ROUTER (replay) sockets owned by one background thread.
 
-    The PUB socket binds or connects by vLLM's rule (`is_bind_endpoint`); the replay socket
-    always binds. Binding happens in that thread before the constructor returns, so a port in use is a
-    `ValueError` naming the key and the address. The first batch (sequence 0) is
+    The PUB socket binds or connects by `KVEventsConfig.binds` (loopback bind by default,
+    then vLLM's rule); the replay socket always binds. Binding happens in that thread before
+    the constructor returns, so a port in use is a `ValueError` naming the key and the
+    address; a wildcard bind logs a warning. The first batch (sequence 0) is
     `AllBlocksCleared`: a consumer that knew an earlier life of this replica drops it.
+
+    Each loop turn publishes every queued live batch first, then admits replay requests
+    through a total and a per-peer token bucket (a refused one gets the end marker at once)
+    and sends at most `REPLAY_SLICE` replay frames: a replay flood never holds the live
+    stream back.
     """
 
     def __init__(self, config: KVEventsConfig, replica_index: int = 0) -> None:
@@ -184,14 +147,22 @@ class KVEventPublisher:
             raise ValueError("KVEventPublisher needs enable_kv_cache_events=true and publisher='zmq'")
         self.config = config
         self.replica_index = replica_index
-        self.endpoint = offset_endpoint(config.endpoint, replica_index) or config.endpoint
+        self.endpoint = offset_endpoint(config.address, replica_index) or config.address
         self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica_index)
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._encoder = msgspec.msgpack.Encoder()
         self._topic = config.topic.encode()
+        self._replays: deque[list[Any]] = deque()   # [client id, next sequence] per replay in progress
+        self._total = TokenBucket(config.replay_rate, config.replay_burst)
+        self._peers: OrderedDict[bytes, TokenBucket] = OrderedDict()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
+        self._auth: Any = None
         self.num_published = 0
         self.num_dropped = 0
+        self.num_replays_served = 0
+        self.num_replays_refused = 0
+        asked = (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint))
         started: queue.Queue[BaseException | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, args=(started,), name="pacer-kv-events", daemon=True)
         self._thread.start()
@@ -199,6 +170,10 @@ class KVEventPublisher:
         if error is not None:
             self._thread.join()
             raise error
+        for key, address in asked:
+            if address is not None and is_wildcard(address) and (key == "replay_endpoint" or config.binds(address)):
+                log.warning("KV events %s %s listens on every interface: the stream carries the token ids of every "
+                            "tenant's prompts; bind loopback (the default) or set curve_secret_key_file", key, address)
         self.publish(0.0, [AllBlocksClearedEvent()])
 
     def publish(self, ts: float, events: list[BlockEvent]) -> None:
@@ -211,8 +186,30 @@ class KVEventPublisher:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+        if self._auth is not None:
+            self._auth.stop()
+            self._ctx.term()
 
-    def _bind(self, ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    def _start_auth(self) -> None:
+        """CURVE's authenticator on a context of our own (it serves every socket of its context):
+        with curve_client_keys_dir only the clients whose public certificates are there get in."""
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self._ctx = zmq.Context()
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=self.config.curve_client_keys_dir or zmq.auth.CURVE_ALLOW_ANY)
+
+    def _secure(self, sock: zmq.Socket[Any]) -> None:
+        assert self.config.curve_secret_key_file is not None
+        public, secret = _curve_keys(self.config.curve_secret_key_file, "curve_secret_key_file")
+        sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+
+    def _bind(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+        if self.config.curve_secret_key_file is not None:
+            self._start_auth()
+        ctx = self._ctx
         pub = ctx.socket(zmq.PUB)
         pub.set_hwm(self.config.hwm)
         sockets: list[tuple[str, str, zmq.Socket[Any]]] = [("endpoint", self.endpoint, pub)]
@@ -222,7 +219,9 @@ class KVEventPublisher:
             sockets.append(("replay_endpoint", self.replay_endpoint, replay))
         for key, address, sock in sockets:
             try:
-                if key == "endpoint" and not is_bind_endpoint(address):
+                if self.config.curve_secret_key_file is not None:
+                    self._secure(sock)
+                if key == "endpoint" and not self.config.binds(address):
                     sock.connect(address)   # e.g. llm-d's EPP binds and the model servers connect
                     continue
                 sock.bind(address)
@@ -239,45 +238,73 @@ class KVEventPublisher:
         return pub, replay
 
     def _run(self, started: queue.Queue[BaseException | None]) -> None:
-        ctx: zmq.Context[Any] = zmq.Context.instance()
         try:
-            pub, replay = self._bind(ctx)
+            pub, replay = self._bind()
         except BaseException as e:   # handed to the constructor, which raises it
             started.put(e)
             return
         started.put(None)
-        seq = 0
         try:
-            while True:
+            while self._publish_queued(pub, wait=0.0 if self._replays else 0.05):
                 if replay is not None:
-                    while replay.poll(0):
-                        self._serve_replay(replay)
-                try:
-                    batch = self._queue.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if batch is None:
-                    break
-                payload = self._encoder.encode(batch)
-                pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-                self._buffer.append((seq, payload))
-                seq += 1
-                self.num_published += 1
+                    self._admit_replays(replay)
+                    self._send_replay_slice(replay)
         finally:
             pub.close(linger=0)
             if replay is not None:
                 replay.close(linger=0)
 
-    def _serve_replay(self, replay: zmq.Socket[Any]) -> None:
-        frames = replay.recv_multipart()
-        if len(frames) != 3 or len(frames[2]) != 8:
-            return   # not a replay request (client id, empty delimiter, 8-byte start)
-        client, _, start = frames
-        first = int.from_bytes(start, "big")
-        for seq, payload in list(self._buffer):
-            if seq >= first:
-                replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
-        replay.send_multipart((client, b"", b"", END_SEQ.to_bytes(8, "big", signed=True), b""))
+    def _publish_queued(self, pub: zmq.Socket[Any], wait: float) -> bool:
+        """Publish every queued batch (waiting up to `wait` for the first); False at close."""
+        try:
+            batch = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return True
+        while batch is not None:
+            seq = self.num_published
+            payload = self._encoder.encode(batch)
+            pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+            self.num_published += 1
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+        return False
+
+    def _admit_replays(self, replay: zmq.Socket[Any]) -> None:
+        for _ in range(4 * REPLAY_SLICE):   # bounded intake per turn
+            if not replay.poll(0):
+                return
+            frames = replay.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                continue   # not a replay request (client id, empty delimiter, 8-byte start)
+            client = frames[0]
+            peer = self._peers.pop(client, None) or TokenBucket(self.config.replay_peer_rate, self.config.replay_burst)
+            self._peers[client] = peer
+            if len(self._peers) > 1024:
+                self._peers.popitem(last=False)
+            if len(self._replays) < MAX_ACTIVE_REPLAYS and peer.take() and self._total.take():
+                self._replays.append([client, int.from_bytes(frames[2], "big")])
+                self.num_replays_served += 1
+            else:
+                self.num_replays_refused += 1
+                replay.send_multipart((client, b"", b"", END_SEQ.to_bytes(8, "big", signed=True), b""))
+
+    def _send_replay_slice(self, replay: zmq.Socket[Any]) -> None:
+        budget = REPLAY_SLICE
+        while self._replays and budget > 0:
+            entry = self._replays[0]
+            client, seq = entry
+            first = self._buffer[0][0] if self._buffer else self.num_published
+            seq = max(seq, first)
+            while budget > 0 and seq < self.num_published:
+                replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), self._buffer[seq - first][1]))
+                seq, budget = seq + 1, budget - 1
+            entry[1] = seq
+            if seq >= self.num_published:
+                replay.send_multipart((client, b"", b"", END_SEQ.to_bytes(8, "big", signed=True), b""))
+                self._replays.popleft()
 
 
 # ---------------------------------------------------------------------- subscriber
@@ -286,18 +313,30 @@ class KVEventSubscriber:
     """SUB socket for the live stream, DEALER for replay; `poll()` returns batches in
     sequence order, asking the replay socket for any it missed (a gap in the numbers)."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "") -> None:
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
+                 curve_server_key: bytes | None = None, curve_client_key_file: str | None = None) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
-        self._sub = self._ctx.socket(zmq.SUB)
+        self._curve: tuple[bytes, bytes, bytes] | None = None
+        if curve_server_key is not None:   # the server's public key, and this client's certificate
+            if curve_client_key_file is None:
+                raise ValueError("KVEventSubscriber: curve_server_key needs curve_client_key_file")
+            self._curve = (curve_server_key, *_curve_keys(curve_client_key_file, "curve_client_key_file"))
+        self._sub = self._socket(zmq.SUB)
         self._sub.connect(connect_address(endpoint))
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._replay: zmq.Socket[Any] | None = None
         if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.DEALER)
+            self._replay = self._socket(zmq.DEALER)
             self._replay.connect(connect_address(replay_endpoint))
         self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self.next_seq = 0
         self.num_replayed = 0
+
+    def _socket(self, kind: int) -> zmq.Socket[Any]:
+        sock: zmq.Socket[Any] = self._ctx.socket(kind)
+        if self._curve is not None:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+        return sock
 
     def poll(self, timeout_ms: int = 100) -> list[tuple[int, KVEventBatch]]:
         out: list[tuple[int, KVEventBatch]] = []
