@@ -87,7 +87,7 @@ def _backlog(policy: str, heavy: int, light: int, bound: float | None, weights=N
 def test_no_backlogged_tenant_runs_ahead_by_more_than_the_bound_and_one_request(policy, heavy, light, bound):
     eng, ex = _backlog(policy, heavy, light, bound if policy == "lpm" else None)
     ledger = eng.scheduler.policy.ledger
-    limit = (bound if policy == "lpm" else 0.0) + ONE_REQUEST * eng.scheduler.config.max_num_seqs
+    limit = (bound if policy == "lpm" else 0.0) + ONE_REQUEST
     while eng.has_unfinished_requests():
         eng.step()
         if len(ledger.backlogged) > 1:
@@ -97,10 +97,6 @@ def test_no_backlogged_tenant_runs_ahead_by_more_than_the_bound_and_one_request(
 
 
 def test_fair_serves_the_light_tenant_before_the_heavy_backlog_drains():
-    for policy, first_light_step in (("fcfs", None), ("fair", None)):
-        eng, ex = _backlog(policy, heavy=30, light=3, bound=None)
-        finals = run(eng, ex)
-        assert len(finals) == 33
     eng, ex = _backlog("fair", heavy=30, light=3, bound=None)
     order: list[str] = []
     while eng.has_unfinished_requests():
