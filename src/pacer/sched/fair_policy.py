@@ -23,10 +23,19 @@ from collections.abc import Callable
 from pacer.config.fair import FairSettings
 from pacer.request import Request
 from pacer.sched.fair_share import ServiceCosts, ServiceLedger
-from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, LPM_MAX_QUEUE, Key, LpmPolicy, Policy, PolicyContext, \
-    WaitingQueue
+from pacer.sched.policy import (
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    LPM_MAX_QUEUE,
+    Key,
+    LpmPolicy,
+    Policy,
+    PolicyContext,
+    WaitingQueue,
+)
 
-__all__ = ["FairPolicy", "FairLpmPolicy", "ledger_from"]
+__all__ = ["FairPolicy", "FairLpmPolicy", "ledger_from", "SEAT_MARGIN"]
+
+SEAT_MARGIN = 2   # running requests a tenant must hold beyond a waiting tenant's before it gives one up
 
 
 def ledger_from(settings: FairSettings | None) -> ServiceLedger:
@@ -40,9 +49,13 @@ class _FairState:
     def __init__(self, ledger: ServiceLedger) -> None:
         self.ledger = ledger
         self.projected: dict[str, float] = {}
+        self.seats: dict[str, int] = {}      # requests each tenant ran in the last step
+        self._seats_now: dict[str, int] = {}
+        self._seen: set[str] = set()
 
     def rebuild(self, queue: WaitingQueue) -> None:
         ledger = self.ledger
+        self.seats, self._seats_now, self._seen = self._seats_now, {}, set()
         ledger.set_backlogged(r.tenant for r in queue)
         ahead: dict[str, float] = {}
         self.projected = {}
@@ -58,6 +71,22 @@ class _FairState:
 
     def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
         self.ledger.charge(r.tenant, num_prefill, num_cached, num_decode)
+        if r.request_id not in self._seen:
+            self._seen.add(r.request_id)
+            self._seats_now[r.tenant] = self._seats_now.get(r.tenant, 0) + 1
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        """Waiting `a` may take running `b`'s seat when b's tenant holds SEAT_MARGIN more seats
+        and is not behind a's tenant in service (the tenant furthest above its share gives one up)."""
+        if a.tenant == b.tenant:
+            return False
+        seats = self.seats
+        if seats.get(b.tenant, 0) - seats.get(a.tenant, 0) < SEAT_MARGIN or \
+                self.ledger.normalized(b.tenant) < self.ledger.normalized(a.tenant):
+            return False
+        seats[b.tenant] = seats.get(b.tenant, 0) - 1   # the seat moves: at most a few preemptions a step
+        seats[a.tenant] = seats.get(a.tenant, 0) + 1
+        return True
 
 
 class FairPolicy(Policy):
@@ -83,6 +112,12 @@ class FairPolicy(Policy):
 
     def victim_key(self, r: Request) -> Key:
         return (self.ledger.normalized(r.tenant), r.arrival_time, r.arrival_seq)
+
+    preempts_for_waiting = True    # seats or KV, for a tenant holding fewer seats (see outranks)
+    preempts_for_budget = False    # never for a step's token share
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        return self.fair.outranks(a, b)
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self.fair.rebuild(queue)
