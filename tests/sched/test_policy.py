@@ -22,7 +22,7 @@ def test_each_policy_orders_by_its_key():
     order = {name: [r.request_id for r in sorted([c, b, a], key=make_policy(name).key)]
              for name in SCHEDULING_POLICIES if name != "slo"}   # slo needs a cost model (tests/sched/test_slo*)
     assert order == {"fcfs": ["a", "b", "c"], "priority": ["b", "c", "a"], "sjf": ["b", "c", "a"],
-                     "lpm": ["a", "b", "c"]}   # no cache: every cached prefix is 0, so arrival order
+                     "lpm": ["a", "b", "c"], "fair": ["a", "b", "c"]}   # no cache, no service: arrival order
 
 
 def test_only_priority_preempts_for_a_waiting_request():

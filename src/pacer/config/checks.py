@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = ["SCHEDULING_POLICIES", "KV_CACHE_DTYPES", "PREEMPTION_MODES", "EVICTION_POLICIES",
            "TENANT_ISOLATION_MODES", "DTYPES", "positive_int", "non_negative_int", "choice"]
 
-SCHEDULING_POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
+SCHEDULING_POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo", "fair")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
 EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")

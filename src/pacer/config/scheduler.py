@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pacer.config.checks import PREEMPTION_MODES, SCHEDULING_POLICIES, choice, positive_int
 
 if TYPE_CHECKING:
+    from pacer.config.fair import FairSettings
     from pacer.config.slo import SloSet
     from pacer.config.speculative import SpeculativeConfig
 
@@ -38,7 +39,8 @@ class SchedulerConfig:
     scheduling_policy: str = field(
         default="fcfs",
         metadata={"help": "Waiting-queue order: fcfs | priority | sjf | lpm (longest cached prefix first) | "
-                          "slo (least slack first, step budget by the tightest ITL target, preempt the most slack)."}
+                          "slo (least slack first, step budget by the tightest ITL target, preempt the most slack) | "
+                          "fair (least normalized tenant service first, VTC)."}
     )
     max_queue_delay: float | None = field(
         default=None,
@@ -58,6 +60,17 @@ class SchedulerConfig:
         default=True,
         metadata={"help": "Whether a request's own targets (body `slo`, x-llm-d-slo-* headers) may be tighter "
                           "than its class's (off: they are clamped to the class's)."})
+    fair_deficit_bound: float | None = field(
+        default=None,
+        metadata={"help": "Fair share as a layer on lpm and slo: a tenant whose service runs ahead of the least "
+                          "served backlogged tenant's by more than this many cost units waits (default: off)."})
+    fair_tenant_weights: dict[str, float] | None = field(
+        default=None,
+        metadata={"help": "Tenant shares of the engine for fair and the deficit bound, e.g. 'gold=2,free=1' "
+                          "(default 1 each)."})
+    fair_cost_prefill: float = field(default=1.0, metadata={"help": "Cost units of one computed prompt token."})
+    fair_cost_cached: float = field(default=0.1, metadata={"help": "Cost units of one prompt token from cache."})
+    fair_cost_decode: float = field(default=2.0, metadata={"help": "Cost units of one decoded token."})
     preemption_mode: str = field(default="recompute", metadata={"help": "recompute | swap."})
     long_prefill_token_threshold: int | None = field(
         default=None,
@@ -91,6 +104,7 @@ class SchedulerConfig:
         self.slo = tuple(self.slo)
         self.slo_set()   # raises ValueError naming the bad key, duration or class
         choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        self.fair_settings()   # raises ValueError naming the fair_* field and its limit
         from pacer.config.speculative import SPECULATIVE_POLICIES, parse_speculative_config
 
         parse_speculative_config(self.speculative_config)   # raises naming speculative_config.<key>
@@ -103,6 +117,12 @@ class SchedulerConfig:
         from pacer.config.speculative import parse_speculative_config
 
         return parse_speculative_config(self.speculative_config)
+
+    def fair_settings(self) -> FairSettings:
+        from pacer.config.fair import FairSettings
+
+        return FairSettings.make(self.fair_deficit_bound, self.fair_tenant_weights, self.fair_cost_prefill,
+                                 self.fair_cost_cached, self.fair_cost_decode)
 
     def slo_set(self) -> SloSet:
         from pacer.config.slo import parse_slo

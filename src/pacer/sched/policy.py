@@ -33,12 +33,13 @@ from bisect import insort
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
 from pacer.request import Request, RequestStatus
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
-__all__ = ["Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
+__all__ = ["Key", "Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
            "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
 
 Key = tuple[float, ...]
@@ -56,6 +57,7 @@ class PolicyContext:
     cost_model: StepCostModel | None = None                         # predicted step times (slo)
     slo_set: SloSet | None = None                                   # the configured classes' targets (slo)
     shed_hopeless: bool = False                                     # refuse what can no longer meet its TTFT
+    fair: FairSettings | None = None                                # tenant shares, costs, deficit bound (fair)
 
 
 class Policy:
@@ -96,6 +98,10 @@ class Policy:
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        """What a scheduled request costs this step: prompt tokens computed, taken from the
+        prefix cache (on admission), decoded (the fair policies charge its tenant). None here."""
 
     # ---------------------------------------------------------------- shedding and step limits
 

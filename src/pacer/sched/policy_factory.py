@@ -10,6 +10,7 @@ its own because it names every policy, and `pacer.sched.slo_policy` builds on
 from __future__ import annotations
 
 from pacer.config import SCHEDULING_POLICIES
+from pacer.sched.fair_policy import FairLpmPolicy, FairPolicy
 from pacer.sched.policy import LpmPolicy, Policy, PolicyContext, PrioritySchedulingPolicy, SjfPolicy
 from pacer.sched.slo_policy import SloPolicy
 
@@ -17,7 +18,10 @@ __all__ = ["make_policy", "POLICIES"]
 
 POLICIES: dict[str, type[Policy]] = {
     "fcfs": Policy, "priority": PrioritySchedulingPolicy, "sjf": SjfPolicy, "lpm": LpmPolicy, "slo": SloPolicy,
+    "fair": FairPolicy,
 }
+# fairness as a layer: the policy that replaces one when a deficit bound is set
+BOUNDED: dict[str, type[Policy]] = {"lpm": FairLpmPolicy}
 
 
 def make_policy(name: str, context: PolicyContext | None = None) -> Policy:
@@ -27,4 +31,6 @@ def make_policy(name: str, context: PolicyContext | None = None) -> Policy:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {name!r}") from None
+    if context is not None and context.fair is not None and context.fair.deficit_bound is not None:
+        cls = BOUNDED.get(name, cls)
     return cls.from_context(context)

@@ -61,7 +61,7 @@ class Scheduler:
         self.policy = make_policy(config.scheduling_policy, PolicyContext(
             max_num_batched_tokens=self.max_num_batched_tokens, prefill_chunk=self._prefill_cap,
             cached_prefix_tokens=kv.cached_prefix_tokens, cost_model=cost_model, slo_set=config.slo_set(),
-            shed_hopeless=config.shed_hopeless))
+            shed_hopeless=config.shed_hopeless, fair=config.fair_settings()))
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
@@ -344,6 +344,7 @@ class Scheduler:
                 req.metrics.prefill_tokens += n
             else:
                 num_decode += n
+            self.policy.account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward

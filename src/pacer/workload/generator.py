@@ -181,6 +181,15 @@ BUILTIN_WORKLOADS: dict[str, Workload] = {
     "batch": Workload("batch", (_BATCH,)),
     "mixed": Workload("mixed", (dataclasses.replace(_CHAT, weight=0.6), dataclasses.replace(_RAG, weight=0.2),
                                 dataclasses.replace(_AGENT, weight=0.1), dataclasses.replace(_BATCH, weight=0.1))),
+    # fair share: a heavy tenant (10x the rate, a long shared prefix) beside light ones without
+    "tenants": Workload("tenants", (
+        _cls("heavy", LengthDist(256, 0.5), LengthDist(64, 0.5), weight=10.0, shared_prefix_len=1024,
+             tenant="heavy"),
+        _cls("light-a", LengthDist(512, 0.5), LengthDist(64, 0.5), tenant="light-a"),
+        _cls("light-b", LengthDist(512, 0.5), LengthDist(64, 0.5), tenant="light-b"))),
+    "two-tenants": Workload("two-tenants", (
+        _cls("heavy", LengthDist(512, 0.5), LengthDist(64, 0.5), weight=10.0, tenant="heavy"),
+        _cls("light", LengthDist(512, 0.5), LengthDist(64, 0.5), tenant="light"))),
 }
 
 

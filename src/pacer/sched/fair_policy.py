@@ -1,0 +1,166 @@
+"""Fair share as a policy and as a layer: `fair` (VTC in the engine) and `lpm` with a deficit
+bound (DLPM). Pure Python.
+
+Both read a `ServiceLedger` (pacer.sched.fair_share) the scheduler charges once per step through
+the `account` hook, with the exact tokens each request computed, took from the cache and decoded.
+
+- **fair**: the waiting queue is ordered by each request's *projected* normalized service: its
+  tenant's counter plus the prompt cost of the tenant's requests queued ahead of it (divided by
+  the tenant's weight), so one step's admissions interleave tenants instead of draining the
+  least served one's queue. The victim of a preemption is the request of the tenant furthest
+  above its share (its latest arrival first).
+- **lpm + deficit bound**: a request whose projected service stays within `deficit_bound` cost
+  units of the least served backlogged tenant's is *in bound*, and among those the longest
+  cached prefix goes first (locality); the rest wait behind them in projected-service order.
+
+Aging keeps its bound under both: the waiting queue serves an aged request first whatever the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pacer.config.fair import FairSettings
+from pacer.request import Request
+from pacer.sched.fair_share import ServiceCosts, ServiceLedger
+from pacer.sched.policy import (
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    LPM_MAX_QUEUE,
+    Key,
+    LpmPolicy,
+    Policy,
+    PolicyContext,
+    WaitingQueue,
+)
+
+__all__ = ["FairPolicy", "FairLpmPolicy", "ledger_from", "SEAT_MARGIN"]
+
+SEAT_MARGIN = 2   # running requests a tenant must hold beyond a waiting tenant's before it gives one up
+
+
+def ledger_from(settings: FairSettings | None) -> ServiceLedger:
+    s = settings or FairSettings()
+    return ServiceLedger(ServiceCosts(s.cost_prefill, s.cost_cached, s.cost_decode), dict(s.weights))
+
+
+class _FairState:
+    """The ledger, and each waiting request's projected service (rebuilt once per step)."""
+
+    def __init__(self, ledger: ServiceLedger) -> None:
+        self.ledger = ledger
+        self.projected: dict[str, float] = {}
+        self.seats: dict[str, int] = {}      # requests each tenant ran in the last step
+        self._seats_now: dict[str, int] = {}
+        self._seen: set[str] = set()
+
+    def rebuild(self, queue: WaitingQueue) -> None:
+        ledger = self.ledger
+        self.seats, self._seats_now, self._seen = self._seats_now, {}, set()
+        ledger.set_backlogged(r.tenant for r in queue)
+        ahead: dict[str, float] = {}
+        self.projected = {}
+        for r in sorted(queue, key=lambda q: (q.arrival_time, q.arrival_seq)):
+            t = r.tenant
+            start = ledger.normalized(t) + ahead.get(t, 0.0)
+            self.projected[r.request_id] = start
+            cost = ledger.costs.prefill * max(0, r.num_tokens - r.num_computed_tokens)
+            ahead[t] = ahead.get(t, 0.0) + cost / ledger.weight(t)
+
+    def of(self, r: Request) -> float:
+        return self.projected.get(r.request_id, self.ledger.normalized(r.tenant))
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.ledger.charge(r.tenant, num_prefill, num_cached, num_decode)
+        if r.request_id not in self._seen:
+            self._seen.add(r.request_id)
+            self._seats_now[r.tenant] = self._seats_now.get(r.tenant, 0) + 1
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        """Waiting `a` may take running `b`'s seat when b's tenant holds SEAT_MARGIN more seats
+        and is not behind a's tenant in service (the tenant furthest above its share gives one up)."""
+        if a.tenant == b.tenant:
+            return False
+        seats = self.seats
+        if seats.get(b.tenant, 0) - seats.get(a.tenant, 0) < SEAT_MARGIN or \
+                self.ledger.normalized(b.tenant) < self.ledger.normalized(a.tenant):
+            return False
+        seats[b.tenant] = seats.get(b.tenant, 0) - 1   # the seat moves: at most a few preemptions a step
+        seats[a.tenant] = seats.get(a.tenant, 0) + 1
+        return True
+
+
+class FairPolicy(Policy):
+    """Least normalized tenant service first (VTC with the engine's exact costs)."""
+
+    name = "fair"
+    dynamic = True
+    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+
+    def __init__(self, ledger: ServiceLedger | None = None) -> None:
+        self.fair = _FairState(ledger or ServiceLedger())
+
+    @property
+    def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        return cls(ledger_from(None if context is None else context.fair))
+
+    def key(self, r: Request) -> Key:
+        return (self.fair.of(r), r.arrival_time, r.arrival_seq)
+
+    def victim_key(self, r: Request) -> Key:
+        return (self.ledger.normalized(r.tenant), r.arrival_time, r.arrival_seq)
+
+    preempts_for_waiting = True    # seats or KV, for a tenant holding fewer seats (see outranks)
+    preempts_for_budget = False    # never for a step's token share
+
+    def outranks(self, a: Request, b: Request) -> bool:
+        return self.fair.outranks(a, b)
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        self.fair.rebuild(queue)
+        queue.rekey()
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.fair.account(r, num_prefill, num_cached, num_decode)
+
+
+class FairLpmPolicy(LpmPolicy):
+    """Longest cached prefix first among the requests within the deficit bound (DLPM)."""
+
+    def __init__(self, cached_prefix_tokens: Callable[[Request], int] | None = None,
+                 ledger: ServiceLedger | None = None, deficit_bound: float = 0.0) -> None:
+        super().__init__(cached_prefix_tokens)
+        self.fair = _FairState(ledger or ServiceLedger())
+        self.deficit_bound = deficit_bound
+
+    @property
+    def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        settings = None if context is None else context.fair
+        bound = 0.0 if settings is None or settings.deficit_bound is None else settings.deficit_bound
+        return cls(None if context is None else context.cached_prefix_tokens, ledger_from(settings), bound)
+
+    def key(self, r: Request) -> Key:
+        projected = self.fair.of(r)
+        if r.num_computed_tokens:   # running, or a swapped resume: service order
+            return (1.0, projected, r.arrival_time, r.arrival_seq)
+        if self._fcfs or projected - self.ledger.floor() > self.deficit_bound:
+            return (1.0, projected, r.arrival_time, r.arrival_seq)
+        return (0.0, -float(self.cached_prefix_tokens(r)), r.arrival_time, r.arrival_seq)
+
+    def victim_key(self, r: Request) -> Key:
+        return (self.ledger.normalized(r.tenant), r.arrival_time, r.arrival_seq)
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        self._fcfs = len(queue) > LPM_MAX_QUEUE
+        self.fair.rebuild(queue)
+        queue.rekey()
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.fair.account(r, num_prefill, num_cached, num_decode)

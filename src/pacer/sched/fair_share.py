@@ -1,0 +1,128 @@
+"""Fair share between tenants: service counters per tenant (VTC), pure Python.
+
+The engine knows what each request really cost, so the counters price it exactly: computed
+prefill tokens, tokens taken from the prefix cache (cheap, not free) and decode tokens, each at
+its own weight (`ServiceCosts`), divided by the tenant's share (`weights`, default 1). A tenant
+is *backlogged* while it has requests waiting; the deficit of a tenant is how far its
+normalized service runs ahead of the least served backlogged one.
+
+VTC's rule (Sheng et al., OSDI'24): a tenant that returns from idle has its counter lifted to
+the least backlogged one's (to the largest counter when no one is backlogged), so a tenant
+cannot save service up while it idles and then claim it in a burst.
+
+The ledger is policy state: the `fair` policy orders by it, `lpm` reads it as a bound
+(pacer.sched.fair_policy). The scheduler charges it once per step through the policy's
+`account` hook, so the simulator keeps the same counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["ServiceCosts", "ServiceLedger", "jain_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCosts:
+    """Cost units of one token of each kind (VTC prices output at 2x input; a cached token is a
+    lookup and a copy, not a forward)."""
+
+    prefill: float = 1.0
+    cached: float = 0.1
+    decode: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill", "cached", "decode"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or math.isinf(value):
+                raise ValueError(f"fair_cost_{name} must be a finite number >= 0, got {value!r}")
+
+    def of(self, num_prefill: int, num_cached: int, num_decode: int) -> float:
+        return self.prefill * num_prefill + self.cached * num_cached + self.decode * num_decode
+
+
+class ServiceLedger:
+    """Normalized service (cost units / weight) per tenant, with VTC's lift on return."""
+
+    def __init__(self, costs: ServiceCosts | None = None, weights: Mapping[str, float] | None = None) -> None:
+        self.costs = costs or ServiceCosts()
+        for tenant, w in (weights or {}).items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not w > 0 or math.isinf(w):
+                raise ValueError(f"tenant_weights[{tenant!r}] must be a finite number > 0, got {w!r}")
+        self.weights = dict(weights or {})
+        self._normalized: dict[str, float] = {}   # service / weight, lifted on return
+        self._raw: dict[str, float] = {}          # cost units actually received (never lifted)
+        self._backlogged: set[str] = set()
+
+    # ------------------------------------------------------------------ reading
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def normalized(self, tenant: str) -> float:
+        """The tenant's normalized service (its counter); 0 for one never seen."""
+        return self._normalized.get(tenant, 0.0)
+
+    def service(self, tenant: str) -> float:
+        """Cost units the tenant actually received (not lifted, not divided by its weight)."""
+        return self._raw.get(tenant, 0.0)
+
+    @property
+    def tenants(self) -> list[str]:
+        return sorted(self._normalized)
+
+    @property
+    def backlogged(self) -> frozenset[str]:
+        return frozenset(self._backlogged)
+
+    def floor(self) -> float:
+        """The least backlogged tenant's counter (0 with none backlogged)."""
+        return min((self._normalized[t] for t in self._backlogged), default=0.0)
+
+    def deficit(self, tenant: str) -> float:
+        """How far the tenant's counter runs ahead of the least backlogged one's (>= 0)."""
+        if not self._backlogged:
+            return 0.0
+        return max(0.0, self.normalized(tenant) - self.floor())
+
+    def shares(self) -> dict[str, float]:
+        """Each tenant's fraction of all service received (raw cost units)."""
+        total = sum(self._raw.values())
+        return {t: (self._raw[t] / total if total else 0.0) for t in sorted(self._raw)}
+
+    # ------------------------------------------------------------------ writing
+
+    def set_backlogged(self, tenants: Iterable[str]) -> None:
+        """The tenants with requests waiting now; those returning from idle are lifted first."""
+        now = set(tenants)
+        returning = now - self._backlogged
+        if returning:
+            staying = self._backlogged & now
+            if staying:
+                level = min(self._normalized[t] for t in staying)
+            else:
+                level = max(self._normalized.values(), default=0.0)
+            for t in returning:
+                self._normalized[t] = max(self._normalized.get(t, 0.0), level)
+                self._raw.setdefault(t, 0.0)
+        self._backlogged = now
+
+    def charge(self, tenant: str, num_prefill: int = 0, num_cached: int = 0, num_decode: int = 0) -> float:
+        """Add a request's step to its tenant; returns the cost units charged."""
+        if num_prefill < 0 or num_cached < 0 or num_decode < 0:
+            raise ValueError(f"token counts must be >= 0, got prefill={num_prefill}, cached={num_cached}, "
+                             f"decode={num_decode}")
+        cost = self.costs.of(num_prefill, num_cached, num_decode)
+        self._raw[tenant] = self._raw.get(tenant, 0.0) + cost
+        self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weight(tenant)
+        return cost
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index of `values` (1: all equal, 1/n: one takes everything)."""
+    xs = [float(v) for v in values]
+    if not xs or not any(xs):
+        return 1.0
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))

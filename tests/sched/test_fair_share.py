@@ -1,0 +1,128 @@
+"""Fair share: the service ledger (VTC) on its own, and the fair / bounded-lpm policies driving
+the scheduler over the fake executor (hypothesis properties)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pacer.request import SamplingParams
+from pacer.sched.fair_share import ServiceCosts, ServiceLedger, jain_index
+from tests.fakes import make_engine, run
+
+
+def test_costs_price_each_token_kind_and_weights_divide():
+    ledger = ServiceLedger(ServiceCosts(prefill=1.0, cached=0.1, decode=2.0), {"gold": 2.0})
+    assert ledger.charge("gold", num_prefill=10, num_cached=10, num_decode=3) == pytest.approx(17.0)
+    assert ledger.service("gold") == pytest.approx(17.0) and ledger.normalized("gold") == pytest.approx(8.5)
+    ledger.charge("free", num_prefill=17)
+    assert ledger.shares() == {"free": pytest.approx(0.5), "gold": pytest.approx(0.5)}
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ValueError, match="fair_cost_cached"):
+        ServiceCosts(cached=-1.0)
+    with pytest.raises(ValueError, match=r"tenant_weights\['a'\]"):
+        ServiceLedger(weights={"a": 0.0})
+    with pytest.raises(ValueError, match="fair_deficit_bound"):
+        make_engine(scheduling_policy="lpm", fair_deficit_bound=-5)
+
+
+def test_a_tenant_returning_from_idle_is_lifted_to_the_least_backlogged():
+    ledger = ServiceLedger()
+    ledger.set_backlogged(["a", "b"])
+    ledger.charge("a", num_prefill=100)
+    ledger.charge("b", num_prefill=40)
+    ledger.set_backlogged(["a", "b", "c"])        # c arrives: lifted to b's 40, not 0
+    assert ledger.normalized("c") == 40.0 and ledger.deficit("a") == 60.0
+
+
+def test_jain_index():
+    assert jain_index([1, 1, 1]) == pytest.approx(1.0)
+    assert jain_index([1, 0]) == pytest.approx(0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 50), st.integers(0, 50), st.integers(0, 20),
+                          st.booleans()), max_size=40))
+def test_counters_never_go_negative_and_idlers_bank_nothing(events):
+    ledger = ServiceLedger()
+    backlog: set[str] = set()
+    for tenant, pre, cached, dec, toggle in events:
+        if toggle:
+            backlog ^= {tenant}
+        before = ledger.floor()
+        returning = {tenant} - ledger.backlogged if tenant in backlog else set()
+        ledger.set_backlogged(backlog)
+        for t in returning:   # a returning tenant is never behind the least backlogged one
+            assert ledger.normalized(t) >= before - 1e-9 or not (backlog - returning)
+        if tenant in backlog:
+            ledger.charge(tenant, pre, cached, dec)
+        for t in ledger.tenants:
+            assert ledger.normalized(t) >= 0 and ledger.service(t) >= 0 and ledger.deficit(t) >= 0
+
+
+PROMPT, OUT = 24, 4
+COSTS = ServiceCosts()
+ONE_REQUEST = COSTS.of(PROMPT, 0, OUT)
+
+
+def _backlog(policy: str, heavy: int, light: int, bound: float | None, weights=None, seqs: int = 4):
+    kw = {} if bound is None else {"fair_deficit_bound": bound}
+    eng, ex = make_engine(num_blocks=256, block_size=4, max_num_batched_tokens=32, max_num_seqs=seqs,
+                          scheduling_policy=policy, fair_tenant_weights=weights, **kw)
+    p = SamplingParams(max_tokens=OUT, temperature=0, ignore_eos=True)
+    shared = list(range(300, 316))
+    for i in range(heavy):   # the heavy tenant shares a prefix; the light one does not
+        eng.add_request(shared + [400 + i] * (PROMPT - 16), p, request_id=f"h{i}", tenant="heavy")
+    for i in range(light):
+        eng.add_request([600 + i] * PROMPT, p, request_id=f"l{i}", tenant="light")
+    return eng, ex
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["fair", "lpm"]), heavy=st.integers(4, 20), light=st.integers(1, 6),
+       bound=st.sampled_from([10.0, 50.0, 200.0]))
+def test_no_backlogged_tenant_runs_ahead_by_more_than_the_bound_and_one_request(policy, heavy, light, bound):
+    eng, ex = _backlog(policy, heavy, light, bound if policy == "lpm" else None)
+    ledger = eng.scheduler.policy.ledger
+    limit = (bound if policy == "lpm" else 0.0) + ONE_REQUEST
+    while eng.has_unfinished_requests():
+        eng.step()
+        if len(ledger.backlogged) > 1:
+            for t in ledger.backlogged:
+                assert ledger.deficit(t) <= limit
+    assert all(ledger.service(t) >= 0 for t in ledger.tenants)
+
+
+def test_fair_serves_the_light_tenant_before_the_heavy_backlog_drains():
+    eng, ex = _backlog("fair", heavy=30, light=3, bound=None)
+    order: list[str] = []
+    while eng.has_unfinished_requests():
+        order += [o.request_id for o in eng.step() if o.finished]
+    assert max(order.index(f"l{i}") for i in range(3)) < 12   # fcfs would finish them last (30+)
+
+
+def test_weights_split_service_two_to_one():
+    eng, ex = _backlog("fair", heavy=40, light=40, bound=None, weights={"heavy": 2.0, "light": 1.0})
+    ledger = eng.scheduler.policy.ledger
+    while len(ledger.backlogged) != 1:
+        eng.step()
+        if not ledger.backlogged:
+            continue
+    ratio = ledger.service("heavy") / ledger.service("light")
+    assert 1.8 <= ratio <= 2.2
+    run(eng, ex)
+
+
+def test_aging_keeps_its_bound_under_fair():
+    eng, ex = make_engine(num_blocks=256, max_num_batched_tokens=32, max_num_seqs=2, scheduling_policy="fair",
+                          max_queue_delay=0.5)
+    assert eng.scheduler.waiting.max_queue_delay == 0.5
+    finals = {}
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    for i in range(10):
+        eng.add_request([7 + i] * 8, p, request_id=f"r{i}", tenant=f"t{i % 3}")
+    finals = run(eng, ex)
+    assert len(finals) == 10   # every request finished: none starved
