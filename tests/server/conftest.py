@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import openai
+import pytest
+
 from pacer.cli.serve import add_args as add_serve_args
 from pacer.config import EngineConfig
 from pacer.engine import Engine
@@ -141,3 +144,10 @@ class FaultyExecutor:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+@pytest.fixture(scope="module")
+def client(served: Any) -> Iterator[openai.OpenAI]:
+    """The official `openai` client against the module's `served` server (each module serves its own)."""
+    with openai.OpenAI(base_url=served.v1, api_key="none", max_retries=0) as c:
+        yield c

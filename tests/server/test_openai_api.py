@@ -36,12 +36,6 @@ def served(llm, refs, tmp_path_factory):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(served):
-    with openai.OpenAI(base_url=served.v1, api_key="none", max_retries=0) as c:
-        yield c
-
-
 def test_completions_sync(client, refs):
     for prompt in PROMPTS[:2]:
         r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)

@@ -9,7 +9,6 @@ import json
 import math
 
 import httpx
-import openai
 import pytest
 
 from pacer.request import SamplingParams
@@ -30,12 +29,6 @@ def offline(llm):
 def served(llm, offline):
     with serve(llm.engine) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    with openai.OpenAI(base_url=served.v1, api_key="none", max_retries=0) as c:
-        yield c
 
 
 def _check_distribution(chosen: float, top: list[float]) -> None:

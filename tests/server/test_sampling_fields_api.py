@@ -20,12 +20,6 @@ def served(llm):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(served):
-    with openai.OpenAI(base_url=served.v1, api_key="none", max_retries=0) as c:
-        yield c
-
-
 def _greedy(client, **extra):
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1,
                                   extra_body=extra or None)

@@ -41,12 +41,6 @@ def served(llm):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(served):
-    with openai.OpenAI(base_url=served.v1, api_key="none", max_retries=0) as c:
-        yield c
-
-
 def test_parse_returns_a_pydantic_object(client):
     r = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Describe a pet."}],
                                       response_format=Pet, temperature=1.0, seed=3, max_tokens=60)

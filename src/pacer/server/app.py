@@ -84,14 +84,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if service.loop.healthy and not service.draining:
-            return Response(status_code=200)
-        if service.loop.alive and not service.draining:
-            message = (f"engine stalled: work pending and no step finished for {service.loop.stalled_for():.0f} s "
-                       f"(--engine-iteration-timeout {service.loop.stall_timeout:g})")
-        else:
-            message = "engine not running or draining"
-        return JSONResponse(errors.unavailable(message).body(), status_code=503)
+        return _health(service)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -107,6 +100,18 @@ def create_app(service: Service) -> FastAPI:
     _add_tokenizer_routes(app, service)
     add_router_endpoints(app)
     return app
+
+
+def _health(service: Service) -> Response:
+    """200 while the engine loop runs and steps (the watchdog's view), else 503 saying why."""
+    if service.loop.healthy and not service.draining:
+        return Response(status_code=200)
+    if service.loop.alive and not service.draining:
+        message = (f"engine stalled: work pending and no step finished for {service.loop.stalled_for():.0f} s "
+                   f"(--engine-iteration-timeout {service.loop.stall_timeout:g})")
+    else:
+        message = "engine not running or draining"
+    return JSONResponse(errors.unavailable(message).body(), status_code=503)
 
 
 def _add_tokenizer_routes(app: FastAPI, service: Service) -> None:
