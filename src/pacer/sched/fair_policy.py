@@ -35,6 +35,7 @@ from pacer.sched.policy import (
 
 __all__ = ["FairPolicy", "FairLpmPolicy", "ledger_from", "SEAT_MARGIN"]
 
+FAIR_CHUNK = 128   # prompt tokens per step of a tenant above its share of the seats
 SEAT_MARGIN = 2   # running requests a tenant must hold beyond a waiting tenant's before it gives one up
 
 
@@ -46,12 +47,14 @@ def ledger_from(settings: FairSettings | None) -> ServiceLedger:
 class _FairState:
     """The ledger, and each waiting request's projected service (rebuilt once per step)."""
 
-    def __init__(self, ledger: ServiceLedger) -> None:
+    def __init__(self, ledger: ServiceLedger, slack: float | None = None) -> None:
         self.ledger = ledger
         self.projected: dict[str, float] = {}
         self.seats: dict[str, int] = {}      # requests each tenant ran in the last step
         self._seats_now: dict[str, int] = {}
         self._seen: set[str] = set()
+        self.seat_poor: frozenset[str] = frozenset()
+        self.slack = slack
 
     def rebuild(self, queue: WaitingQueue) -> None:
         ledger = self.ledger
@@ -65,6 +68,28 @@ class _FairState:
             self.projected[r.request_id] = start
             cost = ledger.costs.prefill * max(0, r.num_tokens - r.num_computed_tokens)
             ahead[t] = ahead.get(t, 0.0) + cost / ledger.weight(t)
+        self.seat_poor = self._seat_poor({r.tenant for r in queue})
+
+    def _holds_more(self, b: str, a: str) -> bool:
+        """Whether tenant b holds SEAT_MARGIN more of the last step's seats than a, for their weights."""
+        seats, w = self.seats, self.ledger.weight
+        return (seats.get(b, 0) - SEAT_MARGIN / 2) / w(b) >= (seats.get(a, 0) + SEAT_MARGIN / 2) / w(a)
+
+    def _seat_poor(self, waiting: set[str]) -> frozenset[str]:
+        """The waiting tenants another waiting tenant holds SEAT_MARGIN more seats than."""
+        return frozenset(a for a in waiting if any(b != a and self._holds_more(b, a) for b in waiting))
+
+    def first(self, r: Request) -> bool:
+        """Whether `r` is admitted ahead of service order: its tenant holds fewer seats than
+        another waiting tenant, and `r` would not take it past the floor by more than the slack."""
+        return r.tenant in self.seat_poor and self.of(r) - self.ledger.floor() <= self._slack(r)
+
+    def _slack(self, r: Request) -> float:
+        """How far `r` may take its tenant past the floor to get a seat: the configured bound, else
+        the cost of its own prompt (one request's worth, as VTC's own bound)."""
+        if self.slack is not None:
+            return self.slack
+        return self.ledger.costs.prefill * max(0, r.num_tokens - r.num_computed_tokens) / self.ledger.weight(r.tenant)
 
     def of(self, r: Request) -> float:
         return self.projected.get(r.request_id, self.ledger.normalized(r.tenant))
@@ -80,13 +105,38 @@ class _FairState:
         and is not behind a's tenant in service (the tenant furthest above its share gives one up)."""
         if a.tenant == b.tenant:
             return False
-        seats = self.seats
-        if seats.get(b.tenant, 0) - seats.get(a.tenant, 0) < SEAT_MARGIN or \
-                self.ledger.normalized(b.tenant) < self.ledger.normalized(a.tenant):
+        if not self._holds_more(b.tenant, a.tenant) or self.of(a) - self.ledger.floor() > self._slack(a):
             return False
+        seats = self.seats
         seats[b.tenant] = seats.get(b.tenant, 0) - 1   # the seat moves: at most a few preemptions a step
         seats[a.tenant] = seats.get(a.tenant, 0) + 1
         return True
+
+    def victim_key(self, r: Request) -> Key:
+        """The victim is the latest request of the tenant holding the most seats for its weight
+        (then the most service): the tenant furthest above its share gives up a seat."""
+        return (self.seats.get(r.tenant, 0) / self.ledger.weight(r.tenant), self.ledger.normalized(r.tenant),
+                r.arrival_time, r.arrival_seq)
+
+    def prefill_cap(self, req: Request, cap: int) -> int:
+        """A tenant holding more than its weighted share of the last step's seats, while another
+        tenant runs or waits, prefills in chunks of at most FAIR_CHUNK tokens: steps stay short,
+        so a less-served tenant's arrival waits less for the step in flight."""
+        seats = self.seats
+        tenants = set(seats) | self.ledger.backlogged
+        if len(tenants) < 2 or cap <= FAIR_CHUNK:
+            return cap
+        total_w = sum(self.ledger.weight(t) for t in tenants)
+        total_s = sum(seats.values())
+        if total_s and seats.get(req.tenant, 0) / total_s > self.ledger.weight(req.tenant) / total_w:
+            return FAIR_CHUNK
+        return cap
+
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        """A newcomer of a tenant behind the partial prefill's tenant takes the step's prefill
+        share first (its prompt is what the less-served tenant waits on)."""
+        return waiting.tenant != partial.tenant and \
+            self.ledger.normalized(waiting.tenant) < self.ledger.normalized(partial.tenant)
 
 
 class FairPolicy(Policy):
@@ -96,8 +146,8 @@ class FairPolicy(Policy):
     dynamic = True
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
-    def __init__(self, ledger: ServiceLedger | None = None) -> None:
-        self.fair = _FairState(ledger or ServiceLedger())
+    def __init__(self, ledger: ServiceLedger | None = None, slack: float | None = None) -> None:
+        self.fair = _FairState(ledger or ServiceLedger(), slack)
 
     @property
     def ledger(self) -> ServiceLedger:
@@ -105,19 +155,26 @@ class FairPolicy(Policy):
 
     @classmethod
     def from_context(cls, context: PolicyContext | None) -> Policy:
-        return cls(ledger_from(None if context is None else context.fair))
+        settings = None if context is None else context.fair
+        return cls(ledger_from(settings), None if settings is None else settings.deficit_bound)
 
     def key(self, r: Request) -> Key:
-        return (self.fair.of(r), r.arrival_time, r.arrival_seq)
+        return (float(not self.fair.first(r)), self.fair.of(r), r.arrival_time, r.arrival_seq)
 
     def victim_key(self, r: Request) -> Key:
-        return (self.ledger.normalized(r.tenant), r.arrival_time, r.arrival_seq)
+        return self.fair.victim_key(r)
 
     preempts_for_waiting = True    # seats or KV, for a tenant holding fewer seats (see outranks)
     preempts_for_budget = False    # never for a step's token share
 
     def outranks(self, a: Request, b: Request) -> bool:
         return self.fair.outranks(a, b)
+
+    def serves_before(self, waiting: Request, partial: Request) -> bool:
+        return self.fair.serves_before(waiting, partial)
+
+    def prefill_cap(self, req: Request, cap: int) -> int:
+        return self.fair.prefill_cap(req, cap)
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self.fair.rebuild(queue)
@@ -155,7 +212,7 @@ class FairLpmPolicy(LpmPolicy):
         return (0.0, -float(self.cached_prefix_tokens(r)), r.arrival_time, r.arrival_seq)
 
     def victim_key(self, r: Request) -> Key:
-        return (self.ledger.normalized(r.tenant), r.arrival_time, r.arrival_seq)
+        return self.fair.victim_key(r)
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._fcfs = len(queue) > LPM_MAX_QUEUE

@@ -96,6 +96,11 @@ class Policy:
         partial prefill (the slo policy: by slack; the others finish what they started)."""
         return False
 
+    def prefill_cap(self, req: Request, cap: int) -> int:
+        """The most prompt tokens `req` may prefill in one step (`cap`: the scheduler's chunk
+        limit; the fair policy chunks a tenant holding more than its share of the seats finer)."""
+        return cap
+
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
 

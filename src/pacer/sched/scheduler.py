@@ -227,7 +227,8 @@ class Scheduler:
                 return
             n = req.num_remaining_tokens
             if chunked:
-                n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), req.num_computed_tokens)
+                n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)),
+                             req.num_computed_tokens)
                 if n <= 0:
                     return
             elif n > step.budget.tokens_left:
@@ -266,7 +267,7 @@ class Scheduler:
             n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:
                 return
-            n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), computed)
+            n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
             blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
