@@ -206,10 +206,15 @@ class FairLpmPolicy(LpmPolicy):
     def key(self, r: Request) -> Key:
         projected = self.fair.of(r)
         if r.num_computed_tokens:   # running, or a swapped resume: service order
-            return (1.0, projected, r.arrival_time, r.arrival_seq)
-        if self._fcfs or projected - self.ledger.floor() > self.deficit_bound:
-            return (1.0, projected, r.arrival_time, r.arrival_seq)
-        return (0.0, -float(self.cached_prefix_tokens(r)), r.arrival_time, r.arrival_seq)
+            return (1.0, projected, 0.0, r.arrival_time, r.arrival_seq)
+        if self._fcfs:
+            return (1.0, projected, 0.0, r.arrival_time, r.arrival_seq)
+        if projected - self.ledger.floor() > self.deficit_bound:
+            # past the bound: tenants in service order, each tenant's own requests by cached prefix
+            # (which of its requests goes first moves no tenant's share)
+            return (1.0, self.ledger.normalized(r.tenant), -float(self.cached_prefix_tokens(r)), r.arrival_time,
+                    r.arrival_seq)
+        return (0.0, -float(self.cached_prefix_tokens(r)), 0.0, r.arrival_time, r.arrival_seq)
 
     def victim_key(self, r: Request) -> Key:
         return self.fair.victim_key(r)
