@@ -142,8 +142,9 @@ def prefix_heavy(args: argparse.Namespace) -> None:
     sums: dict[str, list[float]] = {}
     for seed in range(args.prefix_seeds):
         specs = burst(wl, PREFIX_BURST, seed)
-        for p in ("lpm", "lpm+bound", "fair", "fcfs"):
-            recs, dur = sim_run(p, specs, num_kv_blocks=PREFIX_BLOCKS, bound=PREFIX_BOUND)
+        for p in ("lpm", "lpm+bound", f"lpm+bound{PREFIX_BOUND * 4:.0f}", "fair", "fcfs"):
+            bound = PREFIX_BOUND * 4 if p.startswith("lpm+bound") and p != "lpm+bound" else PREFIX_BOUND
+            recs, dur = sim_run(p.rstrip("0123456789"), specs, num_kv_blocks=PREFIX_BLOCKS, bound=bound)
             heavy = [r for r in recs if r.tenant == "heavy"]
             row = [hit_rate(recs), hit_rate(heavy), sum(r.output_tokens for r in recs) / dur,
                    service_jain(tenant_rows(recs, until=backlog_end(recs)))]
@@ -152,7 +153,7 @@ def prefix_heavy(args: argparse.Namespace) -> None:
                 acc[k] += v / args.prefix_seeds
     base = sums["lpm"]
     for p, (hr, hh, tput, jain) in sums.items():
-        print(f"{p:10s} hit rate {hr:6.1%} ({hr / base[0]:.0%} of lpm)  heavy's own {hh:6.1%} ({hh / base[1]:.0%})  "
+        print(f"{p:14s} hit rate {hr:6.1%} ({hr / base[0]:.0%} of lpm)  heavy's own {hh:6.1%} ({hh / base[1]:.0%})  "
               f"output {tput:6.0f} tok/s ({tput / base[2]:.0%} of lpm)  Jain over the backlog {jain:.3f}")
 
 

@@ -24,7 +24,6 @@ from pacer.config.fair import FairSettings
 from pacer.request import Request
 from pacer.sched.fair_share import ServiceCosts, ServiceLedger
 from pacer.sched.policy import (
-    DEFAULT_MAX_QUEUE_DELAY_S,
     LPM_MAX_QUEUE,
     Key,
     LpmPolicy,
@@ -144,13 +143,18 @@ class FairPolicy(Policy):
 
     name = "fair"
     dynamic = True
-    default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
+    # no aging unless asked (--max-queue-delay): each tenant's requests go in arrival order and the
+    # least served tenant first, so none starves; aging past a long backlog would be fcfs again
+    default_max_queue_delay = None
 
     def __init__(self, ledger: ServiceLedger | None = None, slack: float | None = None) -> None:
         self.fair = _FairState(ledger or ServiceLedger(), slack)
 
     @property
     def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    def service_ledger(self) -> ServiceLedger | None:
         return self.fair.ledger
 
     @classmethod
@@ -195,6 +199,9 @@ class FairLpmPolicy(LpmPolicy):
 
     @property
     def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    def service_ledger(self) -> ServiceLedger | None:
         return self.fair.ledger
 
     @classmethod

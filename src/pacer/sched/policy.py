@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
 from pacer.request import Request, RequestStatus
+from pacer.sched.fair_share import ServiceLedger
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
@@ -103,6 +104,11 @@ class Policy:
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
+
+    def service_ledger(self) -> ServiceLedger | None:
+        """The ledger the policy orders by, charged in `account` (the fair policies); None: the
+        scheduler keeps its own, for reports only."""
+        return None
 
     def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
         """What a scheduled request costs this step: prompt tokens computed, taken from the
