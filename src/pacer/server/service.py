@@ -36,9 +36,9 @@ from pacer.server.tools.serving import ToolOptions, plan_tools
 from pacer.telemetry.collectors import (
     KVTierCollector,
     SessionRetentionCollector,
-    TenantServiceCollector,
     SpecDecodeCollector,
     StructuredOutputsCollector,
+    TenantServiceCollector,
 )
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
