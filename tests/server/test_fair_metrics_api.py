@@ -41,3 +41,22 @@ def test_tenant_service_in_metrics_and_the_request_log(llm, tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     acme = [r["tenant_service_at_admission"] for r in rows if r["tenant"] == "acme"]
     assert len(acme) == 2 and acme[1] > acme[0]   # the second acme request came after the first's service
+
+
+def test_the_keys_files_tenant_weights_weigh_fair_share_service(base, tmp_path):
+    import argparse
+
+    from pacer.cli.serve import add_args as add_serve_args
+    from pacer.server.cli import build_service
+    from tests.conftest import make
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenant_weights: {acme: 3}\nkeys:\n  - {name: acme, key: acme-secret, tenant: acme}\n")
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    engine = make(base, tenant_isolation="isolated", scheduling_policy="fair")
+    build_service(parser.parse_args(["--api-keys", str(keys)]), engine=engine)   # never started
+    ledger = engine.scheduler.ledger
+    assert ledger.weight("acme") == 3.0 and ledger.weight("globex") == 1.0
+    ledger.charge("acme", num_prefill=30)
+    assert ledger.normalized("acme") == 10.0

@@ -105,6 +105,11 @@ class ServiceLedger:
 
     # ------------------------------------------------------------------ writing
 
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace the tenants' shares (counters already kept stay; service from now on is divided
+        by the new weights)."""
+        self.weights = dict(ServiceLedger(self.costs, weights).weights)   # validated as at construction
+
     def set_backlogged(self, tenants: Iterable[str]) -> None:
         """The tenants with requests waiting now; those returning from idle are lifted first."""
         now = set(tenants)
