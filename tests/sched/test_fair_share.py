@@ -167,3 +167,29 @@ def test_a_tenant_above_its_seat_share_prefills_in_small_chunks():
     eng.step()
     computed = {rid: r.num_computed_tokens for rid, r in eng.scheduler.requests.items()}
     assert computed["h-long"] <= FAIR_CHUNK < computed["l-long"] == 1000
+
+
+def _slo_ties(bound: float | None) -> list[str]:
+    from tests.fakes import FixedCostModel
+
+    kw = {} if bound is None else {"fair_deficit_bound": bound}
+    eng, ex = make_engine(scheduling_policy="slo", max_num_seqs=1, num_blocks=400, cost_model=FixedCostModel(1e-3, 1e-4),
+                          **kw)
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    for i in range(3):   # heavy has been served before the others arrive
+        eng.add_request([10 + i] * 40, p, request_id=f"warm{i}", slo={"ttft_ms": 60_000}, tenant="heavy")
+    run(eng, ex)
+    eng.add_request([50] * 40, p, request_id="heavy-a", slo={"ttft_ms": 20_000}, tenant="heavy")
+    eng.add_request([51] * 40, p, request_id="heavy-b", slo={"ttft_ms": 20_000}, tenant="heavy")
+    eng.add_request([52] * 40, p, request_id="light", slo={"ttft_ms": 20_300}, tenant="light")
+    eng.add_request([53] * 40, p, request_id="urgent", slo={"ttft_ms": 100}, tenant="heavy")
+    finals = run(eng, ex)
+    return [rid for _, rid in sorted((o.metrics.first_scheduled_time, o.request_id) for o in finals.values())]
+
+
+def test_slo_with_a_deficit_bound_breaks_ties_by_tenant_service():
+    # plain slo: least slack first, heavy's earlier deadlines ahead of light's 300 ms later one
+    assert _slo_ties(None) == ["urgent", "heavy-a", "heavy-b", "light"]
+    # with the bound: the urgent request (slack under the margin) keeps its place; among the rest,
+    # whose deadlines lie within a second of each other, the less-served tenant goes first
+    assert _slo_ties(100.0) == ["urgent", "light", "heavy-a", "heavy-b"]

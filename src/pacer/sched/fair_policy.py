@@ -31,8 +31,10 @@ from pacer.sched.policy import (
     PolicyContext,
     WaitingQueue,
 )
+from pacer.sched.slo_policy import PREEMPT_MARGIN_S, SloPolicy
+from pacer.sched.step_cost import StepCostModel
 
-__all__ = ["FairPolicy", "FairLpmPolicy", "ledger_from", "SEAT_MARGIN"]
+__all__ = ["FairPolicy", "FairLpmPolicy", "FairSloPolicy", "ledger_from", "SEAT_MARGIN"]
 
 FAIR_CHUNK = 128   # prompt tokens per step of a tenant above its share of the seats
 SEAT_MARGIN = 2   # running requests a tenant must hold beyond a waiting tenant's before it gives one up
@@ -230,6 +232,61 @@ class FairLpmPolicy(LpmPolicy):
         self._fcfs = len(queue) > LPM_MAX_QUEUE
         self.fair.rebuild(queue)
         queue.rekey()
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.fair.account(r, num_prefill, num_cached, num_decode)
+
+
+TIE_SCAN = 64   # waiting requests a tie-break looks at past the slo head
+
+
+class FairSloPolicy(SloPolicy):
+    """`slo` with tenant shares breaking ties: among the waiting requests whose latest start lies
+    within PREEMPT_MARGIN_S of the least-slack feasible one's (a difference the slo policy treats
+    as noise), and only while that one has at least that much slack, the request of the tenant
+    least served (within the deficit bound first) goes first. Requests without targets all tie."""
+
+    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
+                 cached_prefix_tokens: Callable[[Request], int] | None = None, arrival_ttft_s: float | None = None,
+                 shed_hopeless: bool = False, ledger: ServiceLedger | None = None, deficit_bound: float = 0.0) -> None:
+        super().__init__(cost_model, max_num_batched_tokens, prefill_chunk, cached_prefix_tokens, arrival_ttft_s,
+                         shed_hopeless)
+        self.fair = _FairState(ledger or ServiceLedger())
+        self.deficit_bound = deficit_bound
+
+    @property
+    def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    def service_ledger(self) -> ServiceLedger | None:
+        return self.fair.ledger
+
+    @classmethod
+    def from_context(cls, context: PolicyContext | None) -> Policy:
+        base = SloPolicy.from_context(context)   # raises without a cost model
+        assert isinstance(base, SloPolicy) and context is not None
+        settings = context.fair
+        bound = 0.0 if settings is None or settings.deficit_bound is None else settings.deficit_bound
+        return cls(base.cost_model, base.max_num_batched_tokens, base.prefill_chunk, base.cached_prefix_tokens,
+                   base.arrival_ttft_s, base.shed_hopeless, ledger_from(settings), bound)
+
+    def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
+        head = super().head_index(items, now)
+        first = items[head][0][0] if items else None
+        if first is None or first < now + PREEMPT_MARGIN_S or items[head][1].num_output_tokens:
+            return head   # the head cannot wait (or is an overdue resume, or nothing is feasible)
+        ledger, floor = self.ledger, self.ledger.floor()
+
+        def rank(i: int) -> tuple[bool, float, int]:
+            n = ledger.normalized(items[i][1].tenant)
+            return (n - floor > self.deficit_bound, n, i)
+
+        window = range(head, min(len(items), head + TIE_SCAN))
+        return min((i for i in window if items[i][0][0] <= first + PREEMPT_MARGIN_S), key=rank)
+
+    def refresh(self, queue: WaitingQueue, now: float) -> None:
+        super().refresh(queue, now)
+        self.fair.rebuild(queue)
 
     def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
         self.fair.account(r, num_prefill, num_cached, num_decode)
