@@ -1,20 +1,25 @@
-"""Fair share as a policy and as a layer: `fair` (VTC in the engine) and `lpm` with a deficit
-bound (DLPM). Pure Python.
+"""Fair share as a policy and as a layer: `fair` (VTC in the engine), `lpm` with a deficit bound
+(DLPM) and `slo` with tenant ties. Pure Python.
 
-Both read a `ServiceLedger` (pacer.sched.fair_share) the scheduler charges once per step through
+Each reads a `ServiceLedger` (pacer.sched.fair_share) the scheduler charges once per step through
 the `account` hook, with the exact tokens each request computed, took from the cache and decoded.
 
-- **fair**: the waiting queue is ordered by each request's *projected* normalized service: its
-  tenant's counter plus the prompt cost of the tenant's requests queued ahead of it (divided by
-  the tenant's weight), so one step's admissions interleave tenants instead of draining the
-  least served one's queue. The victim of a preemption is the request of the tenant furthest
-  above its share (its latest arrival first).
+- **fair**: seats first, then service. A waiting tenant holding SEAT_MARGIN fewer of the last
+  step's seats than another (for their weights) is admitted ahead and takes a seat from the
+  seat-richest tenant, within one prompt's cost (or the deficit bound) of the least served.
+  Otherwise the queue is ordered by each request's *projected* normalized service: its tenant's
+  counter plus the prompt cost of the tenant's requests queued ahead of it (divided by the
+  tenant's weight), so one step's admissions interleave tenants. A tenant above its seat share
+  prefills in FAIR_CHUNK-token chunks (short steps for the others' arrivals).
 - **lpm + deficit bound**: a request whose projected service stays within `deficit_bound` cost
   units of the least served backlogged tenant's is *in bound*, and among those the longest
-  cached prefix goes first (locality); the rest wait behind them in projected-service order.
+  cached prefix goes first (locality); the rest wait behind them in service order, each tenant's
+  own requests still by cached prefix.
+- **slo + deficit bound**: tenant service breaks ties among requests whose deadlines are within
+  the slo policy's margin of each other (FairSloPolicy).
 
-Aging keeps its bound under both: the waiting queue serves an aged request first whatever the key.
-"""
+Aging keeps its bound when asked; fair has none by default (no request of it can starve).
+
 
 from __future__ import annotations
 
