@@ -19,7 +19,7 @@ the `account` hook, with the exact tokens each request computed, took from the c
   the slo policy's margin of each other (FairSloPolicy).
 
 Aging keeps its bound when asked; fair has none by default (no request of it can starve).
-
+"""
 
 from __future__ import annotations
 
