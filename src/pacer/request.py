@@ -157,6 +157,8 @@ class RequestMetrics(Latencies):
     slack_at_admission: float | None = None  # slo policy: latest start - now when first queued, s
     deprioritized: bool = False   # slo policy: went behind feasible requests once it could not meet TTFT
     shed: bool = False            # refused as hopeless (shed_hopeless) before it was scheduled
+    tenant_service_at_admission: float | None = None   # its tenant's normalized service (cost units / weight)
+    #                                                    when it was first scheduled (pacer.sched.fair_share)
 
     def as_dict(self) -> dict[str, object]:
         return {

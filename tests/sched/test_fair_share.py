@@ -85,9 +85,10 @@ def _backlog(policy: str, heavy: int, light: int, bound: float | None, weights=N
 @given(policy=st.sampled_from(["fair", "lpm"]), heavy=st.integers(4, 20), light=st.integers(1, 6),
        bound=st.sampled_from([10.0, 50.0, 200.0]))
 def test_no_backlogged_tenant_runs_ahead_by_more_than_the_bound_and_one_request(policy, heavy, light, bound):
-    eng, ex = _backlog(policy, heavy, light, bound if policy == "lpm" else None)
+    # lpm: the deficit bound; fair: the slack a seat-poor tenant may run ahead by to get a seat
+    eng, ex = _backlog(policy, heavy, light, bound)
     ledger = eng.scheduler.policy.ledger
-    limit = (bound if policy == "lpm" else 0.0) + ONE_REQUEST
+    limit = bound + ONE_REQUEST
     while eng.has_unfinished_requests():
         eng.step()
         if len(ledger.backlogged) > 1:
@@ -105,7 +106,7 @@ def test_fair_serves_the_light_tenant_before_the_heavy_backlog_drains():
 
 
 def test_weights_split_service_two_to_one():
-    eng, ex = _backlog("fair", heavy=40, light=40, bound=None, weights={"heavy": 2.0, "light": 1.0})
+    eng, ex = _backlog("fair", heavy=80, light=80, bound=None, weights={"heavy": 2.0, "light": 1.0})
     ledger = eng.scheduler.policy.ledger
     while len(ledger.backlogged) != 1:
         eng.step()
@@ -126,3 +127,69 @@ def test_aging_keeps_its_bound_under_fair():
         eng.add_request([7 + i] * 8, p, request_id=f"r{i}", tenant=f"t{i % 3}")
     finals = run(eng, ex)
     assert len(finals) == 10   # every request finished: none starved
+
+
+def test_a_seat_poor_tenants_arrival_takes_a_seat_at_the_next_step():
+    """The heavy tenant holds every seat; the light tenant returns from idle, lifted to the heavy
+    one's counter: its arrival is admitted at once (a heavy request gives up its seat) instead of
+    waiting behind the heavy backlog until the heavy counter passes it."""
+    eng, ex = make_engine(num_blocks=512, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                          scheduling_policy="fair")
+    p = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    for i in range(20):
+        eng.add_request([400 + i] * 24, p, request_id=f"h{i}", tenant="heavy")
+    eng.add_request([600] * 24, p, request_id="l0", tenant="light")
+    sched = eng.scheduler
+    while not any(o.request_id == "l0" and o.finished for o in eng.step()):
+        pass
+    for _ in range(3):
+        eng.step()
+    assert all(r.tenant == "heavy" for r in sched.running) and len(sched.running) == 4
+    eng.add_request([700] * 24, p, request_id="l1", tenant="light")
+    eng.step()
+    assert "l1" in {r.request_id for r in sched.running}
+    assert sched.num_preemptions >= 1
+
+
+def test_a_tenant_above_its_seat_share_prefills_in_small_chunks():
+    from pacer.sched.fair_policy import FAIR_CHUNK
+
+    eng, ex = make_engine(num_blocks=2048, block_size=16, max_len=2048, max_num_batched_tokens=2048, max_num_seqs=8,
+                          scheduling_policy="fair")
+    p = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    for i in range(7):
+        eng.add_request([400 + i] * 32, p, request_id=f"h{i}", tenant="heavy")
+    eng.add_request([600] * 32, p, request_id="l0", tenant="light")
+    for _ in range(3):
+        eng.step()
+    eng.add_request([500] * 1000, p, request_id="h-long", tenant="heavy")
+    eng.add_request([700] * 1000, p, request_id="l-long", tenant="light")
+    eng.step()
+    computed = {rid: r.num_computed_tokens for rid, r in eng.scheduler.requests.items()}
+    assert computed["h-long"] <= FAIR_CHUNK < computed["l-long"] == 1000
+
+
+def _slo_ties(bound: float | None) -> list[str]:
+    from tests.fakes import FixedCostModel
+
+    kw = {} if bound is None else {"fair_deficit_bound": bound}
+    eng, ex = make_engine(scheduling_policy="slo", max_num_seqs=1, num_blocks=400, cost_model=FixedCostModel(1e-3, 1e-4),
+                          **kw)
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    for i in range(3):   # heavy has been served before the others arrive
+        eng.add_request([10 + i] * 40, p, request_id=f"warm{i}", slo={"ttft_ms": 60_000}, tenant="heavy")
+    run(eng, ex)
+    eng.add_request([50] * 40, p, request_id="heavy-a", slo={"ttft_ms": 20_000}, tenant="heavy")
+    eng.add_request([51] * 40, p, request_id="heavy-b", slo={"ttft_ms": 20_000}, tenant="heavy")
+    eng.add_request([52] * 40, p, request_id="light", slo={"ttft_ms": 20_300}, tenant="light")
+    eng.add_request([53] * 40, p, request_id="urgent", slo={"ttft_ms": 100}, tenant="heavy")
+    finals = run(eng, ex)
+    return [rid for _, rid in sorted((o.metrics.first_scheduled_time, o.request_id) for o in finals.values())]
+
+
+def test_slo_with_a_deficit_bound_breaks_ties_by_tenant_service():
+    # plain slo: least slack first, heavy's earlier deadlines ahead of light's 300 ms later one
+    assert _slo_ties(None) == ["urgent", "heavy-a", "heavy-b", "light"]
+    # with the bound: the urgent request (slack under the margin) keeps its place; among the rest,
+    # whose deadlines lie within a second of each other, the less-served tenant goes first
+    assert _slo_ties(100.0) == ["urgent", "light", "heavy-a", "heavy-b"]

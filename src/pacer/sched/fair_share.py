@@ -92,7 +92,23 @@ class ServiceLedger:
         total = sum(self._raw.values())
         return {t: (self._raw[t] / total if total else 0.0) for t in sorted(self._raw)}
 
+    def report(self, waiting: Iterable[str]) -> dict[str, dict[str, float]]:
+        """Per tenant: `service` (cost units received), `normalized` (the counter), `share` (of all
+        service), `weight`, and `deficit`: how far its counter runs ahead of the least served
+        tenant among `waiting` (0 for a tenant with nothing waiting). Reads, never lifts."""
+        waiting = set(waiting) & set(self._normalized)
+        floor = min((self._normalized[t] for t in waiting), default=0.0)
+        shares = self.shares()
+        return {t: {"service": self._raw.get(t, 0.0), "normalized": n, "share": shares.get(t, 0.0),
+                    "weight": self.weight(t), "deficit": max(0.0, n - floor) if t in waiting else 0.0}
+                for t, n in sorted(self._normalized.items())}
+
     # ------------------------------------------------------------------ writing
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace the tenants' shares (counters already kept stay; service from now on is divided
+        by the new weights)."""
+        self.weights = dict(ServiceLedger(self.costs, weights).weights)   # validated as at construction
 
     def set_backlogged(self, tenants: Iterable[str]) -> None:
         """The tenants with requests waiting now; those returning from idle are lifted first."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
 from pacer.request import Request, RequestStatus
+from pacer.sched.fair_share import ServiceLedger
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
@@ -96,8 +97,18 @@ class Policy:
         partial prefill (the slo policy: by slack; the others finish what they started)."""
         return False
 
+    def prefill_cap(self, req: Request, cap: int) -> int:
+        """The most prompt tokens `req` may prefill in one step (`cap`: the scheduler's chunk
+        limit; the fair policy chunks a tenant holding more than its share of the seats finer)."""
+        return cap
+
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         """Called once per step before scheduling (dynamic policies re-key here)."""
+
+    def service_ledger(self) -> ServiceLedger | None:
+        """The ledger the policy orders by, charged in `account` (the fair policies); None: the
+        scheduler keeps its own, for reports only."""
+        return None
 
     def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
         """What a scheduled request costs this step: prompt tokens computed, taken from the

@@ -10,7 +10,7 @@ its own because it names every policy, and `pacer.sched.slo_policy` builds on
 from __future__ import annotations
 
 from pacer.config import SCHEDULING_POLICIES
-from pacer.sched.fair_policy import FairLpmPolicy, FairPolicy
+from pacer.sched.fair_policy import FairLpmPolicy, FairPolicy, FairSloPolicy
 from pacer.sched.policy import LpmPolicy, Policy, PolicyContext, PrioritySchedulingPolicy, SjfPolicy
 from pacer.sched.slo_policy import SloPolicy
 
@@ -21,7 +21,7 @@ POLICIES: dict[str, type[Policy]] = {
     "fair": FairPolicy,
 }
 # fairness as a layer: the policy that replaces one when a deficit bound is set
-BOUNDED: dict[str, type[Policy]] = {"lpm": FairLpmPolicy}
+BOUNDED: dict[str, type[Policy]] = {"lpm": FairLpmPolicy, "slo": FairSloPolicy}
 
 
 def make_policy(name: str, context: PolicyContext | None = None) -> Policy:

@@ -36,6 +36,7 @@ from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.spec import SpecDecoder
@@ -62,6 +63,10 @@ class Scheduler:
             max_num_batched_tokens=self.max_num_batched_tokens, prefill_chunk=self._prefill_cap,
             cached_prefix_tokens=kv.cached_prefix_tokens, cost_model=cost_model, slo_set=config.slo_set(),
             shed_hopeless=config.shed_hopeless, fair=config.fair_settings()))
+        # service per tenant (pacer.sched.fair_share): the fair policies' own ledger, else one kept for reports
+        own = self.policy.service_ledger()
+        self.ledger = own if own is not None else ledger_from(config.fair_settings())
+        self._charge_ledger = own is None
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
@@ -146,6 +151,11 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def tenant_report(self) -> dict[str, dict[str, float]]:
+        """Service, share, weight and deficit per tenant (`ServiceLedger.report`), deficits against
+        the tenants waiting now."""
+        return self.ledger.report({r.tenant for r in self.waiting})
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 
@@ -227,7 +237,8 @@ class Scheduler:
                 return
             n = req.num_remaining_tokens
             if chunked:
-                n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), req.num_computed_tokens)
+                n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)),
+                             req.num_computed_tokens)
                 if n <= 0:
                     return
             elif n > step.budget.tokens_left:
@@ -266,7 +277,7 @@ class Scheduler:
             n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:
                 return
-            n = step.fit(req, min(n, step.budget.tokens_left, self._prefill_cap), computed)
+            n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
             blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
@@ -283,6 +294,7 @@ class Scheduler:
             self.running.append(req)
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = self.clock.now()
+                req.metrics.tenant_service_at_admission = self.ledger.normalized(req.tenant)
             step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
 
     def _make_room_for(self, step: StepPlan, head: Request) -> bool:
@@ -344,7 +356,10 @@ class Scheduler:
                 req.metrics.prefill_tokens += n
             else:
                 num_decode += n
-            self.policy.account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
+            charge = (n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
+            self.policy.account(req, *charge)
+            if self._charge_ledger:
+                self.ledger.charge(req.tenant, *charge)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward

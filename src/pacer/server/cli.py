@@ -292,6 +292,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
                          "--tenant-isolation shared keeps one shared cache)")
     for line in choices.notices:
         print(line, file=sys.stderr)
+    if weights and not engine.config.scheduler.fair_tenant_weights:
+        engine.scheduler.ledger.set_weights(weights)   # the keys file's shares weigh fair-share service too
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
                              class_rules=rules, tools=tools, access=access, limits=limits,

@@ -38,6 +38,7 @@ from pacer.telemetry.collectors import (
     SessionRetentionCollector,
     SpecDecodeCollector,
     StructuredOutputsCollector,
+    TenantServiceCollector,
 )
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
@@ -112,6 +113,8 @@ class Service:
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
         for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector, SessionRetentionCollector):   # read loop.state
             self.metrics.registry.register(collector(lambda: self.loop.state, self.metrics.name, self.model_name))
+        self.metrics.registry.register(TenantServiceCollector(lambda: self.loop.state, self.metrics.name,
+                                                              self.model_name, self.metrics.tenant_label))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
         self.loop.failure_listeners.append(self._on_failure)

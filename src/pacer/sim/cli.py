@@ -143,7 +143,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
         meta = _meta(args, kwargs, workload, arrivals, rate, len(specs))
         meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats(),
-                     "budget": BudgetTally().extend(result.steps).as_dict()})
+                     "budget": BudgetTally().extend(result.steps).as_dict(),
+                     "tenant_weights": dict(config.scheduler.fair_tenant_weights or {})})
         spec = engine.snapshot().spec_decode
         if spec is not None:
             meta["spec_decode"] = dict(spec)

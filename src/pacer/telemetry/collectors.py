@@ -9,7 +9,9 @@ its own thread is mutating. Three families, each absent or zero until its featur
 - structured outputs: compilations, cache hits, timeouts, errors, compile seconds, mask compute and
   wait seconds, and the requests waiting for their grammar;
 - session retention (agent sessions): retained blocks, retention hit tokens, windows opened,
-  returned, expired, released and capped, and retained blocks demoted under pressure.
+  returned, expired, released and capped, and retained blocks demoted under pressure;
+- fair share: each tenant's service in cost units, its share of all service and its deficit (how
+  far its counter runs ahead of the least served waiting tenant), under the capped `tenant` label.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from pacer.engine.stats import EngineSnapshot
 
 __all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SessionRetentionCollector",
-           "SnapshotSource"]
+           "TenantServiceCollector", "SnapshotSource"]
 
 SnapshotSource = Callable[[], "EngineSnapshot"]
 
@@ -141,3 +143,38 @@ class SessionRetentionCollector(_SnapshotCollector):
                 self.name(f"session_retention_{key}"), help_, labels=["model_name"])
             family.add_metric([self.model_name], float(stats.get(key, 0)))
             yield family
+
+
+class TenantServiceCollector(_SnapshotCollector):
+    """Per-tenant service (`EngineSnapshot.tenants`), labelled through `tenant_label`
+    (`ServingMetrics.tenant_label`: tenants past the label cap are summed under `other`, the
+    deficit being the largest of theirs)."""
+
+    def __init__(self, state: SnapshotSource, name: Callable[[str], str], model_name: str,
+                 tenant_label: Callable[[str], str]) -> None:
+        super().__init__(state, name, model_name)
+        self.tenant_label = tenant_label
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        rows: dict[str, dict[str, float]] = {}
+        for tenant, row in self.state().tenants.items():
+            acc = rows.setdefault(self.tenant_label(tenant), {"service": 0.0, "share": 0.0, "deficit": 0.0})
+            acc["service"] += row["service"]
+            acc["share"] += row["share"]
+            acc["deficit"] = max(acc["deficit"], row["deficit"])
+        labels = ["model_name", "tenant"]
+        service = CounterMetricFamily(self.name("tenant_service_units"), "Service each tenant received, in fair-share "
+                                      "cost units (computed prompt, cached prompt and decoded tokens at their "
+                                      "--fair-cost-* prices).", labels=labels)
+        share = GaugeMetricFamily(self.name("tenant_service_share"), "Each tenant's fraction of all service, 0..1.",
+                                  labels=labels)
+        deficit = GaugeMetricFamily(self.name("tenant_service_deficit"), "How far the tenant's service counter "
+                                    "(cost units / weight) runs ahead of the least served waiting tenant's (0: "
+                                    "nothing waiting, or it is the least served).", labels=labels)
+        for label, acc in sorted(rows.items()):
+            service.add_metric([self.model_name, label], acc["service"])
+            share.add_metric([self.model_name, label], acc["share"])
+            deficit.add_metric([self.model_name, label], acc["deficit"])
+        yield from (service, share, deficit)

@@ -47,6 +47,8 @@ these keys (names are stable; new keys may be added, none renamed):
 ``deprioritized``      slo policy: it went behind feasible requests once it could not meet TTFT
 ``shed``               refused as hopeless (``shed_hopeless``: HTTP 429 ``slo_unattainable``)
 ``api_key_name``       the ``name`` of the API key that sent it (``--api-keys``), never the key; null
+``tenant_service_at_admission``  its tenant's service counter (fair-share cost units / weight,
+                       ``pacer.sched.fair_share``) when it was first scheduled (null if never)
 =====================  ==============================================================
 """
 
@@ -75,7 +77,7 @@ REQUEST_LOG_FIELDS = (
     "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
     "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed", "api_key_name",
-    "retention_hit_tokens",
+    "retention_hit_tokens", "tenant_service_at_admission",
 )
 
 
@@ -139,6 +141,7 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "ttft_deadline": rel(getattr(m, "ttft_deadline", None)), "slack_at_admission": getattr(m, "slack_at_admission", None),
         "deprioritized": getattr(m, "deprioritized", False), "shed": getattr(m, "shed", False),
         "retention_hit_tokens": getattr(m, "retention_hit_tokens", 0),
+        "tenant_service_at_admission": getattr(m, "tenant_service_at_admission", None),
     }
     derived.update(fields)
     unknown = set(derived) - set(REQUEST_LOG_FIELDS)

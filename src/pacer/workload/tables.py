@@ -13,9 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from pacer.workload.budget import describe_budget
+from pacer.workload.fairness import service_jain, tenant_rows
 from pacer.workload.report import OVERALL, Report, Summary
 
-__all__ = ["report_table", "compare_table", "COMPARE_METRICS"]
+__all__ = ["report_table", "tenant_table", "compare_table", "COMPARE_METRICS"]
 
 # (key, label, higher_is_better)
 COMPARE_METRICS: tuple[tuple[str, str, bool], ...] = (
@@ -81,7 +82,26 @@ def report_table(report: Report, title: str | None = None) -> Group:
     budget = describe_budget(report.meta.get("budget") or report.meta.get("engine_steps", {}).get("budget") or {})
     spec = report.meta.get("spec_decode")
     lines = [*([Text(budget)] if budget else []), *([Text(spec_decode_line(spec))] if spec else [])]
-    return Group(tput, lat, *lines)
+    tenants = tenant_table(report)
+    return Group(tput, lat, *([tenants] if tenants is not None else []), *lines)
+
+
+def tenant_table(report: Report) -> Table | None:
+    """Per tenant (runs with more than one): requests, tokens, TTFT p50/p99 and share of the
+    service (fair-share cost units), with Jain's index over shares / weights; None otherwise."""
+    if len({r.tenant for r in report.records}) < 2:
+        return None
+    weights = report.meta.get("tenant_weights") or None
+    rows = tenant_rows(report.records)
+    table = Table(title="tenants", title_justify="left",
+                  caption=f"Jain fairness index (service / weight): {service_jain(rows, weights):.3f}",
+                  caption_justify="left")
+    for col in ("tenant", "requests", "in tok", "out tok", "TTFT p50 ms", "TTFT p99 ms", "service share"):
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for row in rows:
+        table.add_row(row.tenant, str(row.requests), str(row.prompt_tokens), str(row.output_tokens),
+                      _ms(row.ttft_p50), _ms(row.ttft_p99), f"{row.share:.1%}")
+    return table
 
 
 def spec_decode_line(spec: dict[str, Any]) -> str:
