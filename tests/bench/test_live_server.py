@@ -78,3 +78,23 @@ def test_bench_against_live_pacer_server(server: tuple[str, Path], tmp_path: Pat
     rep2 = Report.load(replay)
     assert rep2.summary[OVERALL]["num_ok"] == 6
     assert sorted(r.output_tokens for r in rep2.records) == sorted(r.output_tokens for r in rep.records)
+
+
+def test_agent_loop_against_live_pacer_server(server: tuple[str, Path], tmp_path: Path) -> None:
+    """`--workload agent-loop` over HTTP: each agent's calls grow its history, name its session in
+    x-session-id, and the server's retention counters move; without sessions they do not."""
+    import json
+
+    url, _ = server
+    flags = ["bench", "--base-url", url, "--workload", "agent-loop", "--concurrency", "2", "--agent-turns", "3",
+             "--tool-latency", "0.05", "--tool-latency-dist", "fixed", "--output-len", "2", "--agent-system-len", "32",
+             "--agent-task-len", "16", "--tool-output-len", "16", "--no-progress"]
+    runs = {}
+    for name, extra in (("sessions", []), ("none", ["--no-agent-sessions"])):
+        out = tmp_path / f"{name}.json"
+        assert main([*flags, *extra, "--out", str(out)]) == 0
+        runs[name] = json.loads(out.read_text())
+    with_sessions, without = runs["sessions"], runs["none"]
+    assert with_sessions["result"]["jct_p50"] > 0 and with_sessions["result"]["followup_hit"] > 0.5
+    assert with_sessions["retention"]["windows_opened"] == 6 and with_sessions["retention"]["returns"] >= 4
+    assert without["retention"]["windows_opened"] == 0

@@ -16,6 +16,7 @@ KEYS = {"keys": [
     {"name": "bound", "key": "bound-key", "tenant": "t1", "allowed_classes": ["rag"]},
     {"name": "other", "key": "other-key", "tenant": "t2"},
     {"name": "ranged", "key": "ranged-key", "tenant": "t3", "priority": [-5, 5], "tightest_slo": {"ttft": 0.25}},
+    {"name": "agent", "key": "agent-key", "tenant": "t4", "max_kv_retention_s": 20},
 ]}
 PROMPT = " ".join(f"token{i}" for i in range(48))
 
@@ -91,3 +92,13 @@ def test_a_cache_salt_stays_inside_its_tenant(served):
     _run(served, "other-key", PROMPT)                 # the shared cache, as chosen, shares unsalted prompts
     again, _ = _run(served, "bound-key", PROMPT)
     assert again.usage.prompt_tokens_details.cached_tokens >= 32
+
+
+def test_a_keys_retention_bound_caps_its_sessions_hints(served):
+    session = {"session": "s-1"}
+    assert _run(served, "agent-key", extra_body={**session, "kv_retention": {"ttl_s": 15}})[0].choices
+    with pytest.raises(openai.BadRequestError) as bad:
+        _run(served, "agent-key", extra_body={**session, "kv_retention": {"ttl_s": 30}})
+    assert bad.value.body["param"] == "kv_retention" and "20" in bad.value.body["message"]
+    # another key keeps the server's bound (300 s)
+    assert _run(served, "other-key", extra_body={**session, "kv_retention": {"ttl_s": 30}})[0].choices

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pacer.config.args import add_engine_args, engine_kwargs_from_args
+from pacer.workload.agents import AGENT_LOOP
 from pacer.workload.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
 from pacer.workload.generator import RequestSpec, Workload, iter_requests
 from pacer.workload.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--engine http needs --base-url")
     if args.trace and args.request_rate:
         raise ValueError("--trace replays its own timestamps; drop --request-rate (or use --concurrency)")
+    if args.workload == AGENT_LOOP:
+        return _agent_loop(args, engine_mode, console)
     slo = parse_slo(args.slo)
     rates = parse_rates(args.request_rate)
     bench = _Bench(args, engine_mode, slo, console)
@@ -316,3 +319,45 @@ def _tokenizer_at(path: str) -> TokenizerLike | None:
 
     return Tokenizer.load(path)
 
+
+
+def _agent_loop(args: argparse.Namespace, mode: str, console: Console) -> int:
+    """`--workload agent-loop`: closed-loop agents (`--concurrency` of them) over growing histories,
+    in process or against `--base-url` (its completions endpoint, sessions in `x-session-id`);
+    prints job completion time, follow-up TTFT, cached share and the retention counters."""
+    from pacer.workload.agents import loop_from_args, result_lines, run_agent_loop
+
+    loop = loop_from_args(args)
+    if mode == "inprocess":
+        from pacer.engine import Engine
+
+        result = run_agent_loop(Engine.from_kwargs(**engine_kwargs_from_args(args)), loop,
+                                sessions=not args.no_agent_sessions)
+        target = "inprocess"
+    else:
+        from pacer.workload.agents_http import run_agent_loop_http
+        from pacer.workload.client import OpenAIClient
+        from pacer.workload.text import TextSource
+
+        text = TextSource(_load_tokenizer(args.tokenizer or args.model, console))
+
+        async def go() -> Any:
+            async with OpenAIClient(args.base_url, model=args.model, endpoint="completions",
+                                    temperature=args.temperature, timeout=args.request_timeout,
+                                    api_key=args.api_key) as client:
+                await client.resolve_model()
+                return await run_agent_loop_http(client, loop, text, sessions=not args.no_agent_sessions)
+
+        result = asyncio.run(go())
+        target = args.base_url
+    lines = result_lines(loop, result)
+    console.print(f"pacer bench: agent loop against {target}" + (" (no sessions named)" if args.no_agent_sessions
+                                                                   else ""))
+    for line in lines:
+        console.print(line, highlight=False)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": AGENT_LOOP, "target": target, "loop": dataclasses.asdict(loop),
+                                              "result": result.row(), "retention": result.retention,
+                                              "lines": lines}, indent=2, default=str))
+        console.print(f"[dim]wrote {args.out}[/dim]")
+    return 0

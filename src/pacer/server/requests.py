@@ -96,7 +96,7 @@ class RequestBuilder:
                 raise bad_request("x-pacer-class", str(e)) from None
             own = bound_slo(key, (header_slo or Slo()).merged(parsed.slo), self.engine.slo_set.for_class(rclass),
                             self.floor_trusted_slo)
-            prepared = self._prepare(parsed, ids, params, rclass, own)
+            prepared = self._prepare(parsed, ids, params, rclass, own, key)
             for j in range(parsed.n):
                 i = p * parsed.n + j
                 ctx = RequestContext(api_id, i, parsed.endpoint, model_name, parsed.stream, parsed.tenant,
@@ -117,16 +117,20 @@ class RequestBuilder:
             raise bad_request(e.field, str(e), e.code) from None
 
     def _prepare(self, parsed: ParsedRequest, ids: list[int], params: SamplingParams, request_class: str,
-                 own_slo: Slo) -> PreparedRequest:
+                 own_slo: Slo, key: APIKey | None = None) -> PreparedRequest:
         """The engine's one prepare of a prompt (fit, class targets with the request's own on top);
-        a prompt that can never fit is reported as refused."""
+        a prompt that can never fit is reported as refused. A bound key's `max_kv_retention_s`
+        bounds the session's `kv_retention.ttl_s` hint below the server's maximum."""
         try:
             prepared = self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
                                            request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
                                            field="messages" if parsed.endpoint == "chat" else "prompt")
             if parsed.session is None and parsed.kv_retention is None:
                 return prepared
-            ttl, release = check_session(parsed.session, parsed.kv_retention, self.engine.retention_max_ttl)
+            max_ttl = self.engine.retention_max_ttl
+            if key is not None and key.max_kv_retention_s is not None:
+                max_ttl = min(max_ttl, key.max_kv_retention_s)
+            ttl, release = check_session(parsed.session, parsed.kv_retention, max_ttl)
             return dataclasses.replace(prepared, session=parsed.session, retention_ttl=ttl, retention_release=release)
         except ContextLengthError as e:
             self.on_refused(e.code, parsed.tenant)

@@ -127,7 +127,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization)
         loop = loop_from_args(args)
         print(f"pacer sim: {model.name} on {hw.name} x{args.tp}, {engine.snapshot().num_blocks} KV blocks")
-        for line in result_lines(loop, run_agent_loop(engine, loop, sessions=config.cache.session_retention)):
+        sessions = config.cache.session_retention and not args.no_agent_sessions
+        for line in result_lines(loop, run_agent_loop(engine, loop, sessions=sessions)):
             print(line)
         return 0
     rates = parse_rates(args.request_rate, args.concurrency)

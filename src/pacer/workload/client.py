@@ -64,6 +64,12 @@ class OpenAIClient:
         data = r.json().get("data", [])
         return [m for m in data if isinstance(m, dict)]
 
+    async def metrics_text(self) -> str:
+        """The server's Prometheus `/metrics` text (raises for an HTTP error)."""
+        r = await self._http.get("/metrics")
+        r.raise_for_status()
+        return r.text
+
     async def resolve_model(self) -> str:
         """`model` if given, else the first model `/v1/models` lists."""
         if self.model is None:
@@ -93,21 +99,29 @@ class OpenAIClient:
 
     async def send(self, spec: RequestSpec, t0: float) -> RequestRecord:
         """Stream one request; never raises for server or network errors (they land in the record)."""
+        return (await self.send_with_text(spec, t0))[0]
+
+    async def send_with_text(self, spec: RequestSpec, t0: float,
+                             headers: Mapping[str, str] | None = None) -> tuple[RequestRecord, str]:
+        """`send` with extra `headers` (an agent loop's `x-session-id`), also returning the text
+        streamed back (an agent loop appends it to its history)."""
+        text = ""
         rec = RequestRecord(request_id=spec.request_id, request_class=spec.request_class,
                             arrival_time=time.perf_counter() - t0, prompt_tokens=spec.prompt_tokens,
                             tenant=spec.tenant, priority=spec.priority, session=spec.session)
         usage: dict[str, Any] = {}
         try:
-            headers = {"x-pacer-class": spec.request_class} if spec.request_class in REQUEST_CLASSES else {}
+            sent = {"x-pacer-class": spec.request_class} if spec.request_class in REQUEST_CLASSES else {}
+            sent.update(headers or {})
             async with self._http.stream("POST", ENDPOINTS[self.endpoint], json=self.body(spec),
-                                         headers=headers) as resp:
+                                         headers=sent) as resp:
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
                     rec.status = STATUS_REJECTED if resp.status_code == 429 else STATUS_ERROR
                     rec.error = _error_message(text) or f"HTTP {resp.status_code}"
                     rec.finish_time = time.perf_counter() - t0
-                    return rec
+                    return rec, text
                 async for line in resp.aiter_lines():
                     now = time.perf_counter() - t0
                     if not line.startswith("data:"):
@@ -120,7 +134,9 @@ class OpenAIClient:
                         raise _StreamError(_error_message(json.dumps(chunk)) or "error in stream")
                     if chunk.get("usage"):
                         usage = chunk["usage"]
-                    if self._chunk_text(chunk):
+                    piece = self._chunk_text(chunk)
+                    text += piece
+                    if piece:
                         if rec.first_token_time is None:
                             rec.first_token_time = now
                         rec.token_times.append(now)
@@ -129,7 +145,7 @@ class OpenAIClient:
             rec.error = f"{type(e).__name__}: {e}"
         rec.finish_time = time.perf_counter() - t0
         self._apply_usage(rec, usage)
-        return rec
+        return rec, text
 
     def _chunk_text(self, chunk: Mapping[str, Any]) -> str:
         text = ""

@@ -66,8 +66,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     """The workload named by --workload / --input-len / --output-len, with CV overrides applied."""
     name = args.workload or ("fixed" if args.input_len is not None else "chat")
     if name == "agent-loop":
-        raise ValueError("--workload agent-loop runs under `pacer sim` (and benchmarks/agent_sessions.py); "
-                         "`pacer bench` does not loop agents yet")
+        raise ValueError("--workload agent-loop is a closed loop of agents, not a request stream: `pacer sim` and "
+                         "`pacer bench` run it themselves (pacer.workload.agents)")
     if name == "fixed":
         wl = builtin_workload("fixed", args.input_len, args.output_len)
     elif args.input_len is not None or args.output_len is not None:

@@ -36,6 +36,7 @@ class APIKey:
     limits: KeyLimits = field(default_factory=KeyLimits)
     tightest_slo: Mapping[str, float] = field(default_factory=dict)
     allowed_classes: frozenset[str] = frozenset()    # classes it may declare in x-pacer-class
+    max_kv_retention_s: float | None = None          # longest kv_retention.ttl_s hint its requests may ask
     trusted: bool = False
 
     @property

@@ -18,7 +18,7 @@ __all__ = ["KeysFile", "load_keys_file"]
 
 _KEY_FIELDS = {"name", "key", "key_sha256", "tenant", "gateway", "allowed_tenants", "priority",
                "requests_per_minute", "tokens_per_minute", "max_concurrent", "burst_requests", "burst_tokens",
-               "tightest_slo", "allowed_classes"}
+               "tightest_slo", "allowed_classes", "max_kv_retention_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,8 @@ def _parse_key(entry: Any, where: str) -> APIKey:
         raise ValueError(f"{where}: tightest_slo names {sorted(unknown_targets)}; known: {', '.join(SLO_KEYS)}")
     return APIKey(name, _digest(entry, where), tenant or None, gateway,
                   None if allowed is None else frozenset(allowed), _priority_range(entry.get("priority"), where),
-                  limits, {str(k): float(v) for k, v in slo.items()}, _classes(entry.get("allowed_classes"), where))
+                  limits, {str(k): float(v) for k, v in slo.items()}, _classes(entry.get("allowed_classes"), where),
+                  max_kv_retention_s=_opt_positive(entry, "max_kv_retention_s", where))
 
 
 def _classes(value: Any, where: str) -> frozenset[str]:
