@@ -22,9 +22,12 @@ def _series(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def test_tenant_service_in_metrics_and_the_request_log(llm, tmp_path):
+def test_tenant_service_in_metrics_and_the_request_log(base, tmp_path):
+    from tests.conftest import make
+
     log = tmp_path / "requests.jsonl"
-    with serve(llm.engine, "--request-log", str(log), "--max-tenant-labels", "2") as served:
+    engine = make(base, num_kv_blocks=128)   # its own ledger: no tenant of another test in it
+    with serve(engine, "--request-log", str(log), "--max-tenant-labels", "2") as served:
         client = openai.OpenAI(base_url=served.v1, api_key="x")
         for tenant, n in (("acme", 2), ("globex", 1), ("initech", 1), ("umbrella", 1)):
             for _ in range(n):
