@@ -39,7 +39,7 @@ from pacer.server.api import errors
 from pacer.server.api.gateway import FAIRNESS_HEADER
 from pacer.server.api.limits import RequestLimits, read_body
 
-__all__ = ["Gate", "Ticket", "routing_facts", "relayed_headers", "REPLICA_HEADER", "CLASS_HEADER",
+__all__ = ["Gate", "Ticket", "gate_from_args", "routing_facts", "relayed_headers", "REPLICA_HEADER", "CLASS_HEADER",
            "CHARGED_PATHS"]
 
 REPLICA_HEADER = "x-pacer-replica"       # which replica answered (never on a refusal)
@@ -186,6 +186,21 @@ class Gate:
             self.key_limits.release(ticket.limiter, 0, now)
         for name, num_tokens in (output_tokens or {}).items():
             self.key_limits.debit_tokens(name, int(num_tokens), now)
+
+
+def gate_from_args(serve_args: dict[str, Any], tokenizer: Any) -> Gate:
+    """The ingress's gate for the serve args the driver made (`pacer.deploy.launch`); raises
+    RuntimeError when keys were asked for but none arrived (never start open by mistake)."""
+    import argparse
+
+    from pacer.server.access.wire import access_from_wire
+    from pacer.server.cli import security_choices
+
+    args = argparse.Namespace(**serve_args)
+    access, _ = access_from_wire(args.access_wire, "the ingress")
+    rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
+    isolation = security_choices(args, access).tenant_isolation or "shared"
+    return Gate(access, RequestLimits.from_args(args), tokenizer, rules, isolation, args.max_waiting)
 
 
 def num_sequences(body: Mapping[str, Any]) -> int:

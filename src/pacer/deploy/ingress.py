@@ -13,18 +13,15 @@ which checks the key again. The keys arrive as digests (`pacer.server.access.wir
 
 # no `from __future__ import annotations`: Ray Serve rewrites the route signatures and FastAPI
 # must see `Request` itself, not the string "Request"
-import argparse
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from ray import serve
 
-from pacer.deploy.gate import Gate, Ticket, relayed_headers, routing_facts
+from pacer.deploy.gate import gate_from_args, routing_facts
 from pacer.deploy.ray_app import aggregate_metrics, live_stats
-from pacer.server.api import errors
+from pacer.deploy.relay import forward, refused
 from pacer.server.api.errors import APIError
 
 __all__ = ["PacerIngress", "routing_facts"]
@@ -33,49 +30,15 @@ __all__ = ["PacerIngress", "routing_facts"]
 app = FastAPI(title="pacer (replicas)", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-# helpers before the class: Ray Serve pickles the deployment class when it is decorated
-async def _relay(gen: Any, gate: Gate, ticket: Ticket) -> AsyncIterator[bytes]:
-    usage: dict[str, int] = {}
-    try:
-        async for item in gen:
-            if "body" in item:
-                yield item["body"]
-            usage.update(item.get("output_tokens") or {})
-    except Exception as exc:   # the replica died mid-stream: an error event, then the end
-        body = errors.unavailable(f"the replica serving this request failed: {type(exc).__name__}").body()
-        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-    finally:
-        gate.finish(ticket, usage)
-        gen.cancel()
-
-
-def _refused(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def _unavailable(exc: BaseException) -> JSONResponse:
-    e = errors.unavailable(f"no replica could serve this request ({type(exc).__name__}: {exc})"[:500])
-    return JSONResponse(e.body(), status_code=e.status)
-
-
 @serve.deployment(name="PacerIngress")
 @serve.ingress(app)
 class PacerIngress:
     def __init__(self, replicas: Any, serve_args: dict[str, Any]) -> None:
-        from pacer.config.slo import ClassRules
         from pacer.model.loader import default_model_path
         from pacer.model.tokenizer import Tokenizer
-        from pacer.server.access.wire import access_from_wire
-        from pacer.server.api.limits import RequestLimits
-        from pacer.server.cli import security_choices
 
-        args = argparse.Namespace(**serve_args)
-        access, _ = access_from_wire(args.access_wire, "the ingress")   # refuses to start open by mistake
         self.replicas = replicas.options(stream=True)
-        rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
-        isolation = security_choices(args, access).tenant_isolation or "shared"
-        self.gate = Gate(access, RequestLimits.from_args(args), Tokenizer.load(args.model or default_model_path()),
-                         rules, isolation, args.max_waiting)
+        self.gate = gate_from_args(serve_args, Tokenizer.load(serve_args.get("model") or default_model_path()))
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
@@ -107,10 +70,10 @@ class PacerIngress:
 
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
-        try:
+        try:   # --metrics-api-key, as on one server
             self.gate.authenticate("/metrics", request.headers)
         except APIError as e:
-            return _refused(e)
+            return refused(e)
         text = aggregate_metrics(dict(live_stats()))
         text += ("# HELP pacer_ingress_requests_waiting Requests forwarded whose response has not started.\n"
                  "# TYPE pacer_ingress_requests_waiting gauge\n"
@@ -121,30 +84,4 @@ class PacerIngress:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def _forward(self, request: Request, generate: bool = False) -> Response:
-        try:
-            ticket = await self.gate.admit(request, generate)
-        except APIError as e:   # refused before any work, and before any replica is named
-            return _refused(e)
-        gen = self.replicas.handle.remote(ticket.route, ticket.forwarded)
-        try:
-            start = await gen.__anext__()
-        except Exception as exc:   # the replica died or is unreachable: a clear 503, never a hang
-            self.gate.finish(ticket)
-            gen.cancel()
-            return _unavailable(exc)
-        headers = relayed_headers(start["status"], start["headers"])
-        if "text/event-stream" not in headers.get("content-type", ""):
-            usage: dict[str, int] = {}
-            chunks: list[bytes] = []
-            try:
-                async for item in gen:
-                    if "body" in item:
-                        chunks.append(item["body"])
-                    usage.update(item.get("output_tokens") or {})
-            except Exception as exc:
-                return _unavailable(exc)
-            finally:
-                self.gate.finish(ticket, usage)
-            return Response(b"".join(chunks), status_code=start["status"], headers=headers)
-        self.gate.started(ticket)
-        return StreamingResponse(_relay(gen, self.gate, ticket), status_code=start["status"], headers=headers)
+        return await forward(self.gate, request, self.replicas.handle.remote, generate)
