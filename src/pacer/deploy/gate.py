@@ -27,7 +27,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pacer.config.slo import ClassRules
@@ -93,7 +93,7 @@ class Ticket:
     limiter: str | None = None
     num_requests: int = 0
     waiting: bool = False
-    done: bool = field(default=False)
+    done: bool = False
 
 
 class Gate:

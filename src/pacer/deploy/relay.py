@@ -29,10 +29,12 @@ async def forward(gate: Gate, request: Request, send: Callable[[Any, dict[str, A
     gen = send(ticket.route, ticket.forwarded)
     try:
         start = await gen.__anext__()
-    except Exception as exc:   # the replica died or is unreachable
+    except BaseException as exc:   # the replica died or is unreachable (or the client left)
         gate.finish(ticket)
         gen.cancel()
-        return _unavailable(exc)
+        if isinstance(exc, Exception):
+            return _unavailable(exc)
+        raise
     headers = relayed_headers(start["status"], start["headers"])
     if "text/event-stream" not in headers.get("content-type", ""):
         usage: dict[str, int] = {}
