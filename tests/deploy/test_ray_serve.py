@@ -40,6 +40,8 @@ def test_bad_replica_flags_fail_with_a_clear_message(capsys):
     assert "--router class needs --replicas >= 2" in capsys.readouterr().err
     assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": true, "port": 1}']) == 2
     assert "unknown key 'port'" in capsys.readouterr().err
+    assert main(["serve", "--replicas", "2", "--api-key", ""]) == 2   # keys resolve before Ray starts
+    assert "--api-key must not be empty" in capsys.readouterr().err
 
 
 def test_aggregate_metrics_labels_each_replica():

@@ -90,7 +90,10 @@ def start_ray(address: str | None) -> None:
 def run_replicas(args: argparse.Namespace) -> int:
     from ray import serve
 
+    from pacer.server.cli import build_access
+
     check_replica_args(args)
+    build_access(args)   # a bad key flag or keys file fails here, before Ray starts
     start_ray(args.ray_address)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app(args), name="pacer", route_prefix="/")
