@@ -1,6 +1,8 @@
 """`pacer serve --replicas N` on Ray Serve: a real 2-replica deployment on 127.0.0.1 answers
 the official openai client (JSON and streaming), routes a repeated prefix to the same replica
 with the prefix router, aggregates /metrics with per-replica labels; bad flags fail clearly.
+The deployment's API key is only in the driver's environment (set after Ray started, so no
+Ray worker inherits it): the ingress refuses a request without it (issue 27, finding 4).
 
 The deployment test is slow (Ray start-up plus two model loads, ~1-2 min here): `make test-slow`."""
 
@@ -18,6 +20,9 @@ from pacer.cli.serve import add_args as add_serve_args
 from pacer.deploy.ray_app import aggregate_metrics
 from tests.server.conftest import MODEL, wait_for
 
+KEY = "driver-only-key"
+METRICS_KEY = "driver-metrics-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 SYSTEM = ("You are the support assistant of a bicycle shop. Be brief and friendly, mention the warranty "
           "when a part breaks, and suggest a workshop visit for anything involving brakes. ") * 2
 
@@ -35,6 +40,8 @@ def test_bad_replica_flags_fail_with_a_clear_message(capsys):
     assert "--router class needs --replicas >= 2" in capsys.readouterr().err
     assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": true, "port": 1}']) == 2
     assert "unknown key 'port'" in capsys.readouterr().err
+    assert main(["serve", "--replicas", "2", "--api-key", ""]) == 2   # keys resolve before Ray starts
+    assert "--api-key must not be empty" in capsys.readouterr().err
 
 
 def test_aggregate_metrics_labels_each_replica():
@@ -58,10 +65,15 @@ def deployment():
     events = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:0",
                          "replay_endpoint": "tcp://*:0", "topic": "kv"})
     args = parser.parse_args(["--replicas", "2", "--router", "prefix", "--port", str(port), "--num-threads", "1",
-                              "--num-kv-blocks", "512", "--kv-events-config", events, "--max-waiting", "64"])
+                              "--num-kv-blocks", "512", "--kv-events-config", events, "--max-waiting", "64",
+                              "--metrics-api-key", METRICS_KEY])
     start_ray(None)
+    with pytest.MonkeyPatch.context() as env:   # the key: in the driver's environment only
+        env.setenv("PACER_API_KEY", KEY)
+        env.delenv("VLLM_API_KEY", raising=False)
+        app = build_app(args)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(args), name="pacer", route_prefix="/")
+    serve.run(app, name="pacer", route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -72,8 +84,23 @@ def deployment():
 
 
 @pytest.mark.slow
+def test_the_key_only_in_the_drivers_environment_guards_the_ingress(deployment):
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(deployment + "/v1/chat/completions", json=chat, headers=headers, timeout=300)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        assert "x-pacer-replica" not in r.headers   # refused at the ingress: no replica named
+    assert httpx.post(deployment + "/tokenize", json={"prompt": "Hi"}, timeout=300).status_code == 401
+    r = httpx.post(deployment + "/v1/chat/completions", json=chat, headers=AUTH, timeout=300)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    assert r.headers["x-pacer-replica"] in ("0", "1")
+    assert httpx.get(deployment + "/health", timeout=300).status_code == 200   # open, as on one server
+    assert httpx.get(deployment + "/metrics", headers=AUTH, timeout=300).status_code == 401   # --metrics-api-key
+
+
+@pytest.mark.slow
 def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deployment):
-    client = openai.OpenAI(base_url=deployment + "/v1", api_key="x", timeout=300)
+    client = openai.OpenAI(base_url=deployment + "/v1", api_key=KEY, timeout=300)
     r = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
                                        messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert r.choices[0].message.content and r.usage.completion_tokens > 0
@@ -89,10 +116,12 @@ def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deploym
         assert raw.parse().choices[0].message.content is not None
     assert len(set(seen)) == 1, seen   # the shared system prompt keeps them on one replica
     assert raw.parse().usage.prompt_tokens_details.cached_tokens > 0
-    bad = httpx.post(deployment + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
+    bad = httpx.post(deployment + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0},
+                     headers=AUTH, timeout=300)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert "x-pacer-replica" not in bad.headers   # a replica's refusal names no replica either
 
-    metrics = httpx.get(deployment + "/metrics")
+    metrics = httpx.get(deployment + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"})
     assert metrics.status_code == 200 and "pacer_ingress_requests_waiting 0" in metrics.text
     for rank in ("0", "1"):   # every replica's own series, labelled with its rank
         assert f'pacer_num_requests_running{{replica="{rank}",' in metrics.text, metrics.text[-2000:]
@@ -110,7 +139,7 @@ def test_a_dead_replica_fails_its_requests_with_503_and_ray_serve_replaces_it(de
     done = threading.Event()
 
     def long_request() -> None:
-        with httpx.stream("POST", deployment + "/v1/completions", timeout=300, json={
+        with httpx.stream("POST", deployment + "/v1/completions", timeout=300, headers=AUTH, json={
                 "model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000, "ignore_eos": True,
                 "stream": True}) as r:
             for line in r.iter_lines():
@@ -131,7 +160,7 @@ def test_a_dead_replica_fails_its_requests_with_503_and_ray_serve_replaces_it(de
     assert error["code"] == "service_unavailable" and "replica" in error["message"], error
 
     def answered() -> bool:
-        r = httpx.post(deployment + "/v1/completions", timeout=300,
+        r = httpx.post(deployment + "/v1/completions", timeout=300, headers=AUTH,
                        json={"model": MODEL, "prompt": "Hello", "max_tokens": 2})
         return r.status_code == 200
     wait_for(answered, 300, "Ray Serve to replace the dead replicas")

@@ -1,6 +1,12 @@
 """Start `pacer serve --replicas N` on Ray Serve: locally (Ray started here) or joining an
 existing cluster (`--ray-address`). The replicas run this checkout's pacer (its source
-directory goes into the Ray runtime environment) with one torch thread each by default."""
+directory goes into the Ray runtime environment) with one torch thread each by default.
+
+Keys are resolved here, in the driver (`--api-key`, `--api-keys FILE`, `PACER_API_KEY` /
+`VLLM_API_KEY`, `--metrics-api-key`), and reach the ingress and the replicas only as digests
+(`pacer.server.access.wire`): no key in clear is in the deployment's config, and a replica
+never reads a key from its own environment. The ingress enforces the keys' rate and
+concurrency limits once; the replicas get the keys without them."""
 
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_app", "run_replicas", "check_replica_args"]
+__all__ = ["build_app", "run_replicas", "check_replica_args", "deployment_args"]
+
+KEY_FLAGS = ("api_key", "api_keys", "metrics_api_key")   # resolved in the driver, never shipped in clear
 
 
 def check_replica_args(args: argparse.Namespace) -> None:
@@ -23,6 +31,24 @@ def check_replica_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
 
 
+def deployment_args(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the ingress's serve args, the replicas'): the flags with the keys resolved here and
+    replaced by their digests; the replicas' keys carry no rate or concurrency limits (the
+    ingress enforces those once)."""
+    from pacer.server.access.wire import access_to_wire, without_limits
+    from pacer.server.cli import build_access, security_choices
+
+    access, weights = build_access(args)
+    for line in security_choices(args, access).notices:
+        print(line, file=sys.stderr)
+    wire = access_to_wire(access, weights)
+    serve_args = {k: v for k, v in vars(args).items() if not callable(v) and k not in KEY_FLAGS}
+    serve_args.update(dict.fromkeys(KEY_FLAGS), access_wire=wire)
+    if serve_args.get("num_threads") is None:
+        serve_args["num_threads"] = 1
+    return serve_args, {**serve_args, "access_wire": without_limits(wire)}
+
+
 def build_app(args: argparse.Namespace) -> Any:
     """The Ray Serve application: ingress -> N replicas with pacer's request router."""
     from ray.serve.config import RequestRouterConfig
@@ -31,9 +57,7 @@ def build_app(args: argparse.Namespace) -> Any:
     from pacer.deploy.ray_app import PacerReplica, PacerRequestRouter
 
     check_replica_args(args)
-    serve_args = {k: v for k, v in vars(args).items() if not callable(v)}
-    if serve_args.get("num_threads") is None:
-        serve_args["num_threads"] = 1
+    ingress_args, replica_args = deployment_args(args)
     router_config = RequestRouterConfig(
         request_router_class=PacerRequestRouter,
         request_router_kwargs={"router": args.router, "num_replicas": args.replicas, "pools": args.router_pools,
@@ -43,9 +67,9 @@ def build_app(args: argparse.Namespace) -> Any:
         request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=10.0)
     replicas = PacerReplica.options(num_replicas=args.replicas, request_router_config=router_config,
                                     max_ongoing_requests=10_000,
-                                    ray_actor_options={"num_cpus": 0}).bind(serve_args)
+                                    ray_actor_options={"num_cpus": 0}).bind(replica_args)
     return PacerIngress.options(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000).bind(replicas,
-                                                                                                     serve_args)
+                                                                                                     ingress_args)
 
 
 def start_ray(address: str | None) -> None:
@@ -66,7 +90,10 @@ def start_ray(address: str | None) -> None:
 def run_replicas(args: argparse.Namespace) -> int:
     from ray import serve
 
+    from pacer.server.cli import build_access
+
     check_replica_args(args)
+    build_access(args)   # a bad key flag or keys file fails here, before Ray starts
     start_ray(args.ray_address)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app(args), name="pacer", route_prefix="/")

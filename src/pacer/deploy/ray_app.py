@@ -27,6 +27,7 @@ from typing import Any, cast
 from ray import serve
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from pacer.deploy.gate import REPLICA_HEADER
 from pacer.deploy.kv_index import BlockIndex, from_wire
 from pacer.deploy.routers import Cluster, RouteRequest, make_router
 
@@ -41,7 +42,6 @@ def live_stats() -> dict[str, dict[str, Any]]:
     class by value, so a module global the router names directly is a copy the ingress never
     sees."""
     return cast(dict[str, dict[str, Any]], importlib.import_module(__name__).LIVE_STATS)
-REPLICA_HEADER = "x-pacer-replica"
 STATS_REFRESH_S = 1.0   # how often the router re-reads the replicas' routing stats without a request
 
 
@@ -73,11 +73,17 @@ class PacerReplica:
 
     async def handle(self, route: dict[str, Any], request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """One HTTP request through the replica's own app: yields {"status", "headers"} and
-        then {"body"} chunks as the app sends them. Closing the generator (the client went
-        away) is a disconnect for the app, which aborts the engine requests."""
+        then {"body"} chunks as the app sends them, and last {"output_tokens": {key name: n}}:
+        the tokens its keys' requests generated since the last report, which the ingress
+        debits from the keys' token rates. Closing the generator (the client went away) is a
+        disconnect for the app, which aborts the engine requests."""
         self._start()
         async for item in asgi_call(self.app, request, extra_headers=[(REPLICA_HEADER, str(self.rank))]):
             yield item
+        used = dict(self.service.output_tokens_by_key)
+        self.service.output_tokens_by_key.clear()
+        if used:
+            yield {"output_tokens": used}
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve asks every `request_routing_stats_period_s`; runs off the request loop, so

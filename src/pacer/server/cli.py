@@ -132,6 +132,11 @@ def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
     """The Access (key rings) for parsed args, and the keys file's tenant_weights."""
     from pacer.server.access.auth import Access, KeyRing, load_keys_file
 
+    wire = getattr(args, "access_wire", None)
+    if wire is not None:   # a replica: the driver resolved the keys and sent their digests
+        from pacer.server.access.wire import access_from_wire
+
+        return access_from_wire(wire)
     plain = getattr(args, "api_key", None) or [
         k for k in (os.environ.get("PACER_API_KEY"), os.environ.get("VLLM_API_KEY")) if k][:1]
     if any(not k for k in plain):
@@ -144,6 +149,8 @@ def build_access(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
         weights = loaded.tenant_weights
     metrics = KeyRing.from_plain([args.metrics_api_key], "metrics-api-key") if args.metrics_api_key else KeyRing()
     return Access(KeyRing(keys), metrics, bool(getattr(args, "api_keys", None)), args.tenant_header.lower()), weights
+
+
 @dataclass(frozen=True, slots=True)
 class SecurityChoices:
     """What the flags decide about safety, and the start-up lines that say so."""

@@ -11,6 +11,7 @@ and read-only attributes (tokenizer, limits, clock).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -102,6 +103,7 @@ class Service:
                                       options.floor_trusted_slo)
         self.admission = AdmissionController(options.max_waiting, tenant_weights=options.tenant_weights)
         self.key_limits = KeyLimiters()
+        self.output_tokens_by_key: collections.Counter[str] = collections.Counter()   # read by replicas' ingress
         self.metrics = ServingMetrics(self.model_name, options.metrics_prefix, options.max_tenant_labels,
                                       _named_tenants(options))
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
@@ -296,6 +298,8 @@ class Service:
             return
         self.admission.release(out.request_id)
         self.key_limits.release(ctx.api_key_name, ctx.max_tokens - out.num_output_tokens, self.engine.clock.now())
+        if ctx.api_key_name is not None:
+            self.output_tokens_by_key[ctx.api_key_name] += out.num_output_tokens
         self._contexts.pop(out.request_id, None)
         if not self._contexts:
             self._all_finished.set()

@@ -43,12 +43,12 @@ from typing import Any
 from pacer.config.slo import SLO_KEYS, Slo, canonical_class
 from pacer.server.access.keys import TENANT_HEADER, Access, APIKey, KeyRing, hash_key
 from pacer.server.access.keys_file import KeysFile, load_keys_file
-from pacer.server.api.errors import APIError, error_body
+from pacer.server.api.errors import APIError
 from pacer.server.api.protocol import ParsedRequest
 
 __all__ = ["Access", "APIKey", "KeyRing", "KeysFile", "load_keys_file", "AuthMiddleware", "apply_key", "bound_slo_targets",
            "bound_slo", "declared_class", "clamp_priority", "hash_key", "TENANT_HEADER", "STATE_KEY", "OPEN_PATHS",
-           "DEFAULT_KEY_PRIORITY"]
+           "DEFAULT_KEY_PRIORITY", "key_tenant", "ring_for", "unauthorized"]
 
 STATE_KEY = "pacer_api_key"                       # where the middleware leaves the caller's APIKey
 OPEN_PATHS = frozenset({"/health"})               # the routes that need no key, ever
@@ -71,23 +71,31 @@ def apply_key(key: APIKey | None, parsed: ParsedRequest, body: Mapping[str, Any]
     else `user`) and its salt keeps vLLM's meaning."""
     if key is None:
         return parsed
+    tenant = key_tenant(key, body, headers, tenant_header)
+    salt = parsed.cache_salt
+    if salt is not None and shared_cache:   # another tenant sending the same salt must not share it
+        salt = f"{len(tenant)}:{tenant}:{salt}"
+    return dataclasses.replace(parsed, tenant=tenant, priority=clamp_priority(key, parsed.priority), cache_salt=salt)
+
+
+def key_tenant(key: APIKey, body: Mapping[str, Any], headers: Mapping[str, str],
+               tenant_header: str = TENANT_HEADER) -> str:
+    """The tenant a request under `key` runs as: a bound key's own (403 if the body's `tenant`
+    names another); a gateway's (or trusted key's) from `tenant_header`, else the `tenant`
+    field (403 outside its `allowed_tenants`); `user` never selects one. The replicas' ingress
+    routes on this too."""
     asked = body.get("tenant") if isinstance(body.get("tenant"), str) else None
     named = headers.get(tenant_header) or asked
     if key.tenant is not None and not key.gateway:
         if asked is not None and asked != key.tenant:
             raise forbidden(f"this API key ({key.name}) is bound to another tenant; it may not act as "
                             f"tenant {asked!r}")
-        tenant = key.tenant
-    elif named:   # a gateway (or a trusted plain key) names the tenant on its client's behalf
+        return key.tenant
+    if named:   # a gateway (or a trusted plain key) names the tenant on its client's behalf
         if key.allowed_tenants is not None and named not in key.allowed_tenants:
             raise forbidden(f"this gateway key ({key.name}) may not act as tenant {named!r}")
-        tenant = named
-    else:
-        tenant = key.tenant or "default"
-    salt = parsed.cache_salt
-    if salt is not None and shared_cache:   # another tenant sending the same salt must not share it
-        salt = f"{len(tenant)}:{tenant}:{salt}"
-    return dataclasses.replace(parsed, tenant=tenant, priority=clamp_priority(key, parsed.priority), cache_salt=salt)
+        return named
+    return key.tenant or "default"
 
 
 def clamp_priority(key: APIKey, priority: int) -> int:
@@ -175,14 +183,19 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
     def _ring_for(self, path: str) -> KeyRing | None:
-        """The ring whose key `path` needs (None: open)."""
-        if path in OPEN_PATHS:
-            return None
-        if path == "/metrics":
-            return self.metrics_keys if self.metrics_keys.enabled else None
-        if path == "/debug" or path.startswith("/debug/"):
-            return self.metrics_keys if self.metrics_keys.enabled else self.api_keys
-        return self.api_keys
+        return ring_for(path, self.api_keys, self.metrics_keys)
+
+
+def ring_for(path: str, api_keys: KeyRing, metrics_keys: KeyRing) -> KeyRing | None:
+    """The ring whose key `path` needs (None: open): one rule for a server and the replicas'
+    ingress."""
+    if path in OPEN_PATHS:
+        return None
+    if path == "/metrics":
+        return metrics_keys if metrics_keys.enabled else None
+    if path == "/debug" or path.startswith("/debug/"):
+        return metrics_keys if metrics_keys.enabled else api_keys
+    return api_keys
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -192,10 +205,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def unauthorized() -> APIError:
+    """The 401 for a missing or wrong key (OpenAI's shape, `WWW-Authenticate: Bearer`)."""
+    return APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", "invalid_request_error",
+                    None, "invalid_api_key", {"www-authenticate": "Bearer"})
+
+
 async def _send_401(send: Callable[[Any], Awaitable[None]]) -> None:
-    body = json.dumps(error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                                 "invalid_request_error", None, "invalid_api_key")).encode()
+    e = unauthorized()
+    body = json.dumps(e.body()).encode()
     await send({"type": "http.response.start", "status": 401,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b"Bearer")]})
+                            *[(k.encode(), v.encode()) for k, v in e.headers.items()]]})
     await send({"type": "http.response.body", "body": body})
