@@ -17,7 +17,8 @@ P = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 
 def _req(rid: str, t: float, seq: int, prompt: int = 8, priority: int = 0) -> Request:
-    return Request(rid, list(range(1, prompt + 1)), P, arrival_time=t, priority=priority, arrival_seq=seq)
+    first = 1 + 100 * seq   # distinct prompts: no prefix shared (nor computed once for all)
+    return Request(rid, list(range(first, first + prompt)), P, arrival_time=t, priority=priority, arrival_seq=seq)
 
 
 def _step(sched: Scheduler, ex: FakeExecutor) -> list[str]:

@@ -29,7 +29,8 @@ def _run(cost: StructuredCost, structured: list[bool], lengths: list[int]) -> tu
     """Per-step times and constrained sampling rows of one batch arriving at once."""
     engine, executor, _ = _engine(cost)
     for i, (s, n) in enumerate(zip(structured, lengths)):
-        engine.add_request(list(range(1, 65 + i)), _params(n, SCHEMA if s else None), request_id=f"r{i}")
+        first = 1 + 1000 * i   # distinct prompts: no shared prefix to compute once (exact dedup)
+        engine.add_request(list(range(first, first + 64 + i)), _params(n, SCHEMA if s else None), request_id=f"r{i}")
     rows: list[int] = []
     engine.schedule_listeners.append(lambda out: out.scheduled and rows.append(
         sum(1 for sr in out.scheduled if sr.sample and structured[int(sr.request_id[1:])])))

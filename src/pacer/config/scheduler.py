@@ -72,6 +72,10 @@ class SchedulerConfig:
     fair_cost_cached: float = field(default=0.1, metadata={"help": "Cost units of one prompt token from cache."})
     fair_cost_decode: float = field(default=2.0, metadata={"help": "Cost units of one decoded token."})
     preemption_mode: str = field(default="recompute", metadata={"help": "recompute | swap."})
+    prefill_dedup: bool = field(
+        default=True,
+        metadata={"help": "With prefix caching: a waiting request whose next prompt block another running request "
+                          "is computing waits a step for it instead of computing it twice (exact dedup)."})
     long_prefill_token_threshold: int | None = field(
         default=None,
         metadata={"help": "With chunked prefill: most prompt tokens one request may take in a step, so a "

@@ -98,6 +98,7 @@ class EngineSnapshot:
     num_waiting_for_grammar: int = 0  # of num_waiting, those whose grammar is compiling (no seat, no KV)
     structured: Mapping[str, float] = field(default_factory=dict)   # structured-output counters ({} before any)
     retention: Mapping[str, int] = field(default_factory=dict)   # session retention (pacer.kv.retention.RetentionStats)
+    prefill_dedup: Mapping[str, int] = field(default_factory=dict)   # exact dedup (pacer.sched.dedup.DedupStats); {} off
     tenants: Mapping[str, Mapping[str, float]] = field(default_factory=dict)   # service per tenant (Scheduler.tenant_report)
 
     @property
@@ -125,6 +126,7 @@ class EngineSnapshot:
         d["tiers"] = {name: dict(t) for name, t in self.tiers.items()}
         d["structured"] = dict(self.structured)
         d["retention"] = dict(self.retention)
+        d["prefill_dedup"] = dict(self.prefill_dedup)
         d["tenants"] = {t: dict(row) for t, row in self.tenants.items()}
         for name in ("num_preemptions", "prefix_cache_hit_rate", "swap_out_bytes", "swap_in_bytes"):
             d[name] = getattr(self, name)
@@ -156,5 +158,6 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         | {name: dict(row) for name, row in (io_tiers or {}).items()},
         spec_decode=sched.spec.stats.as_dict() if sched.spec is not None else None,
         num_waiting_for_grammar=sched.num_waiting_for_grammar, structured=sched.structured.stats(),
-        retention=asdict(kv.retention.stats), tenants=sched.tenant_report(),
+        retention=asdict(kv.retention.stats),
+        prefill_dedup={} if sched.dedup is None else asdict(sched.dedup.stats), tenants=sched.tenant_report(),
     )

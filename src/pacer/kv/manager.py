@@ -164,6 +164,14 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ prefix cache
 
+    def cache_owner(self, req: Request) -> str:
+        """The cache namespace the request's blocks are stored under (tenant isolation, salt)."""
+        return self._owner(req)
+
+    def cache_owners(self, req: Request) -> tuple[str, ...]:
+        """The namespaces the request may read cached blocks from."""
+        return self._owners(req)
+
     def _owner(self, req: Request) -> str:
         return self.tenants.owner(req, req.request_id in self._public_ids)
 

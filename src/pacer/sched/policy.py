@@ -186,6 +186,7 @@ class WaitingQueue:
         self._items: list[tuple[Key, Request]] = []
         self._by_arrival: list[tuple[float, int, Request]] = []   # kept only with aging
         self._not_ready: set[str] = set()   # ids of queued requests not ready to run
+        self._deferred: set[str] = set()    # of them, those sitting out this step only (defer)
         self._now = -math.inf
 
     def __len__(self) -> int:
@@ -223,8 +224,17 @@ class WaitingQueue:
         if self.max_queue_delay is not None:
             insort(self._by_arrival, (req.arrival_time, req.arrival_seq, req), key=lambda item: item[:2])
 
+    def defer(self, req: Request) -> None:
+        """`req` (ready) sits out the rest of this step: not served until the next `refresh`."""
+        self._not_ready.add(req.request_id)
+        self._deferred.add(req.request_id)
+
     def refresh(self, now: float) -> None:
-        """Start of a step: the time aging and slack are judged at; dynamic policies re-key."""
+        """Start of a step: the time aging and slack are judged at; dynamic policies re-key;
+        requests deferred last step are ready again."""
+        if self._deferred:
+            self._not_ready -= self._deferred
+            self._deferred.clear()
         self._now = now
         self.policy.refresh(self, now)
 
@@ -262,6 +272,7 @@ class WaitingQueue:
                 del self._items[i]
                 self._drop_arrival(req)
                 self._not_ready.discard(req.request_id)
+                self._deferred.discard(req.request_id)
                 return True
         return False
 

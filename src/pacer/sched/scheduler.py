@@ -36,6 +36,7 @@ from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
@@ -68,6 +69,8 @@ class Scheduler:
         self.ledger = own if own is not None else ledger_from(config.fair_settings())
         self._charge_ledger = own is None
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
+        self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners) \
+            if config.prefill_dedup and kv.prefix_caching else None
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
         self._shed_since_step: list[str] = []
@@ -168,6 +171,8 @@ class Scheduler:
         self.waiting.refresh(now)
         self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
+        if self.dedup is not None:
+            self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
             ordered = sorted(self.running, key=self.policy.key)
             decodes = [r for r in ordered if r.num_remaining_tokens == 1]
@@ -274,6 +279,9 @@ class Scheduler:
             wants_prompt = req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == 0
             hit = self.kv.lookup_prefix(req) if req.num_computed_tokens == 0 and not wants_prompt else None
             computed = req.num_computed_tokens if hit is None else hit.num_tokens
+            if hit is not None and self.dedup is not None and self.dedup.should_defer(req, computed):
+                self.waiting.defer(req)   # another request is computing its next block: read it next step
+                continue
             n = req.num_tokens - computed
             if not chunked and n > step.budget.tokens_left:
                 return
@@ -286,6 +294,8 @@ class Scheduler:
                     continue
                 return
             req.num_computed_tokens = computed
+            if self.dedup is not None:
+                self.dedup.admitted(req, computed)
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
                 req.num_cached_tokens = req.metrics.cached_tokens = computed
                 req.metrics.cached_tokens_host = len(hit.promoted) * self.kv.block_size   # of them, promoted

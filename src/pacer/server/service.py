@@ -36,6 +36,7 @@ from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engi
 from pacer.server.tools.serving import ToolOptions, plan_tools
 from pacer.telemetry.collectors import (
     KVTierCollector,
+    PrefillDedupCollector,
     SessionRetentionCollector,
     SpecDecodeCollector,
     StructuredOutputsCollector,
@@ -113,7 +114,8 @@ class Service:
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
-        for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector, SessionRetentionCollector):   # read loop.state
+        for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector, SessionRetentionCollector,
+                          PrefillDedupCollector):   # read loop.state
             self.metrics.registry.register(collector(lambda: self.loop.state, self.metrics.name, self.model_name))
         self.metrics.registry.register(TenantServiceCollector(lambda: self.loop.state, self.metrics.name,
                                                               self.model_name, self.metrics.tenant_label))

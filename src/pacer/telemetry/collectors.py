@@ -11,7 +11,9 @@ its own thread is mutating. Three families, each absent or zero until its featur
 - session retention (agent sessions): retained blocks, retention hit tokens, windows opened,
   returned, expired, released and capped, and retained blocks demoted under pressure;
 - fair share: each tenant's service in cost units, its share of all service and its deficit (how
-  far its counter runs ahead of the least served waiting tenant), under the capped `tenant` label.
+  far its counter runs ahead of the least served waiting tenant), under the capped `tenant` label;
+- exact prefill dedup: steps requests sat out for another's prefill, the requests, and the
+  prompt tokens they then read from the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from pacer.engine.stats import EngineSnapshot
 
 __all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SessionRetentionCollector",
-           "TenantServiceCollector", "SnapshotSource"]
+           "TenantServiceCollector", "PrefillDedupCollector", "SnapshotSource"]
 
 SnapshotSource = Callable[[], "EngineSnapshot"]
 
@@ -178,3 +180,21 @@ class TenantServiceCollector(_SnapshotCollector):
             share.add_metric([self.model_name, label], acc["share"])
             deficit.add_metric([self.model_name, label], acc["deficit"])
         yield from (service, share, deficit)
+
+
+_DEDUP_SERIES = {   # DedupStats field -> help (counters)
+    "deferrals": "Steps waiting requests sat out because another request was computing their next prompt block.",
+    "deferred_requests": "Requests that waited for another's prefill at least once (exact dedup).",
+    "shared_tokens": "Prompt tokens those requests then read from the cache instead of computing them.",
+}
+
+
+class PrefillDedupCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = self.state().prefill_dedup
+        for key, help_ in _DEDUP_SERIES.items():
+            family = CounterMetricFamily(self.name(f"prefill_dedup_{key}"), help_, labels=["model_name"])
+            family.add_metric([self.model_name], float(stats.get(key, 0)))
+            yield family
