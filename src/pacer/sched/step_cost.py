@@ -57,9 +57,10 @@ class StepShape:
         for sr in out.scheduled:
             # a row with drafts is one chunk of 1 + d tokens, every position through the LM head
             shape = shape.with_chunk(len(sr.token_ids) + len(sr.draft_token_ids), sr.start_position, sr.sample)
-            if sr.draft_token_ids:
+            extra_rows = len(sr.draft_token_ids) + sr.prompt_logits_rows   # drafts, prompt_logprobs' rows
+            if extra_rows:
                 shape = StepShape(shape.num_decodes, shape.decode_kv_tokens, shape.decode_max_ctx, shape.chunks,
-                                  shape.num_sampled + len(sr.draft_token_ids))
+                                  shape.num_sampled + extra_rows)
         return shape
 
 
