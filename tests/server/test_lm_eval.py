@@ -8,7 +8,15 @@ every numerics setting, is benchmarks/grading.py."""
 from __future__ import annotations
 
 import pytest
-from benchmarks.grading import HF_DIR, LM_EVAL, compare, differing_generations, grade_hf, grade_served, write_task
+from benchmarks.grading import (
+    HF_DIR,
+    LM_EVAL,
+    compare,
+    differing_generations,
+    grade_hf,
+    grade_served,
+    write_task,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -183,7 +183,7 @@ class Chunks:
         name, then its argument fragments (pacer.server.tools.stream)."""
         stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
         deltas = stream.update(out.new_text, out.finished)
-        choices = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        choices: list[dict[str, Any]] = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
         if logprobs is not None:
             choices.append({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None})
         if out.finished:
