@@ -216,4 +216,3 @@ def test_a_stop_token_that_is_also_the_last_allowed_one_reports_stop():
     finals = run(eng, ex)
     assert finals["s"].finish_reason == "stop" and finals["s"].token_ids == [first]
     assert finals["l"].finish_reason == "length"
-
