@@ -1,9 +1,11 @@
-"""Grade pacer the way users grade engines: EleutherAI's lm-evaluation-harness runs a local
-multiple-choice task (made here from the sentences pacer ships, `pacer.corpus`; no hub download)
-by loglikelihood through `lm_eval --model local-completions` against `pacer serve`, under each
+"""Grade pacer the way users grade engines: EleutherAI's lm-evaluation-harness runs two local
+tasks made here from the sentences pacer ships (`pacer.corpus`; no hub download), a
+multiple-choice one scored by loglikelihood and a `generate_until` one scored by exact match of
+greedy generations, through `lm_eval --model local-completions` against `pacer serve` under each
 numerics setting (float32, bfloat16, int8 / fp8 KV, n-gram speculation), and through
-`lm_eval --model hf` on the same weights in float32. Prints accuracy and the per-item
-loglikelihood difference against HF float32 as a table.
+`lm_eval --model hf` on the same weights in float32. Prints accuracy, the per-item
+loglikelihood difference against HF float32, exact match and the generations that differ from
+HF's as a table.
 
 Needs the peers (`PEERS_DIR=/tmp/pacer-peers bash /work/shared/peers/setup.sh lmeval` and `hf`):
     PYTHONPATH=src python benchmarks/grading.py [--items 72] [--configs float32,bfloat16,int8,fp8,spec]
@@ -29,6 +31,7 @@ PEERS = Path(os.environ.get("PEERS_DIR", "/tmp/pacer-peers"))
 LM_EVAL = PEERS / "lmeval-venv" / "bin" / "lm_eval"
 HF_DIR = PEERS / "smollm2-hf"
 TASK = "pacer_corpus_mc"
+GEN_TASK = "pacer_corpus_gen"
 CONFIGS: dict[str, list[str]] = {
     "float32": ["--dtype", "float32"],
     "bfloat16": ["--dtype", "bfloat16"],
@@ -59,7 +62,26 @@ def write_task(folder: Path, num_items: int) -> Path:
         "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{context}}\"\n"
         "doc_to_choice: \"{{choices}}\"\ndoc_to_target: label\ntarget_delimiter: \" \"\n"
         "metric_list:\n  - metric: acc\n")
+    _write_gen_task(folder, list(CORPUS)[:max(4, num_items)])
     return folder
+
+
+def _write_gen_task(folder: Path, sentences: list[str]) -> None:
+    """A `generate_until` task: a sentence, a line break, its first half again; the target is its
+    second half (a model that copies scores; greedy, so HF and pacer must write the same text)."""
+    rows = []
+    for s in sentences:
+        words = s.split()
+        cut = len(words) // 2
+        rows.append({"context": f"{s}\n{' '.join(words[:cut])}", "target": " ".join(words[cut:])})
+    data = folder / f"{GEN_TASK}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / f"{GEN_TASK}.yaml").write_text(
+        f"task: {GEN_TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: \"{{context}}\"\n"
+        "doc_to_target: \"{{target}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\"]\n  do_sample: false\n  max_gen_toks: 32\n"
+        "metric_list:\n  - metric: exact_match\n    regexes_to_ignore: [\"^\\\\s+\", \"\\\\s+$\"]\n")
 
 
 def _free_port() -> int:
@@ -88,20 +110,28 @@ def start_server(flags: list[str], log_path: Path) -> tuple[subprocess.Popen[byt
 
 
 def run_lm_eval(model: str, model_args: str, task_dir: Path, out_dir: Path, extra: list[str] = ()) -> dict:
-    """Runs lm_eval; returns {"acc": .., "ll": {doc_id: [loglikelihood per choice]}}."""
-    cmd = [str(LM_EVAL), "--model", model, "--model_args", model_args, "--tasks", TASK, "--include_path",
-           str(task_dir), "--log_samples", "--output_path", str(out_dir), *extra]
+    """Runs lm_eval on both tasks; returns {"acc": .., "ll": {doc_id: [loglikelihood per
+    choice]}, "n": .., "gen": {"em": .., "text": {doc_id: generation}, "n": ..}}."""
+    cmd = [str(LM_EVAL), "--model", model, "--model_args", model_args, "--tasks", f"{TASK},{GEN_TASK}",
+           "--include_path", str(task_dir), "--log_samples", "--output_path", str(out_dir), *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=(out_dir.parent / f"{out_dir.name}.log").open("wb"))
-    samples = glob.glob(str(out_dir / "**" / f"samples_{TASK}_*.jsonl"), recursive=True)
-    if not samples:
-        raise RuntimeError(f"lm_eval wrote no samples under {out_dir}")
-    ll: dict[int, list[float]] = {}
-    accs = []
-    for line in Path(samples[0]).read_text().splitlines():
-        doc = json.loads(line)
-        ll[int(doc["doc_id"])] = [float(r[0]) for r in doc["filtered_resps"]]
-        accs.append(float(doc["acc"]))
-    return {"acc": sum(accs) / len(accs), "ll": ll, "n": len(accs)}
+    mc, gen = _samples(out_dir, TASK), _samples(out_dir, GEN_TASK)
+    ll = {int(d["doc_id"]): [float(r[0]) for r in d["filtered_resps"]] for d in mc}
+    texts = {int(d["doc_id"]): str(d["filtered_resps"][0]) for d in gen}
+    return {"acc": sum(float(d["acc"]) for d in mc) / len(mc), "ll": ll, "n": len(mc),
+            "gen": {"em": sum(float(d["exact_match"]) for d in gen) / len(gen), "text": texts, "n": len(gen)}}
+
+
+def _samples(out_dir: Path, task: str) -> list[dict]:
+    found = glob.glob(str(out_dir / "**" / f"samples_{task}_*.jsonl"), recursive=True)
+    if not found:
+        raise RuntimeError(f"lm_eval wrote no samples of {task} under {out_dir}")
+    return [json.loads(line) for line in Path(found[0]).read_text().splitlines()]
+
+
+def differing_generations(ref: dict, got: dict) -> int:
+    """Items of the generation task whose text differs from the reference's."""
+    return sum(got["gen"]["text"].get(d) != t for d, t in ref["gen"]["text"].items())
 
 
 def grade_served(flags: list[str], task_dir: Path, work: Path, name: str) -> dict:
@@ -143,14 +173,15 @@ def main() -> None:
     t0 = time.monotonic()
     ref = grade_hf(task_dir, work)
     print(f"# {ref['n']} items, task {TASK} from pacer.corpus; cpu flags: {cpu}; load {os.getloadavg()[0]:.2f}")
-    print("| engine | accuracy | mean abs dLL vs HF fp32 | max abs dLL | answers changed |")
-    print("|---|---|---|---|---|")
-    print(f"| lm_eval --model hf, float32 | {ref['acc']:.3f} | 0 | 0 | 0 |")
+    print("| engine | accuracy | mean abs dLL vs HF fp32 | max abs dLL | answers changed | exact match (gen) "
+          "| generations differing |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| lm_eval --model hf, float32 | {ref['acc']:.3f} | 0 | 0 | 0 | {ref['gen']['em']:.3f} | 0 |")
     for name in args.configs.split(","):
         got = grade_served(CONFIGS[name], task_dir, work, name)
         mean, worst, flips = compare(ref, got)
-        print(f"| pacer {name} ({' '.join(CONFIGS[name])}) | {got['acc']:.3f} | {mean:.2e} | {worst:.2e} | {flips} |",
-              flush=True)
+        print(f"| pacer {name} ({' '.join(CONFIGS[name])}) | {got['acc']:.3f} | {mean:.2e} | {worst:.2e} | {flips} "
+              f"| {got['gen']['em']:.3f} | {differing_generations(ref, got)} |", flush=True)
     print(f"# {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.2f}; work dir {work}")
 
 

@@ -31,7 +31,7 @@ def _section(text: str, heading: str) -> str:
 def _table_rows(section: str) -> list[list[str]]:
     """Cells of a Markdown table's numbered rows (`| 3 | ... |`)."""
     return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+            for line in section.splitlines() if re.match(r"\|\s*-?\d+\s*\|", line)]
 
 
 def test_readme_is_a_short_door():

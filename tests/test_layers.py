@@ -22,7 +22,9 @@ SRC = pathlib.Path(pacer.__file__).parent
 # room -> rank; a room may import only rooms of a strictly lower rank. Rooms of one rank are
 # peers that know nothing of each other.
 RANKS: dict[str, int] = {
-    "errors": 0, "config": 0, "corpus": 0, "clock": 0,   # errors, configuration and plain data
+    "errors": -1,                                  # errors: every room may raise them
+    "config": 0, "corpus": 0, "clock": 0,          # configuration and plain data
+    "structural_tag": 0,                           # a constraint's shape (sampling_params checks it)
     "sampling_params": 1, "request": 2,            # the vocabulary every room speaks
     "kv": 3,                                       # which blocks a request holds
     "sched": 4,                                    # who runs this step
@@ -40,7 +42,7 @@ RANKS: dict[str, int] = {
     "cli": 16,
 }
 # the standard library only, and only these rooms from pacer
-PURE = {"errors", "config", "corpus", "clock", "sampling_params", "request", "kv", "sched", "perf"}
+PURE = {"errors", "config", "corpus", "clock", "structural_tag", "sampling_params", "request", "kv", "sched", "perf"}
 # pure modules inside rooms that are not (the simulator runs them as they are)
 PURE_MODULES = {"pacer.deploy.routers", "pacer.deploy.prefix_homes", "pacer.deploy.kv_index",
                 "pacer.workload.arrivals", "pacer.workload.report",

@@ -270,6 +270,14 @@ class Request:
             return None, None
         return list(self.prompt_token_ids), list(self.output_token_ids)
 
+    def prompt_logits_rows(self, start: int, end: int) -> int:
+        """With prompt_logprobs: the prompt tokens a chunk over positions [start, end) scores
+        (position p's logits score token p + 1; the last prompt position's row is the sampled
+        one), each a full-vocabulary logits row; else 0."""
+        if self.sampling_params.prompt_logprobs is None:
+            return 0
+        return max(0, min(end, self.num_prompt_tokens - 1) - start)
+
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         n_prompt = len(self.prompt_token_ids)
         if end <= n_prompt:

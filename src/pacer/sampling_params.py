@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pacer.errors import FieldTypeError, FieldValueError
+from pacer.structural_tag import normalize_structural_tag
 
 if TYPE_CHECKING:
     from pacer.config.slo import Slo
@@ -20,14 +21,16 @@ if TYPE_CHECKING:
 __all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_LOGPROBS", "sample_seed"]
 
 MAX_LOGPROBS = 20   # most top logprobs per token a request may ask for (vLLM's default max_logprobs)
-_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
     """Constrain a request's output, as vLLM's `StructuredOutputsParams`: exactly one of
     `json` (a JSON schema, as a dict or its JSON text), `regex`, `choice` (a list of strings),
-    `grammar` (Lark / llguidance EBNF) or `json_object=True` (any JSON object).
+    `grammar` (Lark / llguidance EBNF), `json_object=True` (any JSON object) or `structural_tag`
+    (free text until a trigger, then a tagged JSON value per schema: pacer.structural_tag; a
+    dict or its JSON text, kept in the `{"structures", "triggers"}` form).
 
     `disable_any_whitespace` (vLLM's name) keeps JSON compact (no whitespace outside strings);
     pacer defaults it to True so a bounded schema has a bounded output (set False for
@@ -41,6 +44,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = True
+    structural_tag: dict[str, object] | str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -51,7 +55,9 @@ class StructuredOutputsParams:
         given = [k for k in _STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise FieldValueError("structured_outputs", "structured_outputs needs exactly one of json, regex, "
-                                  f"choice, grammar, json_object; got {', '.join(given) or 'none'}")
+                                  f"choice, grammar, json_object, structural_tag; got {', '.join(given) or 'none'}")
+        if self.structural_tag is not None:
+            self._normalize_structural_tag()
         if isinstance(self.json, str):
             try:
                 object.__setattr__(self, "json", json.loads(self.json))
@@ -75,6 +81,16 @@ class StructuredOutputsParams:
         if not isinstance(self.disable_any_whitespace, bool):
             raise FieldTypeError("structured_outputs.disable_any_whitespace",
                                  "structured_outputs.disable_any_whitespace must be a boolean")
+
+    def _normalize_structural_tag(self) -> None:
+        tag = self.structural_tag
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag)
+            except json.JSONDecodeError as e:
+                raise FieldValueError("structured_outputs.structural_tag",
+                                      f"structured_outputs.structural_tag is not valid JSON: {e}") from None
+        object.__setattr__(self, "structural_tag", normalize_structural_tag(tag, "structured_outputs.structural_tag"))
 
     @property
     def kind(self) -> str:

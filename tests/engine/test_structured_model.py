@@ -92,3 +92,21 @@ def test_abort_while_waiting_for_grammar(base):
     assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, "abort")]
     assert not engine.has_unfinished_requests()
     engine.install_structured_outputs(None)   # kills the worker still spinning on the slow schema
+
+
+def test_structural_tag_offline(base):
+    """StructuredOutputsParams(structural_tag=...): free text until the trigger, then the tagged
+    call by its schema; the prompt's calls are get_time ones, so the model's own would be too."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"type": "string", "maxLength": 12}}}
+    tag = {"triggers": ["<function="], "structures": [
+        {"begin": "<function=get_weather>", "schema": schema, "end": "</function>"}]}
+    prompt = ('<function=get_time>{"zone": "UTC"}</function>\n<function=get_time>{"zone": "CET"}</function>\n'
+              '<function=get_time>{"zone": "PST"}</function>\n')
+    engine = make(base, num_kv_blocks=256)
+    out = run(engine, [prompt], [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
+                                                structured_outputs=StructuredOutputsParams(structural_tag=tag))])[0]
+    engine.install_structured_outputs(None)
+    call = re.match(r"<function=get_weather>(.*?)</function>", out.text, re.S)
+    assert call is not None, out.text
+    jsonschema.validate(json.loads(call.group(1)), schema)

@@ -61,6 +61,20 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(client, offline):
     assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 3
 
 
+def test_streamed_chat_prompt_logprobs_ride_the_first_chunk(client):
+    """vLLM's shape: the streamed chat's prompt logprobs once, on the first chunk after the role,
+    equal to the non-streamed answer's."""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0,
+           "extra_body": {"prompt_logprobs": 1}}
+    whole = client.chat.completions.create(**ask).model_extra["prompt_logprobs"]
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    carrying = [i for i, c in enumerate(chunks) if (c.model_extra or {}).get("prompt_logprobs") is not None]
+    assert carrying == [1] and chunks[0].choices[0].delta.role == "assistant"
+    got = chunks[1].model_extra["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(whole)
+    assert all(abs(g[t]["logprob"] - w[t]["logprob"]) < 1e-4 for g, w in zip(got[1:], whole[1:]) for t in w)
+
+
 def test_streamed_echo_leads_with_the_prompt(client):
     stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, logprobs=0, echo=True,
                                        temperature=0, stream=True)

@@ -64,3 +64,20 @@ def test_bad_values_name_the_field_and_range(client, body, field, words):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body=body)
     assert e.value.body["param"] == field and words in e.value.body["message"]
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "<= 20"),
+    ({"logit_bias": {"five": 1}}, "logit_bias", "token ids"),
+    ({"logit_bias": {"5": -100.5}}, "logit_bias", "[-100, 100]"),
+    ({"min_p": -0.1}, "min_p", "[0, 1]"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens", ">= -1"),
+    ({"return_metrics": "yes"}, "return_metrics", "boolean"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f="], "structures": [
+        {"begin": "<g>", "schema": {}, "end": ""}]}}, "response_format.structures[0].begin", "triggers"),
+])
+def test_bad_values_on_chat_name_the_field_and_range(client, body, field, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body=body)
+    assert e.value.body["param"] == field and words in e.value.body["message"], e.value.body

@@ -147,6 +147,47 @@ def test_two_turn_tool_conversation(client):
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20   # the call and its result were rendered
 
 
+CALL_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+               "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "kelvin"]}}}
+CALL_TAG = {"type": "structural_tag", "triggers": ["<function="],
+            "structures": [{"begin": "<function=get_weather>", "schema": CALL_SCHEMA, "end": "</function>"}]}
+# a few calls of another function: the model goes on with a get_time call unless constrained
+CALLS = ('Calls:\n<function=get_time>{"zone": "UTC"}</function>\n<function=get_time>{"zone": "CET"}</function>\n'
+         '<function=get_time>{"zone": "PST"}</function>\n')
+
+
+def _tagged_call(text):
+    m = re.search(r"<function=get_weather>(.*?)</function>", text, re.S)
+    if m is None:
+        return None
+    call = json.loads(m.group(1))
+    jsonschema.validate(call, CALL_SCHEMA)
+    return call
+
+
+def test_structural_tag_constrains_the_tagged_call_only(client):
+    """vLLM's structures/triggers shape: free text, then at the trigger the get_weather begin,
+    a schema-valid object and the end; greedy without it the model writes get_time calls."""
+    free = client.completions.create(model=MODEL, prompt=CALLS, max_tokens=40, temperature=0)
+    assert "<function=get_time>" in free.choices[0].text and _tagged_call(free.choices[0].text) is None
+    r = client.completions.create(model=MODEL, prompt=CALLS, max_tokens=40, temperature=0,
+                                  extra_body={"response_format": CALL_TAG})
+    assert r.choices[0].text.startswith("<function=get_weather>") and _tagged_call(r.choices[0].text)
+
+
+def test_structural_tag_format_spelling_on_chat_streamed(client):
+    """xgrammar's `format` spelling (triggered_tags) through structured_outputs, streamed chat;
+    text before the trigger is free."""
+    tag = {"format": {"type": "triggered_tags", "triggers": ["<function="], "tags": [
+        {"begin": "<function=get_weather>", "content": {"type": "json_schema", "json_schema": CALL_SCHEMA},
+         "end": "</function>"}]}}
+    ask = [{"role": "user", "content": "Continue the list exactly.\n" + CALLS}]
+    stream = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=60, temperature=0, stream=True,
+                                            extra_body={"structured_outputs": {"structural_tag": json.dumps(tag)}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert _tagged_call(text), text
+
+
 def _bad(client, **kwargs):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
@@ -165,6 +206,13 @@ def _bad(client, **kwargs):
     ({"response_format": {"type": "json_object"}, "extra_body": {"structured_outputs": {"regex": "a"}}},
      "structured_outputs", "both"),
     ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["b"]}}}, "structured_outputs", "exactly one"),
+    ({"response_format": {**CALL_TAG, "triggers": ["<tool="]}}, "response_format.structures[0].begin", "triggers"),
+    ({"response_format": {"type": "structural_tag", "structures": [], "triggers": ["<"]}},
+     "response_format.structures", "non-empty"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "tags_with_separator"}}},
+     "response_format.format.type", "triggered_tags"),
+    ({"extra_body": {"structured_outputs": {"structural_tag": {"triggers": ["<f"], "structures": [
+        {"begin": "<f>", "schema": {"type": "nope"}, "end": ""}]}}}}, "structured_outputs.structural_tag", "nope"),
 ])
 def test_bad_constraints_are_400s_naming_the_field(client, kwargs, param, words):
     got_param, message = _bad(client, **kwargs)

@@ -170,3 +170,25 @@ def test_simulated_engine_with_int8_kv_holds_more_blocks_and_prices_smaller_swap
     assert q8_engine.snapshot().num_blocks >= 1.9 * auto_engine.snapshot().num_blocks
     assert q8_ex.kv_block_bytes is not None and auto_ex.kv_block_bytes is not None
     assert q8_ex.kv_block_bytes * 1.9 <= auto_ex.kv_block_bytes
+
+
+def test_prompt_logprobs_prefill_costs_its_logits_rows():
+    """A request asking for prompt logprobs computes a full-vocabulary logits row per prompt
+    token: its simulated prefill (chunked or not) is priced for them, one without is not."""
+    from pacer.request import SamplingParams
+
+    def prefill_s(prompt_logprobs, **kw):
+        engine, executor, clock = _engine(enable_prefix_caching=False, **kw)
+        engine.add_request(list(range(1, 2049)), SamplingParams(max_tokens=1, ignore_eos=True,
+                                                                prompt_logprobs=prompt_logprobs))
+        while engine.has_unfinished_requests():
+            engine.step()
+        return executor.busy_s, sum(c.flops for c in executor.costs.values())
+
+    plain, plain_flops = prefill_s(None)
+    scored, scored_flops = prefill_s(1)
+    lm_head_flops = 2 * L8B.hidden_size * L8B.vocab_size
+    assert scored_flops - plain_flops == 2047 * lm_head_flops      # every prompt token but the last
+    assert scored > plain * 1.05   # the LM head is ~7% of an 8B model: 2047 more rows of it are not free
+    chunked, chunked_flops = prefill_s(1, max_num_batched_tokens=512)
+    assert chunked_flops - prefill_s(None, max_num_batched_tokens=512)[1] == 2047 * lm_head_flops

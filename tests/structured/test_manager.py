@@ -132,3 +132,28 @@ def test_bitmask_kernel_and_the_bias_fallback_mask_alike(tokenizer):
         assert not torch.isfinite(logits[0, tokenizer.vocab_size:]).any()
     finally:
         m.close()
+
+
+def test_structural_tag_is_free_text_until_the_trigger(tokenizer):
+    """Free text passes; after the trigger only the tag's begin, a schema-valid object and its
+    end do; then free text again."""
+    import llguidance as llg
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    tag = {"structures": [{"begin": "<function=get_weather>", "schema": schema, "end": "</function>"}],
+           "triggers": ["<function="]}
+    m = _manager(tokenizer)
+    try:
+        compiled = m.request(StructuredOutputsParams(structural_tag=tag)).result(60)
+    finally:
+        m.close()
+
+    def feed(text):
+        matcher = compiled.prototype.deep_copy()
+        return all(matcher.consume_token(t) for t in tokenizer.hf.encode(text, add_special_tokens=False))
+
+    assert isinstance(compiled.prototype, llg.LLMatcher)
+    assert feed('Sure. <function=get_weather>{"city":"Paris"}</function> and more text')
+    assert not feed("Sure. <function=get_time>")
+    assert not feed('<function=get_weather>{"town":"Paris"}')

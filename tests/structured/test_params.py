@@ -4,6 +4,7 @@ checked up front, each error naming the field."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -57,3 +58,37 @@ def test_timeout_flag_and_validation():
         EngineConfig.from_kwargs(structured_outputs_timeout=0)
     with pytest.raises(ValueError, match="structured_outputs_workers must be >= 1"):
         EngineConfig.from_kwargs(structured_outputs_workers=0)
+
+
+TAG = {"structures": [{"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}],
+       "triggers": ["<function="]}
+
+
+def test_structural_tag_both_spellings_normalize_to_one():
+    new = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<function="], "tags": [
+        {"begin": "<function=f>", "content": {"type": "json_schema", "json_schema": {"type": "object"}},
+         "end": "</function>"}]}}
+    a = StructuredOutputsParams(structural_tag={"type": "structural_tag", **TAG})
+    b = StructuredOutputsParams(structural_tag=new)
+    c = StructuredOutputsParams(structural_tag=json.dumps(TAG))
+    assert a.kind == "structural_tag" and a.structural_tag == TAG
+    assert a.cache_key() == b.cache_key() == c.cache_key()
+
+
+@pytest.mark.parametrize("tag,field", [
+    ({**TAG, "triggers": ["<tool="]}, "structured_outputs.structural_tag.structures[0].begin"),
+    ({**TAG, "triggers": [""]}, "structured_outputs.structural_tag.triggers"),
+    ({**TAG, "structures": [{"begin": "<function=f>", "schema": [], "end": ""}]},
+     "structured_outputs.structural_tag.structures[0].schema"),
+    ({**TAG, "structures": [{"begin": "<function=f>", "schema": {}}]},
+     "structured_outputs.structural_tag.structures[0].end"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [{"begin": "<a>", "content": {}, "end": ""}]}},
+     "structured_outputs.structural_tag.format.tags[0].content"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<"], "stop_after_first": True, "tags": []}},
+     "structured_outputs.structural_tag.format.stop_after_first"),
+    ("{", "structured_outputs.structural_tag"),
+])
+def test_bad_structural_tags_name_the_field(tag, field):
+    with pytest.raises((ValueError, TypeError)) as e:
+        StructuredOutputsParams(structural_tag=tag)
+    assert e.value.field == field and field in str(e.value)

@@ -61,6 +61,7 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
             chunk_kv += s + n
         if sr.sample:
             sampled += 1 + len(sr.draft_token_ids)   # every drafted position goes through the LM head
+        sampled += sr.prompt_logits_rows             # prompt_logprobs: a logits row per prompt token scored
     return BatchFeatures(
         num_tokens=out.num_prefill_tokens + out.num_decode_tokens, num_seqs=len(out.scheduled),
         num_single=num_single, single_kv_tokens=single_kv, single_max_ctx=single_max, num_chunks=chunks,

@@ -55,6 +55,9 @@ class ScheduledRequest:
     # they cannot honour rather than ignore it). Token masks travel per step, not per request:
     # see SchedulerOutput.token_masks.
     draft_token_ids: Sequence[int] = ()            # drafted tokens to verify after token_ids (speculation)
+    # prompt_logprobs: prompt tokens this chunk scores, each a full-vocabulary logits row beyond
+    # the sampled one (the step's cost models charge them as LM-head rows)
+    prompt_logits_rows: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -359,6 +359,7 @@ class Scheduler:
                 prompt_token_ids=prompt_history,
                 output_token_ids=output_history,
                 draft_token_ids=drafts,
+                prompt_logits_rows=req.prompt_logits_rows(start, end),
             ))
             req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
             if is_prefill:

@@ -40,8 +40,9 @@ class StepShape:
         return StepShape(self.num_decodes + 1, self.decode_kv_tokens + context_len,
                          max(self.decode_max_ctx, context_len), self.chunks, self.num_sampled + 1)
 
-    def with_chunk(self, num_tokens: int, start: int, sample: bool = True) -> StepShape:
-        """This step plus a prefill chunk of `num_tokens` from position `start` (one token: a decode row)."""
+    def with_chunk(self, num_tokens: int, start: int, sample: bool = True, logits_rows: int = 0) -> StepShape:
+        """This step plus a prefill chunk of `num_tokens` from position `start` (one token: a decode row);
+        `logits_rows`: LM-head rows it computes beyond the sampled one (prompt_logprobs)."""
         if num_tokens <= 0:
             return self
         if num_tokens == 1:
@@ -49,7 +50,7 @@ class StepShape:
             return shape if sample else StepShape(shape.num_decodes, shape.decode_kv_tokens, shape.decode_max_ctx,
                                                   shape.chunks, shape.num_sampled - 1)
         return StepShape(self.num_decodes, self.decode_kv_tokens, self.decode_max_ctx,
-                         (*self.chunks, (num_tokens, start)), self.num_sampled + (1 if sample else 0))
+                         (*self.chunks, (num_tokens, start)), self.num_sampled + (1 if sample else 0) + logits_rows)
 
     @classmethod
     def from_output(cls, out: SchedulerOutput) -> StepShape:
@@ -57,9 +58,10 @@ class StepShape:
         for sr in out.scheduled:
             # a row with drafts is one chunk of 1 + d tokens, every position through the LM head
             shape = shape.with_chunk(len(sr.token_ids) + len(sr.draft_token_ids), sr.start_position, sr.sample)
-            if sr.draft_token_ids:
+            extra_rows = len(sr.draft_token_ids) + sr.prompt_logits_rows   # drafts, prompt_logprobs' rows
+            if extra_rows:
                 shape = StepShape(shape.num_decodes, shape.decode_kv_tokens, shape.decode_max_ctx, shape.chunks,
-                                  shape.num_sampled + len(sr.draft_token_ids))
+                                  shape.num_sampled + extra_rows)
         return shape
 
 

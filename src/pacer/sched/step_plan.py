@@ -51,7 +51,8 @@ class StepPlan:
         self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
         self.token_budget = budget.tokens_left
         self.budget_reason = "max_num_batched_tokens"
-        self.rows: dict[str, tuple[int, int, bool]] = {}   # request id -> (tokens, start, samples)
+        # request id -> (tokens, start, samples, prompt_logprobs' logits rows)
+        self.rows: dict[str, tuple[int, int, bool, int]] = {}
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
         self._shape: StepShape | None = None   # of `rows`: built on the first fit, then kept as rows are added
 
@@ -66,8 +67,8 @@ class StepPlan:
         """The step decided so far, as counts (drafts excluded)."""
         if self._shape is None:   # first asked, or after an undo
             self._shape = StepShape()
-            for n, start, sample in self.rows.values():
-                self._shape = self._shape.with_chunk(n, start, sample)
+            for row in self.rows.values():
+                self._shape = self._shape.with_chunk(*row)
         return self._shape
 
     def fit(self, req: Request, n: int, start: int) -> int:
@@ -82,7 +83,8 @@ class StepPlan:
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
         self.num_tokens[req.request_id] = n
         start = req.num_computed_tokens
-        row = self.rows[req.request_id] = (n, start, n >= req.num_tokens - start)
+        row = self.rows[req.request_id] = (n, start, n >= req.num_tokens - start,
+                                           req.prompt_logits_rows(start, start + n))
         if self._shape is not None:
             self._shape = self._shape.with_chunk(*row)
         self.new_blocks[req.request_id] = blocks

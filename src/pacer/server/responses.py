@@ -106,6 +106,15 @@ class Chunks:
         self.tool_streams: dict[int, ToolDeltaStream] = {}
         self.parsed = job.parsed
         self.echoed: set[int] = set()   # choices whose prompt (echo) has been sent
+        self.prompt_sent: set[int] = set()   # choices whose prompt_logprobs have been sent
+
+    def _prompt_logprobs_once(self, index: int, out: RequestOutput) -> Any:
+        """vLLM's `prompt_logprobs` of the choice, the first time the engine's output has them
+        (its last output repeats them for the whole answer): None after."""
+        if out.prompt_logprobs is None or index in self.prompt_sent:
+            return None
+        self.prompt_sent.add(index)
+        return _prompt_logprobs(self.parsed, out, self.texts)
 
     def _choice(self, choice: dict[str, Any]) -> str:
         return sse({**self.base, "choices": [choice], **self.extra})
@@ -133,23 +142,31 @@ class Chunks:
         logprobs = self._new_logprobs(index, out)
         if not self.chat:
             return self._completion_chunks(index, out, text, logprobs, finish)
-        chunks = []
         if self.tool_parser is not None:
-            return self._tool_chunks(index, out, logprobs)
-        if text or logprobs is not None:
-            chunks.append(self._choice({"index": index, "delta": {"content": text}, "logprobs": logprobs,
-                                        "finish_reason": None}))
-        if out.finished:
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
-        return chunks
+            choices = self._tool_choices(index, out, logprobs)
+        else:
+            choices = []
+            if text or logprobs is not None:
+                choices.append({"index": index, "delta": {"content": text}, "logprobs": logprobs,
+                                "finish_reason": None})
+            if out.finished:
+                choices.append({"index": index, "delta": {}, "logprobs": None, **finish})
+        prompt_logprobs = self._prompt_logprobs_once(index, out)
+        if prompt_logprobs is None:
+            return [self._choice(c) for c in choices]
+        # vLLM's: the prompt's logprobs (top level) ride on the first chunk after they are computed
+        lead = choices[0] if choices else {"index": index, "delta": {}, "logprobs": None, "finish_reason": None}
+        first = sse({**self.base, "choices": [lead], "prompt_logprobs": prompt_logprobs, **self.extra})
+        return [first, *(self._choice(c) for c in choices[1:])]
 
     def _completion_chunks(self, index: int, out: RequestOutput, text: str, logprobs: dict[str, Any] | None,
                            finish: dict[str, Any]) -> list[str]:
         """A completions chunk; the first one of an `echo` choice leads with the prompt (its
         text, and its tokens' logprobs, which arrive with the first output token)."""
         extra: dict[str, Any] = {}
-        if out.prompt_logprobs is not None:
-            extra["prompt_logprobs"] = _prompt_logprobs(self.parsed, out, self.texts)
+        prompt_logprobs = self._prompt_logprobs_once(index, out)
+        if prompt_logprobs is not None:
+            extra["prompt_logprobs"] = prompt_logprobs
         if self.parsed.echo and index not in self.echoed and (self.k is None or out.prompt_logprobs is not None):
             self.echoed.add(index)
             text = prompt_text(out.prompt, out.prompt_token_ids, self.texts) + text
@@ -161,19 +178,18 @@ class Chunks:
             return []
         return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish, **extra})]
 
-    def _tool_chunks(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[str]:
+    def _tool_choices(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Deltas of a choice whose tool calls are parsed: content, then each call's id and
         name, then its argument fragments (pacer.server.tools.stream)."""
         stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
         deltas = stream.update(out.new_text, out.finished)
-        chunks = [self._choice({"index": index, "delta": d, "logprobs": None, "finish_reason": None})
-                  for d in deltas]
+        choices: list[dict[str, Any]] = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
         if logprobs is not None:
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None}))
+            choices.append({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None})
         if out.finished:
             finish = {"finish_reason": stream.finish_reason(out.finish_reason), "stop_reason": out.stop_reason}
-            chunks.append(self._choice({"index": index, "delta": {}, "logprobs": None, **finish}))
-        return chunks
+            choices.append({"index": index, "delta": {}, "logprobs": None, **finish})
+        return choices
 
     def usage(self, outs: list[RequestOutput]) -> str:
         return sse({**self.base, "choices": [], "usage": _usage(outs, self.n, self.parsed.score_only)})

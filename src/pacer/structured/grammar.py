@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["GrammarError", "compile_spec", "grammar_source", "json_options"]
+__all__ = ["GrammarError", "compile_spec", "grammar_source", "json_options", "structural_tag_grammar"]
 
 
 class GrammarError(ValueError):
@@ -50,7 +50,25 @@ def grammar_source(spec: dict[str, Any]) -> str:
         return str(llg.LLMatcher.grammar_from_lark(f"start: {alternatives}"))
     if kind == "grammar":
         return str(llg.LLMatcher.grammar_from_lark(value))
+    if kind == "structural_tag":
+        return structural_tag_grammar(value, compact)
     raise GrammarError(f"unknown structured output kind {kind!r}")
+
+
+def structural_tag_grammar(tag: dict[str, Any], compact: bool) -> str:
+    """A structural tag (`{"structures", "triggers"}`, pacer.structural_tag) as llguidance Lark:
+    free text, in which each trigger lazily starts its structure (begin, `%json` per schema, end);
+    as vLLM's `guidance` backend builds it, through llguidance's StructTag."""
+    import llguidance as llg
+
+    tags = []
+    for s in tag["structures"]:
+        trigger = next(t for t in tag["triggers"] if s["begin"].startswith(t))
+        schema = s["schema"]
+        if "x-guidance" not in schema:
+            schema = {**schema, "x-guidance": json_options(compact)}
+        tags.append(llg.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
+    return str(llg.StructTag.to_grammar(tags))
 
 
 def compile_spec(spec: dict[str, Any], tokenizer: Any) -> str:

@@ -2,8 +2,10 @@
 of the field it came from (compile errors later name that field too).
 
 Accepted, on both endpoints: OpenAI's `response_format` (`text`, `json_object`,
-`json_schema` with `json_schema.schema`), vLLM's `structured_outputs` object (`json`,
-`regex`, `choice`, `grammar`, `json_object`, `disable_any_whitespace`) and vLLM's older
+`json_schema` with `json_schema.schema`, vLLM's `structural_tag` in its original
+`structures`/`triggers` shape or xgrammar's `format` one: pacer.structural_tag), vLLM's
+`structured_outputs` object (`json`, `regex`, `choice`, `grammar`, `json_object`,
+`structural_tag` (an object or its JSON text), `disable_any_whitespace`) and vLLM's older
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`. At most one of the three
 spellings per request.
 """
@@ -12,19 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from pacer.errors import FieldError
 from pacer.request import StructuredOutputsParams
 from pacer.server.api.errors import bad_request
+from pacer.structural_tag import normalize_structural_tag
 
 __all__ = ["parse_structured"]
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
-_SO_KEYS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
+_SO_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag", "disable_any_whitespace")
 _IGNORED_GUIDED = ("guided_decoding_backend", "guided_whitespace_pattern")
 
 
 def _make(param: str, **kwargs: Any) -> StructuredOutputsParams:
     try:
         return StructuredOutputsParams(**kwargs)
+    except FieldError as e:
+        if param.startswith("structured_outputs"):   # the nested field at fault, as it is spelled
+            raise bad_request(e.field, str(e)) from None
+        raise bad_request(param, str(e).replace("structured_outputs.", f"{param}.", 1)) from None
     except (TypeError, ValueError) as e:
         raise bad_request(param, str(e).replace("structured_outputs.", f"{param}.", 1)
                           if param != "structured_outputs" else str(e)) from None
@@ -48,7 +56,14 @@ def _from_response_format(value: Any) -> tuple[StructuredOutputsParams | None, s
             raise bad_request("response_format.json_schema.schema",
                               "response_format.json_schema.schema must be a JSON schema object")
         return _make("response_format.json_schema.schema", json=schema), "response_format.json_schema.schema"
-    raise bad_request("response_format", f"response_format.type must be text, json_object or json_schema; got {kind!r}")
+    if kind == "structural_tag":
+        try:
+            tag = normalize_structural_tag(value, "response_format")
+        except FieldError as e:
+            raise bad_request(e.field, str(e)) from None
+        return _make("response_format", structural_tag=tag), "response_format"
+    raise bad_request("response_format", "response_format.type must be text, json_object, json_schema or "
+                                         f"structural_tag; got {kind!r}")
 
 
 def _from_structured_outputs(value: Any) -> StructuredOutputsParams:
@@ -59,7 +74,7 @@ def _from_structured_outputs(value: Any) -> StructuredOutputsParams:
         raise bad_request(f"structured_outputs.{unknown[0]}",
                           f"structured_outputs.{unknown[0]} is not supported (supported: {', '.join(_SO_KEYS)})")
     kwargs = {k: v for k, v in value.items() if v is not None}
-    kinds = [k for k in _SO_KEYS[:5] if k in kwargs]
+    kinds = [k for k in _SO_KEYS[:6] if k in kwargs]
     return _make(f"structured_outputs.{kinds[0]}" if len(kinds) == 1 else "structured_outputs", **kwargs)
 
 
