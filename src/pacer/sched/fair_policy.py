@@ -145,7 +145,28 @@ class _FairState:
             self.ledger.normalized(waiting.tenant) < self.ledger.normalized(partial.tenant)
 
 
-class FairPolicy(Policy):
+class _Ledgered:
+    """What the fair policies share: their `_FairState`, its ledger (the scheduler charges it
+    through `account`) and `service_ledger`, which hands it to the scheduler."""
+
+    fair: _FairState
+
+    @property
+    def ledger(self) -> ServiceLedger:
+        return self.fair.ledger
+
+    def service_ledger(self) -> ServiceLedger | None:
+        return self.fair.ledger
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.fair.account(r, num_prefill, num_cached, num_decode)
+
+
+def _bound(settings: FairSettings | None) -> float:
+    return 0.0 if settings is None or settings.deficit_bound is None else settings.deficit_bound
+
+
+class FairPolicy(_Ledgered, Policy):
     """Least normalized tenant service first (VTC with the engine's exact costs)."""
 
     name = "fair"
@@ -157,12 +178,6 @@ class FairPolicy(Policy):
     def __init__(self, ledger: ServiceLedger | None = None, slack: float | None = None) -> None:
         self.fair = _FairState(ledger or ServiceLedger(), slack)
 
-    @property
-    def ledger(self) -> ServiceLedger:
-        return self.fair.ledger
-
-    def service_ledger(self) -> ServiceLedger | None:
-        return self.fair.ledger
 
     @classmethod
     def from_context(cls, context: PolicyContext | None) -> Policy:
@@ -191,11 +206,9 @@ class FairPolicy(Policy):
         self.fair.rebuild(queue)
         queue.rekey()
 
-    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
-        self.fair.account(r, num_prefill, num_cached, num_decode)
 
 
-class FairLpmPolicy(LpmPolicy):
+class FairLpmPolicy(_Ledgered, LpmPolicy):
     """Longest cached prefix first among the requests within the deficit bound (DLPM)."""
 
     def __init__(self, cached_prefix_tokens: Callable[[Request], int] | None = None,
@@ -204,18 +217,11 @@ class FairLpmPolicy(LpmPolicy):
         self.fair = _FairState(ledger or ServiceLedger())
         self.deficit_bound = deficit_bound
 
-    @property
-    def ledger(self) -> ServiceLedger:
-        return self.fair.ledger
-
-    def service_ledger(self) -> ServiceLedger | None:
-        return self.fair.ledger
 
     @classmethod
     def from_context(cls, context: PolicyContext | None) -> Policy:
         settings = None if context is None else context.fair
-        bound = 0.0 if settings is None or settings.deficit_bound is None else settings.deficit_bound
-        return cls(None if context is None else context.cached_prefix_tokens, ledger_from(settings), bound)
+        return cls(None if context is None else context.cached_prefix_tokens, ledger_from(settings), _bound(settings))
 
     def key(self, r: Request) -> Key:
         projected = self.fair.of(r)
@@ -238,14 +244,12 @@ class FairLpmPolicy(LpmPolicy):
         self.fair.rebuild(queue)
         queue.rekey()
 
-    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
-        self.fair.account(r, num_prefill, num_cached, num_decode)
 
 
 TIE_SCAN = 64   # waiting requests a tie-break looks at past the slo head
 
 
-class FairSloPolicy(SloPolicy):
+class FairSloPolicy(_Ledgered, SloPolicy):
     """`slo` with tenant shares breaking ties: among the waiting requests whose latest start lies
     within PREEMPT_MARGIN_S of the least-slack feasible one's (a difference the slo policy treats
     as noise), and only while that one has at least that much slack, the request of the tenant
@@ -259,21 +263,13 @@ class FairSloPolicy(SloPolicy):
         self.fair = _FairState(ledger or ServiceLedger())
         self.deficit_bound = deficit_bound
 
-    @property
-    def ledger(self) -> ServiceLedger:
-        return self.fair.ledger
-
-    def service_ledger(self) -> ServiceLedger | None:
-        return self.fair.ledger
 
     @classmethod
     def from_context(cls, context: PolicyContext | None) -> Policy:
         base = SloPolicy.from_context(context)   # raises without a cost model
         assert isinstance(base, SloPolicy) and context is not None
-        settings = context.fair
-        bound = 0.0 if settings is None or settings.deficit_bound is None else settings.deficit_bound
         return cls(base.cost_model, base.max_num_batched_tokens, base.prefill_chunk, base.cached_prefix_tokens,
-                   base.arrival_ttft_s, base.shed_hopeless, ledger_from(settings), bound)
+                   base.arrival_ttft_s, base.shed_hopeless, ledger_from(context.fair), _bound(context.fair))
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         head = super().head_index(items, now)
@@ -293,5 +289,3 @@ class FairSloPolicy(SloPolicy):
         super().refresh(queue, now)
         self.fair.rebuild(queue)
 
-    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
-        self.fair.account(r, num_prefill, num_cached, num_decode)
