@@ -22,7 +22,15 @@ from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine.outputs import RequestOutput, TrackedRequest
-from pacer.engine.prepare import PrepareContext, PreparedRequest, check_session, prepare, tokenize_prompt
+from pacer.engine.prepare import (
+    PrepareContext,
+    PreparedRequest,
+    check_reasoning,
+    check_session,
+    prepare,
+    think_tags,
+    tokenize_prompt,
+)
 from pacer.engine.retry import execute_each
 from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
@@ -30,6 +38,7 @@ from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, SamplingParams, check_context_length
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
+from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
@@ -95,6 +104,8 @@ class Engine:
         # runtime it became is the scheduler's (`scheduler.structured`)
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
         self.tiers: tuple[KVTierHook, ...] = tuple(open_tier(self.kv) for open_tier in tiers)
+        if config.structured.reasoning_parser is not None:
+            self.scheduler.reasoning = ReasoningTracker(think_tags(config.structured.reasoning_parser, tokenizer))
 
     # ------------------------------------------------------------------ construction
 
@@ -190,8 +201,10 @@ class Engine:
         `pacer.engine.prepare.prepare`; `add_request` queues the result."""
         ctx = PrepareContext(self.tokenizer, self.vocab_size, self.max_model_len, self.kv.capacity_tokens,
                              self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
-        return prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                       slo=slo, cache_salt=cache_salt, field=field)
+        prepared = prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
+                           slo=slo, cache_salt=cache_salt, field=field)
+        check_reasoning(prepared.params, self.config.structured.reasoning_parser)
+        return prepared
 
     @property
     def retention_max_ttl(self) -> float:
