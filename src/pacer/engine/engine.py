@@ -38,7 +38,7 @@ from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, SamplingParams, check_context_length
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
-from pacer.sched.reasoning import ReasoningTracker
+from pacer.sched.reasoning import ReasoningTracker, ThinkTags
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
@@ -137,6 +137,11 @@ class Engine:
     def num_steps(self) -> int:
         """Steps that ran (scheduled work); an idle step does not count."""
         return self._num_steps
+
+    @property
+    def think_tags(self) -> ThinkTags | None:
+        """The token ids of the reasoning parser's tags (None: no --reasoning-parser)."""
+        return self.scheduler.reasoning.tags
 
     @property
     def max_model_len(self) -> int:

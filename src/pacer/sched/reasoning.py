@@ -59,6 +59,11 @@ class ThinkTags:
         end, start = _rfind(token_ids, self.end_ids), _rfind(token_ids, self.start_ids)
         return end > start
 
+    def started_in(self, token_ids: Sequence[int]) -> bool:
+        """Whether the last tag in `token_ids` is the start tag (the text after it is thinking)."""
+        end, start = _rfind(token_ids, self.end_ids), _rfind(token_ids, self.start_ids)
+        return start > end
+
 
 def _rfind(ids: Sequence[int], seq: tuple[int, ...]) -> int:
     n = len(seq)
@@ -132,7 +137,7 @@ class ReasoningTracker:
                 return token_ids[i + 1:]
         return ()
 
-    def masks(self, sampling_ids: Iterable[str], grammar: Any) -> TokenMasks | None:
+    def masks(self, sampling_ids: Iterable[str], grammar: TokenMasks | None) -> TokenMasks | None:
         """The step's masks: a tracked request forced to its end tag gets a one-token mask,
         the grammar's (`grammar`, from the structured runtime, for the others) is kept."""
         forced = {rid: tok for rid in sampling_ids if (tok := self.forced_token(rid)) is not None}
