@@ -14,9 +14,10 @@ from pacer.config.scheduler import SchedulerConfig
 
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 # vLLM's --reasoning-parser names -> (start tag, end tag, whether output before the end tag is
-# reasoning even without the start tag: DeepSeek-R1's templates open <think> in the prompt)
+# reasoning even without the start tag: DeepSeek-R1 may omit it, and Qwen3-Thinking templates
+# open it in the prompt, so both say yes, as vLLM's current parsers do)
 REASONING_PARSERS: dict[str, tuple[str, str, bool]] = {
-    "qwen3": ("<think>", "</think>", False),
+    "qwen3": ("<think>", "</think>", True),
     "deepseek_r1": ("<think>", "</think>", True),
 }
 

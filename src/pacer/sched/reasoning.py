@@ -158,9 +158,12 @@ class ForcedTokens:
     def apply(self, logits: Any, request_ids: Sequence[str]) -> Any:
         if self.grammar is not None:
             logits = self.grammar.apply(logits, request_ids)
-        for row, rid in enumerate(request_ids):
-            token = self.forced.get(rid)
-            if token is not None:
+        rows = [(row, self.forced[rid]) for row, rid in enumerate(request_ids) if rid in self.forced]
+        if rows:
+            # a copy: the forward's logits may be read-only (torch inference tensors); forcing
+            # happens once per budgeted request, so the copy is rare
+            logits = logits.clone() if hasattr(logits, "clone") else logits.copy()
+            for row, token in rows:
                 logits[row] = float("-inf")
                 logits[row, token] = 0.0
         return logits

@@ -8,11 +8,14 @@ calls: fed the whole text for the message and the text as it arrives for the str
 stream's deltas concatenate to the non-streamed message. It reads each character once and
 holds back only a tail that could still be the start of a tag (a tag split across deltas).
 
-Where the output starts (vLLM's rules): inside the thinking when the prompt's last tag is the
-start tag (DeepSeek-R1's and some Qwen3 templates open it) or, for `deepseek_r1`, always (R1
-may omit `<think>`); answering when the prompt's last tag is the end tag (`enable_thinking:
-false` writes an empty block); otherwise (`qwen3`) the output thinks only if it starts with
-`<think>`. Thinking that never ends (max_tokens, a stop) is all reasoning, content null.
+Where the output starts (vLLM's rules, the same the scheduler's tracker reads from the prompt's
+token ids, pacer.sched.reasoning): answering when the prompt's last tag is the end tag
+(`enable_thinking: false` writes an empty block), else thinking: text before the output's
+`</think>` is reasoning, with or without a leading `<think>` (DeepSeek-R1 may omit it,
+Qwen3-Thinking templates open it in the prompt). Thinking that never ends (max_tokens, a stop)
+is all reasoning, content null (vLLM's qwen3 returns it as content when the non-streamed
+output has no tag at all; pacer keeps one reading for both shapes, so a stream equals its
+message).
 """
 
 from __future__ import annotations
