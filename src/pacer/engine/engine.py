@@ -208,7 +208,7 @@ class Engine:
                              self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
         prepared = prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
                            slo=slo, cache_salt=cache_salt, field=field)
-        check_reasoning(prepared.params, self.config.structured.reasoning_parser)
+        check_reasoning(prepared.params, self.think_tags is not None)
         return prepared
 
     @property

@@ -173,9 +173,9 @@ def _resolve_token_fields(params: SamplingParams, tokenizer: Any, vocab_size: in
     return dataclasses.replace(params, bad_words_token_ids=tuple(words))
 
 
-def check_reasoning(params: SamplingParams, reasoning_parser: str | None) -> None:
-    """`thinking_token_budget` needs to know where thinking ends: the engine's reasoning parser."""
-    if params.thinking_token_budget is not None and reasoning_parser is None:
+def check_reasoning(params: SamplingParams, knows_tags: bool) -> None:
+    """`thinking_token_budget` needs to know where thinking ends: the engine's reasoning tags."""
+    if params.thinking_token_budget is not None and not knows_tags:
         raise FieldValueError("thinking_token_budget", "thinking_token_budget needs a reasoning model: start the "
                                                        "server with --reasoning-parser (qwen3 or deepseek_r1)")
 

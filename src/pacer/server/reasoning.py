@@ -69,6 +69,7 @@ class ReasoningReader:
         self.state = state
         self.pending = ""            # text not yet decided (a possible partial tag)
         self.at_start = True         # nothing of the thinking emitted yet (an opening tag is skipped)
+        self.thought = state == _THINKING   # the output had a thinking part (maybe empty)
 
     def feed(self, text: str, final: bool = False) -> list[Segment]:
         self.pending += text
@@ -88,7 +89,7 @@ class ReasoningReader:
             return True
         if self.state == _BEFORE or (self.state == _THINKING and self.at_start):
             if p.startswith(start):
-                self.pending, self.state, self.at_start = p[len(start):], _THINKING, False
+                self.pending, self.state, self.at_start, self.thought = p[len(start):], _THINKING, False, True
                 return True
             if start.startswith(p) and not final:
                 return False                       # could still be the start tag
@@ -116,8 +117,8 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 def reasoning_message(syntax: ReasoningSyntax, text: str, prompt_token_ids: Any = None) -> tuple[str | None, str]:
     """(reasoning or None, content) of a finished output, through the streaming reader."""
-    segments = syntax.reader(prompt_token_ids).feed(text, final=True)
+    reader = syntax.reader(prompt_token_ids)
+    segments = reader.feed(text, final=True)
     reasoning = "".join(t for k, t in segments if k == "reasoning")
     content = "".join(t for k, t in segments if k == "content")
-    thought = any(k == "reasoning" for k, _ in segments) or syntax.start in text or syntax.end in text
-    return (reasoning if thought else None), content
+    return (reasoning if reader.thought else None), content
