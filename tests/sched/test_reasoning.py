@@ -23,7 +23,7 @@ def _model(seq: list[int]) -> int:
 
 def _engine(tags: ThinkTags):
     eng, ex = make_engine(num_blocks=64, block_size=4, model=_model)
-    eng.scheduler.reasoning = ReasoningTracker(tags)
+    eng.install_think_tags(tags)
     inner = ex.execute
 
     def execute(out):   # what the model executor's sampler does with a forced row's mask

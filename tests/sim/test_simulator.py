@@ -170,3 +170,17 @@ def test_simulated_engine_with_int8_kv_holds_more_blocks_and_prices_smaller_swap
     assert q8_engine.snapshot().num_blocks >= 1.9 * auto_engine.snapshot().num_blocks
     assert q8_ex.kv_block_bytes is not None and auto_ex.kv_block_bytes is not None
     assert q8_ex.kv_block_bytes * 1.9 <= auto_ex.kv_block_bytes
+
+
+def test_a_thinking_budget_is_the_predicted_length_in_the_simulator_too():
+    """sjf orders by prompt + predicted output: a budgeted request's prediction is its budget plus
+    an answer, not its max_tokens, in the simulator as when served."""
+    def first_tokens(budget):
+        engine, ex, clock = _engine(scheduling_policy="sjf", max_num_seqs=1)
+        specs = [SimRequest("short", 0.0, list(range(1, 101)), 300),
+                 SimRequest("think", 0.0, list(range(1, 101)), 2000, thinking_token_budget=budget)]
+        res = simulate(engine, ex, clock, specs)
+        assert [r.output_tokens for r in res.records] == [300, 2000]
+        return {r.request_id: r.ttft for r in res.records}
+    assert first_tokens(None)["short"] < first_tokens(None)["think"]
+    assert first_tokens(8)["think"] < first_tokens(8)["short"]

@@ -105,7 +105,7 @@ class Engine:
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
         self.tiers: tuple[KVTierHook, ...] = tuple(open_tier(self.kv) for open_tier in tiers)
         if config.structured.reasoning_parser is not None:
-            self.scheduler.reasoning = ReasoningTracker(think_tags(config.structured.reasoning_parser, tokenizer))
+            self.install_think_tags(think_tags(config.structured.reasoning_parser, tokenizer))
 
     # ------------------------------------------------------------------ construction
 
@@ -137,6 +137,13 @@ class Engine:
     def num_steps(self) -> int:
         """Steps that ran (scheduled work); an idle step does not count."""
         return self._num_steps
+
+    def install_think_tags(self, tags: ThinkTags | None) -> None:
+        """Where a reasoning model's thinking starts and ends (token ids): grammars start after it,
+        `thinking_token_budget` forces its end (pacer.sched.reasoning); None: the model does not
+        reason. Made from `reasoning_parser` and the tokenizer; the simulator installs its own.
+        Call while no request is in flight."""
+        self.scheduler.reasoning = ReasoningTracker(tags)
 
     @property
     def think_tags(self) -> ThinkTags | None:
