@@ -80,6 +80,13 @@ def test_budget_forces_the_end_of_thinking_offline(tiny):
     assert len(prompts[False]) > len(prompts[True])             # ... its prompt holds the empty <think></think>
 
 
+def test_offline_chat_takes_the_template_and_its_kwargs(tiny):
+    llm, _, prompts, refs, _ = tiny
+    out = llm.chat(MESSAGES, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, thinking_token_budget=2),
+                   chat_template=shipped_template("qwen3"), chat_template_kwargs={"enable_thinking": False})[0]
+    assert out.prompt_token_ids == prompts[False] and out.token_ids == refs["nothink"].token_ids
+
+
 def test_reasoning_content_non_streamed(tiny, client):
     refs = tiny[3]
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=N, temperature=0,
