@@ -186,6 +186,8 @@ class Scheduler:
     def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
         for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
+            if self.reasoning.forced_token(rid) is not None:
+                continue   # its next token is forced (the end of its thinking): nothing to verify
             blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
             if blocks is not None:
                 step.new_blocks[rid].extend(blocks)
