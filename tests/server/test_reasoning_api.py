@@ -143,17 +143,35 @@ def test_json_schema_applies_after_the_thinking(tiny, client):
     assert isinstance(json.loads(msg.content)["ok"], bool)
 
 
+def test_a_json_mode_does_not_switch_thinking_off(client):
+    """Without a budget the (noise) model never writes </think>: the grammar never starts, so
+    the output is all thinking, not a JSON object."""
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
+                                       response_format={"type": "json_object"},
+                                       extra_body={"chat_template_kwargs": THINK})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "length" and msg.content is None and msg.reasoning_content
+
+
 def test_forced_tool_call_is_read_after_the_thinking(client):
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
         "type": "object", "properties": {"q": {"type": "string", "maxLength": 3}}, "required": ["q"],
         "additionalProperties": False}}}]
-    r = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, tools=tools,
-        tool_choice={"type": "function", "function": {"name": "lookup"}},
-        extra_body={"chat_template_kwargs": THINK, "thinking_token_budget": 2})
-    msg = r.choices[0].message
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, tools=tools,
+              tool_choice={"type": "function", "function": {"name": "lookup"}},
+              extra_body={"chat_template_kwargs": THINK, "thinking_token_budget": 2})
+    msg = client.chat.completions.create(**kw).choices[0].message
     assert msg.reasoning_content and msg.tool_calls and msg.tool_calls[0].function.name == "lookup"
     assert "q" in json.loads(msg.tool_calls[0].function.arguments)
+    thoughts, args, names = [], [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            thoughts.append((c.delta.model_extra or {}).get("reasoning_content") or "")
+            for call in c.delta.tool_calls or []:
+                names.append(call.function.name)
+                args.append(call.function.arguments or "")
+    assert "".join(thoughts) == msg.reasoning_content
+    assert [n for n in names if n] == ["lookup"] and "".join(args) == msg.tool_calls[0].function.arguments
 
 
 @pytest.mark.parametrize("body, field, words", [
