@@ -69,6 +69,13 @@ def test_tiny_qwen3_matches_hf_float32(tiny):
     llm, path, prompts, refs, _ = tiny
     hf = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert hf_greedy(hf, [prompts[True]], N) == [list(refs["plain"].token_ids)]
+    ids = prompts[True]
+    scored = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))[0]
+    with torch.inference_mode():
+        want = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
+    got = [entry[t] for entry, t in zip(scored.prompt_logprobs[1:], ids[1:])]
+    err = max(abs(g - float(want[p, t])) for p, (g, t) in enumerate(zip(got, ids[1:])))
+    assert err < 1e-4, err   # each prompt token's logprob, as HF float32 computes it
 
 
 def test_budget_forces_the_end_of_thinking_offline(tiny):
