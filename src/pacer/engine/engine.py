@@ -138,12 +138,12 @@ class Engine:
         """Steps that ran (scheduled work); an idle step does not count."""
         return self._num_steps
 
-    def install_think_tags(self, tags: ThinkTags | None) -> None:
+    def install_think_tags(self, tags: ThinkTags | None, gate_grammars: bool = True) -> None:
         """Where a reasoning model's thinking starts and ends (token ids): grammars start after it,
         `thinking_token_budget` forces its end (pacer.sched.reasoning); None: the model does not
-        reason. Made from `reasoning_parser` and the tokenizer; the simulator installs its own.
-        Call while no request is in flight."""
-        self.scheduler.reasoning = ReasoningTracker(tags)
+        reason. Made from `reasoning_parser` and the tokenizer; the simulator installs its own
+        (`gate_grammars` False: only budgeted requests think). Call while no request is in flight."""
+        self.scheduler.reasoning = ReasoningTracker(tags, gate_grammars)
 
     @property
     def think_tags(self) -> ThinkTags | None:

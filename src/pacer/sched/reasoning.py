@@ -92,15 +92,18 @@ class _Thinking:
 class ReasoningTracker:
     """Which tracked requests still think, and the token each must be forced to. Scheduler thread."""
 
-    def __init__(self, tags: ThinkTags | None = None) -> None:
-        """`tags` None: the model does not reason (nothing is tracked)."""
+    def __init__(self, tags: ThinkTags | None = None, gate_grammars: bool = True) -> None:
+        """`tags` None: the model does not reason (nothing is tracked). `gate_grammars` False: only
+        budgeted requests are tracked (the simulator, whose outputs never write an end tag)."""
         self.tags = tags
+        self.gate_grammars = gate_grammars
         self._thinking: dict[str, _Thinking] = {}
 
     def add(self, req: Request) -> None:
         """Track `req` when it has a grammar or a thinking budget and its prompt has not ended thinking."""
         sp = req.sampling_params
-        if self.tags is None or (sp.structured_outputs is None and sp.thinking_token_budget is None):
+        gated = sp.structured_outputs is not None and self.gate_grammars
+        if self.tags is None or (not gated and sp.thinking_token_budget is None):
             return
         if not self.tags.ended_in(req.prompt_token_ids):
             self._thinking[req.request_id] = _Thinking(sp.thinking_token_budget)

@@ -109,8 +109,9 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
                     refit_cost_model=False)
     engine.install_structured_outputs(SimStructured(clock, structured_cost, executor))
     # no tokenizer: think tags past the vocabulary, which no simulated token is, so a request's
-    # thinking_token_budget is accepted and shapes the scheduler's predictions as when served
-    engine.install_think_tags(ThinkTags((model.vocab_size,), (model.vocab_size + 1,)))
+    # thinking_token_budget is accepted and shapes the scheduler's predictions as when served;
+    # only budgeted requests think (a grammar without a budget starts at once, as before)
+    engine.install_think_tags(ThinkTags((model.vocab_size,), (model.vocab_size + 1,)), gate_grammars=False)
     return engine, executor, clock
 
 
