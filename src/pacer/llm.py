@@ -104,10 +104,13 @@ class LLM:
              slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
              request_class: str | Sequence[str | None] | None = None,
              session: str | Sequence[str | None] | None = None,
-             kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them. `session` names
-        each conversation's agent session: its KV is retained while the caller's tool runs (an
-        eviction tier, `pacer.kv.retention`); `kv_retention` {"ttl_s": s} or {"release": True}."""
+             kv_retention: Mapping[str, Any] | None = None, chat_template: str | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template (or `chat_template`, a template's text) to one
+        conversation or a list of them, with `chat_template_kwargs` as its extra variables (vLLM's:
+        e.g. {"enable_thinking": False}). `session` names each conversation's agent session: its KV
+        is retained while the caller's tool runs (an eviction tier, `pacer.kv.retention`);
+        `kv_retention` {"ttl_s": s} or {"release": True}."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
         convs: list[Sequence[Message]]
@@ -115,7 +118,9 @@ class LLM:
             convs = [messages]  # type: ignore[list-item]
         else:
             convs = list(messages)  # type: ignore[arg-type]
-        prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
+        kwargs = dict(chat_template_kwargs or {})
+        prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
+                                                             chat_template=chat_template, **kwargs) for c in convs]
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
                              request_class=request_class, session=session, kv_retention=kv_retention)
 
@@ -135,7 +140,9 @@ class LLM:
                 items.append(self.engine.tokenizer.apply_chat_template(list(p), add_generation_prompt=False))
             else:
                 items.append(p)  # type: ignore[arg-type]
-        return self.engine.prewarm(items, public=public, tenant=tenant, pin=pin)
+        from pacer.engine.prewarm import prewarm
+
+        return prewarm(self.engine, items, public=public, tenant=tenant, pin=pin)
 
     @staticmethod
     def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -127,7 +127,9 @@ class SamplingParams:
     `allowed_token_ids` (sample only these), `bad_words` (strings never generated: a word's last
     token is banned when the output ends with the tokens before it, with and without a leading
     space; the engine tokenizes them into `bad_words_token_ids`), `truncate_prompt_tokens` (keep
-    the prompt's last k tokens; -1: as many as max_model_len allows).
+    the prompt's last k tokens; -1: as many as max_model_len allows), `thinking_token_budget`
+    (>= 0: after that many thinking tokens the end of thinking is forced; needs the engine's
+    `reasoning_parser`, see pacer.sched.reasoning).
     `n` samples per prompt are n engine requests (`LLM.generate` and the server expand them;
     see `for_sample`); `Engine.add_request` takes one sequence. `slo` (pacer's): the request's
     own latency targets, a `Slo` or the HTTP body's {"ttft_ms": .., "itl_ms": .., "tpot_ms": ..,
@@ -157,6 +159,7 @@ class SamplingParams:
     bad_words: tuple[str, ...] = ()
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     truncate_prompt_tokens: int | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         self._check_slo()
@@ -234,6 +237,8 @@ class SamplingParams:
             raise FieldValueError("bad_words", f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
         object.__setattr__(self, "bad_words", bad)
         object.__setattr__(self, "bad_words_token_ids", tuple(tuple(int(t) for t in w) for w in self.bad_words_token_ids))
+        if self.thinking_token_budget is not None:
+            _check_int("thinking_token_budget", self.thinking_token_budget, low=0)
         if self.truncate_prompt_tokens is not None:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, low=-1)
             if self.truncate_prompt_tokens == 0:

@@ -9,6 +9,7 @@ import pytest
 
 from pacer.clock import VirtualClock
 from pacer.config import CacheConfig
+from pacer.engine.prewarm import prewarm
 from pacer.kv.manager import KVCacheManager
 from pacer.kv.null_cache import NullPrefixCache
 from pacer.kv.prefix_cache import PUBLIC
@@ -88,7 +89,7 @@ def test_engine_without_prefix_caching_gives_the_same_outputs_and_keeps_nothing(
     assert snap.prefix_cache_queried_tokens == snap.prefix_cache_hit_tokens == 0
     assert snap.num_free_blocks == snap.num_available_blocks == 24 and snap.kv_usage == 0.0
     with pytest.raises(ValueError, match="enable_prefix_caching"):
-        off[0].prewarm([shared])
+        prewarm(off[0], [shared])
 
 
 def test_recompute_preemption_without_prefix_caching_recomputes_everything() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from pacer.clock import VirtualClock
 from pacer.config import EngineConfig
+from pacer.engine.prewarm import prewarm
 from pacer.kv.block_pool import BlockPool
 from pacer.kv.prefix_cache import PUBLIC, PrefixCache
 from pacer.request import SamplingParams
@@ -207,7 +208,7 @@ def test_isolated_tenants_never_share_but_public_prewarm_does():
     assert generate(eng, ex, secret, tenant="bob").num_cached_tokens == 0
     assert generate(eng, ex, secret, tenant="alice").num_cached_tokens == 20
     system = list(range(300, 317))                         # 16 + 1 tokens
-    assert eng.prewarm([system]) == [16]
+    assert prewarm(eng, [system]) == [16]
     out_a = generate(eng, ex, system + [1, 2, 3], tenant="alice")
     out_b = generate(eng, ex, system + [4, 5, 6], tenant="bob")
     assert out_a.num_cached_tokens == 16 and out_b.num_cached_tokens == 16
@@ -224,7 +225,7 @@ def test_shared_mode_shares_across_tenants():
 def test_prewarmed_prefix_is_pinned_against_pressure():
     eng, ex = make_engine(num_blocks=10, max_len=40)
     system = list(range(300, 309))                         # 2 full blocks
-    eng.prewarm([system])
+    prewarm(eng, [system])
     for i in range(5):                                     # churn through the whole pool
         generate(eng, ex, [500 + 40 * i + j for j in range(24)])
     assert generate(eng, ex, system + [1]).num_cached_tokens == 8

@@ -192,3 +192,17 @@ def test_prompt_logprobs_prefill_costs_its_logits_rows():
     assert scored > plain * 1.05   # the LM head is ~7% of an 8B model: 2047 more rows of it are not free
     chunked, chunked_flops = prefill_s(1, max_num_batched_tokens=512)
     assert chunked_flops - prefill_s(None, max_num_batched_tokens=512)[1] == 2047 * lm_head_flops
+
+
+def test_a_thinking_budget_is_the_predicted_length_in_the_simulator_too():
+    """sjf orders by prompt + predicted output: a budgeted request's prediction is its budget plus
+    an answer, not its max_tokens, in the simulator as when served."""
+    def first_tokens(budget):
+        engine, ex, clock = _engine(scheduling_policy="sjf", max_num_seqs=1)
+        specs = [SimRequest("short", 0.0, list(range(1, 101)), 300),
+                 SimRequest("think", 0.0, list(range(1, 101)), 2000, thinking_token_budget=budget)]
+        res = simulate(engine, ex, clock, specs)
+        assert [r.output_tokens for r in res.records] == [300, 2000]
+        return {r.request_id: r.ttft for r in res.records}
+    assert first_tokens(None)["short"] < first_tokens(None)["think"]
+    assert first_tokens(8)["think"] < first_tokens(8)["short"]

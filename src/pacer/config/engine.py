@@ -13,8 +13,15 @@ from pacer.config.checks import DTYPES, choice, positive_int
 from pacer.config.scheduler import SchedulerConfig
 
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+# vLLM's --reasoning-parser names -> (start tag, end tag, whether output before the end tag is
+# reasoning even without the start tag: DeepSeek-R1 may omit it, and Qwen3-Thinking templates
+# open it in the prompt, so both say yes, as vLLM's current parsers do)
+REASONING_PARSERS: dict[str, tuple[str, str, bool]] = {
+    "qwen3": ("<think>", "</think>", True),
+    "deepseek_r1": ("<think>", "</think>", True),
+}
 
-__all__ = ["ModelConfig", "StructuredOutputsConfig", "EngineConfig", "option_names"]
+__all__ = ["ModelConfig", "StructuredOutputsConfig", "EngineConfig", "option_names", "REASONING_PARSERS"]
 
 
 @dataclass(slots=True)
@@ -69,12 +76,20 @@ class StructuredOutputsConfig:
     structured_outputs_workers: int = field(
         default=2, metadata={"help": "Grammar worker processes (compiles run in parallel, off the step loop)."}
     )
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata={"help": "qwen3 | deepseek_r1: the model thinks in <think>...</think> first (vLLM's flag): "
+                          "grammars start after </think>, thinking_token_budget forces it, and chat "
+                          "responses carry the thinking as reasoning_content."},
+    )
 
     def validate(self) -> None:
         t = self.structured_outputs_timeout
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < float("inf"):
             raise ValueError(f"structured_outputs_timeout must be a number of seconds > 0, got {t!r}")
         positive_int("structured_outputs_workers", self.structured_outputs_workers)
+        if self.reasoning_parser is not None:
+            choice("reasoning_parser", self.reasoning_parser, tuple(REASONING_PARSERS))
 
 
 _PARTS = (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig),

@@ -22,7 +22,15 @@ from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine.outputs import RequestOutput, TrackedRequest
-from pacer.engine.prepare import PrepareContext, PreparedRequest, check_session, prepare, tokenize_prompt
+from pacer.engine.prepare import (
+    PrepareContext,
+    PreparedRequest,
+    check_reasoning,
+    check_session,
+    prepare,
+    think_tags,
+    tokenize_prompt,
+)
 from pacer.engine.retry import execute_each
 from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
@@ -30,6 +38,7 @@ from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, SamplingParams, check_context_length
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
+from pacer.sched.reasoning import ReasoningTracker, ThinkTags
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
@@ -95,6 +104,8 @@ class Engine:
         # runtime it became is the scheduler's (`scheduler.structured`)
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
         self.tiers: tuple[KVTierHook, ...] = tuple(open_tier(self.kv) for open_tier in tiers)
+        if config.structured.reasoning_parser is not None:
+            self.install_think_tags(think_tags(config.structured.reasoning_parser, tokenizer))
 
     # ------------------------------------------------------------------ construction
 
@@ -126,6 +137,18 @@ class Engine:
     def num_steps(self) -> int:
         """Steps that ran (scheduled work); an idle step does not count."""
         return self._num_steps
+
+    def install_think_tags(self, tags: ThinkTags | None, gate_grammars: bool = True) -> None:
+        """Where a reasoning model's thinking starts and ends (token ids): grammars start after it,
+        `thinking_token_budget` forces its end (pacer.sched.reasoning); None: the model does not
+        reason. Made from `reasoning_parser` and the tokenizer; the simulator installs its own
+        (`gate_grammars` False: only budgeted requests think). Call while no request is in flight."""
+        self.scheduler.reasoning = ReasoningTracker(tags, gate_grammars)
+
+    @property
+    def think_tags(self) -> ThinkTags | None:
+        """The token ids of the reasoning parser's tags (None: no --reasoning-parser)."""
+        return self.scheduler.reasoning.tags
 
     @property
     def max_model_len(self) -> int:
@@ -190,8 +213,10 @@ class Engine:
         `pacer.engine.prepare.prepare`; `add_request` queues the result."""
         ctx = PrepareContext(self.tokenizer, self.vocab_size, self.max_model_len, self.kv.capacity_tokens,
                              self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
-        return prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                       slo=slo, cache_salt=cache_salt, field=field)
+        prepared = prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
+                           slo=slo, cache_salt=cache_salt, field=field)
+        check_reasoning(prepared.params, self.think_tags is not None)
+        return prepared
 
     @property
     def retention_max_ttl(self) -> float:
@@ -409,27 +434,6 @@ class Engine:
         return snapshot_of(self.kv, self.scheduler, num_steps=self._num_steps, max_model_len=self.max_model_len,
                            block_bytes=self._executor.kv_block_bytes or 0,
                            io_tiers={tier.name: tier.stats() for tier in self.tiers})
-
-    def prewarm(self, prompts: Sequence[str | Sequence[int]], *, public: bool = True,
-                tenant: str = "default", pin: bool = True) -> list[int]:
-        """Compute `prompts` (e.g. system prompts, tool definitions) into the prefix cache now,
-        pinned (never evicted until `kv.unpin`) and, when `public`, visible to every tenant even
-        under tenant isolation. Steps the engine until they finish: call it at start-up, from
-        the thread that steps the engine. Returns the cached tokens of each prompt."""
-        if not self.kv.prefix_caching:
-            raise ValueError("prewarm needs enable_prefix_caching=True")
-        ids = []
-        for prompt in prompts:
-            rid = self.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0), tenant=tenant)
-            self.kv.mark_prewarm(rid, public=public, pin=pin)
-            ids.append(rid)
-        wanted = set(ids)
-        while wanted:
-            if not self.has_unfinished_requests():
-                raise RuntimeError(f"engine stopped with prewarm requests unfinished: {sorted(wanted)[:5]}")
-            wanted -= {o.request_id for o in self.step() if o.finished}
-        bs = self.kv.block_size
-        return [len(self.tokenize_prompt(p)) // bs * bs for p in prompts]
 
     def run_until_done(self) -> list[RequestOutput]:
         """Step until every queued request finished; returns the final outputs."""

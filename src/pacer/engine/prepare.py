@@ -8,16 +8,21 @@ class and targets resolved once. The offline API (`LLM.generate`) and the server
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pacer.config.engine import REASONING_PARSERS
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
 from pacer.errors import FieldTypeError, FieldValueError
 from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
+from pacer.sched.reasoning import ThinkTags
 
-__all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt"]
+__all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt", "check_reasoning", "think_tags"]
+
+log = logging.getLogger("pacer.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +171,21 @@ def _resolve_token_fields(params: SamplingParams, tokenizer: Any, vocab_size: in
             if ids and ids not in words:
                 words.append(ids)
     return dataclasses.replace(params, bad_words_token_ids=tuple(words))
+
+
+def check_reasoning(params: SamplingParams, knows_tags: bool) -> None:
+    """`thinking_token_budget` needs to know where thinking ends: the engine's reasoning tags."""
+    if params.thinking_token_budget is not None and not knows_tags:
+        raise FieldValueError("thinking_token_budget", "thinking_token_budget needs a reasoning model: start the "
+                                                       "server with --reasoning-parser (qwen3 or deepseek_r1)")
+
+
+def think_tags(reasoning_parser: str, tokenizer: Any | None) -> ThinkTags:
+    """The token ids of `reasoning_parser`'s start and end tags in this model's vocabulary."""
+    start, end, _ = REASONING_PARSERS[reasoning_parser]
+    if tokenizer is None:
+        raise ValueError(f"reasoning_parser={reasoning_parser!r} needs the model's tokenizer")
+    ids = [tuple(tokenizer.hf.encode(tag, add_special_tokens=False)) for tag in (start, end)]
+    if any(len(t) != 1 for t in ids):
+        log.warning("reasoning tags %s / %s are not single tokens in this vocabulary (%s)", start, end, ids)
+    return ThinkTags(ids[0], ids[1])

@@ -109,12 +109,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of `messages` rendered with the model's chat template (specials in the rendered
-        text, like a BOS the template writes, become their ids; nothing else is added)."""
-        if not self.hf.chat_template:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **template_kwargs: Any) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template, or `chat_template` (its
+        text), with `template_kwargs` as its extra variables (e.g. enable_thinking); specials in
+        the rendered text, like a BOS the template writes, become their ids; nothing else is added."""
+        if not chat_template and not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           chat_template=chat_template, **template_kwargs)
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes:

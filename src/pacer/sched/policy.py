@@ -37,6 +37,7 @@ from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
 from pacer.request import Request, RequestStatus
 from pacer.sched.fair_share import ServiceLedger
+from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
@@ -138,14 +139,14 @@ class PrioritySchedulingPolicy(Policy):
 
 
 class SjfPolicy(Policy):
-    """Shortest (prompt + max output) first: sorted batching for throughput; starves long jobs
+    """Shortest (prompt + predicted output: max_tokens, or less with a thinking budget) first: sorted batching for throughput; starves long jobs
     without aging."""
 
     name = "sjf"
     default_max_queue_delay = DEFAULT_MAX_QUEUE_DELAY_S
 
     def key(self, r: Request) -> Key:
-        return (r.num_prompt_tokens + r.sampling_params.max_tokens, r.arrival_time, r.arrival_seq)
+        return (r.num_prompt_tokens + predicted_output_tokens(r.sampling_params), r.arrival_time, r.arrival_seq)
 
 
 class LpmPolicy(Policy):

@@ -26,7 +26,8 @@ Structured outputs go through the scheduler too (pacer.sched.structured): a WAIT
 request keeps its place in the queue but is never admitted (no seat, no KV, never a victim)
 and blocks no one behind it; `schedule()` makes it ready when its compile finishes (or
 finishes it with the compile's error) and starts the step's masks; `update_from_output()`
-advances the matchers.
+advances the matchers. A reasoning model's grammar starts after its thinking, and a spent
+`thinking_token_budget` forces the end of thinking (pacer.sched.reasoning).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
+from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
@@ -71,6 +73,7 @@ class Scheduler:
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
         self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners) \
             if config.prefill_dedup and kv.prefix_caching else None
+        self.reasoning = ReasoningTracker()   # the engine installs the model's think tags (--reasoning-parser)
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
         self._shed_since_step: list[str] = []
@@ -102,6 +105,7 @@ class Scheduler:
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
                              self.kv.capacity_tokens)
         self.requests[req.request_id] = req
+        self.reasoning.add(req)
         req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
         self.waiting.add(req, ready)
 
@@ -137,6 +141,7 @@ class Scheduler:
             self.spec.finish(req)
         if req.sampling_params.structured_outputs is not None:
             self.structured.release(req.request_id)
+        self.reasoning.release(req.request_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
@@ -196,6 +201,8 @@ class Scheduler:
     def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
         for rid, drafts in spec.plan(step.num_tokens, self.requests, step.budget.tokens_left).items():
+            if self.reasoning.forced_token(rid) is not None:
+                continue   # its next token is forced (the end of its thinking): nothing to verify
             blocks = self.kv.allocate_slots(self.requests[rid], 1 + len(drafts))   # None: no room, no drafts
             if blocks is not None:
                 step.new_blocks[rid].extend(blocks)
@@ -373,8 +380,13 @@ class Scheduler:
                 self.ledger.charge(req.tenant, *charge)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
-        # the masks are computed while the executor prepares and runs the forward
-        masks = self.structured.masks(sr.request_id for sr in scheduled if sr.sample) if scheduled else None
+        # the masks are computed while the executor prepares and runs the forward; a grammar
+        # starts once its request's thinking ended, and a spent thinking budget forces the end tag
+        masks = None
+        if scheduled:
+            sampling = [sr.request_id for sr in scheduled if sr.sample]
+            grammar = self.structured.masks(r for r in sampling if not self.reasoning.is_thinking(r))
+            masks = self.reasoning.masks(sampling, grammar)
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
@@ -420,8 +432,9 @@ class Scheduler:
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
-            if kept and not req.is_finished and req.sampling_params.structured_outputs is not None:
-                reason = self.structured.advance(req.request_id, req.output_token_ids[-kept:])
+            answer = self.reasoning.advance(req.request_id, req.output_token_ids[-kept:]) if kept else ()
+            if answer and not req.is_finished and req.sampling_params.structured_outputs is not None:
+                reason = self.structured.advance(req.request_id, answer)
                 if reason is not None:
                     self.finish_request(req, reason)
             touched.append((req, kept))

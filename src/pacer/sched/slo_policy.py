@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pacer.request import Request
 from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker, decodes_exceed
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
+from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import StepLimit, StepPlan
 
@@ -133,7 +134,7 @@ class SloPolicy(Policy):
         if slo.ttft is not None:
             return r.arrival_time + slo.ttft - self.prefill_s(r)
         if slo.e2e is not None:
-            decode = self.decode_step_s(r) * max(0, r.sampling_params.max_tokens - 1)
+            decode = self.decode_step_s(r) * max(0, predicted_output_tokens(r.sampling_params) - 1)
             return r.arrival_time + slo.e2e - self.prefill_s(r) - decode
         return _INF
 
@@ -149,7 +150,7 @@ class SloPolicy(Policy):
         if itl is not None:
             return last + itl
         if slo.e2e is not None:
-            left = max(0, r.sampling_params.max_tokens - r.num_output_tokens)
+            left = max(0, predicted_output_tokens(r.sampling_params) - r.num_output_tokens)
             return r.arrival_time + slo.e2e - self.decode_step_s(r) * left
         return _INF
 

@@ -16,6 +16,7 @@ cap, loudly); a server without keys says that anyone who can reach it may use it
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -101,9 +102,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="how tool calls are read from the output (and written by forced calls); default for "
                         "forced calls: hermes")
     t.add_argument("--chat-template", default=None, metavar="PATH",
-                   help="a Jinja chat template file used instead of the model's for every chat request "
+                   help="a Jinja chat template file used instead of the model's for every chat request, or a "
+                        "template pacer ships: qwen3 (thinking in <think>, enable_thinking) or chatml_tools "
                         "(default: the model's, or pacer's tool-aware ChatML template when tools are given and "
                         "the model's template has no tool support)")
+    t.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
+                   help='the chat template\'s extra variables for every request, e.g. \'{"enable_thinking": false}\' '
+                        "(a request's chat_template_kwargs override them)")
     add_access_args(p)
 
 
@@ -284,7 +289,8 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     choices = security_choices(args, access)
     limits = RequestLimits.from_args(args)
     template = load_chat_template(args.chat_template) if args.chat_template else None
-    tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template)
+    tools = ToolOptions(args.enable_auto_tool_choice, args.tool_call_parser, template,
+                        _json_object("--default-chat-template-kwargs", getattr(args, "default_chat_template_kwargs", None)))
     from pacer.telemetry.kv_events import parse_kv_events_config
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
@@ -310,11 +316,25 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
                              floor_trusted_slo=choices.floor_trusted_slo, max_tenant_labels=args.max_tenant_labels,
                              per_request_metrics=getattr(args, "enable_per_request_metrics", False))
     if getattr(args, "prewarm", None):
-        cached = engine.prewarm(load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
+        from pacer.engine.prewarm import prewarm
+
+        cached = prewarm(engine, load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
     service = Service(engine, options)
     attach_kv_events(service, getattr(args, "kv_events_config", None))
     return service
+
+
+def _json_object(flag: str, text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}")
+    return value
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pacer.config.slo import ClassRules, Slo
 from pacer.engine import Engine
@@ -57,8 +58,10 @@ class Spec:
 
 class RequestBuilder:
     def __init__(self, engine: Engine, class_rules: ClassRules, chat_template: str | None,
-                 on_refused: Callable[[str, str], None], floor_trusted_slo: bool = True) -> None:
+                 on_refused: Callable[[str, str], None], floor_trusted_slo: bool = True,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.engine = engine
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})   # --default-chat-template-kwargs
         self.class_rules = class_rules
         self.chat_template = chat_template
         self.on_refused = on_refused             # (reason, tenant): a request that can never run
@@ -72,7 +75,8 @@ class RequestBuilder:
                 if tok is None:
                     raise bad_request("messages", "this model has no tokenizer / chat template")
                 tools = parsed.tools.tools if parsed.tools is not None else None
-                return [render_chat(tok, parsed.messages, tools, self.chat_template)]
+                kwargs = {**self.chat_template_kwargs, **(parsed.chat_template_kwargs or {})}
+                return [render_chat(tok, parsed.messages, tools, self.chat_template, kwargs)]
             return [self.engine.tokenize_prompt(p) for p in parsed.prompts]
         except APIError:
             raise

@@ -14,6 +14,7 @@ from pacer.engine import RequestOutput
 from pacer.server.api.echo import echo_logprobs, prompt_text, vllm_prompt_logprobs
 from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.api.request_metrics import metrics_body
+from pacer.server.reasoning import ReasoningReader, reasoning_message
 from pacer.server.service import Job
 from pacer.server.tools.stream import ToolDeltaStream, tool_message
 
@@ -28,10 +29,7 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
     if parsed.endpoint == "chat":
         choices = []
         for i, o in enumerate(outs):
-            message: dict[str, Any] = {"role": "assistant", "content": o.text}
-            finish = o.finish_reason
-            if job.tool_parser is not None:
-                message, finish = tool_message(job.tool_parser, o.text, finish)
+            message, finish = _chat_message(job, o)
             choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
                             "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
         obj = "chat.completion"
@@ -44,6 +42,22 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
         extra["metrics"] = _metrics(job, outs)
     return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
             "choices": choices, "usage": _usage(outs, parsed.n, parsed.score_only), **extra}
+
+
+def _chat_message(job: Job, o: RequestOutput) -> tuple[dict[str, Any], str | None]:
+    """A chat choice's message: its thinking split off (reasoning parser), then its tool calls
+    read from the content after the thinking."""
+    text, finish = o.text, o.finish_reason
+    thinking: dict[str, Any] = {}
+    if job.reasoning is not None:
+        reasoning, text = reasoning_message(job.reasoning, o.text, o.prompt_token_ids)
+        thinking = {"reasoning_content": reasoning, "reasoning": reasoning}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if job.tool_parser is not None:
+        message, finish = tool_message(job.tool_parser, text, finish)
+    if thinking and thinking["reasoning"] is not None and not message["content"]:
+        message["content"] = None   # vLLM: thinking without an answer has null content
+    return {**message, **thinking}, finish
 
 
 def _metrics(job: Job, outs: list[RequestOutput]) -> list[dict[str, Any]]:
@@ -104,6 +118,8 @@ class Chunks:
         self.extra = {"usage": None} if job.parsed.include_usage else {}
         self.tool_parser = job.tool_parser
         self.tool_streams: dict[int, ToolDeltaStream] = {}
+        self.reasoning = job.reasoning
+        self.readers: dict[int, ReasoningReader] = {}
         self.parsed = job.parsed
         self.echoed: set[int] = set()   # choices whose prompt (echo) has been sent
         self.prompt_sent: set[int] = set()   # choices whose prompt_logprobs have been sent
@@ -142,8 +158,8 @@ class Chunks:
         logprobs = self._new_logprobs(index, out)
         if not self.chat:
             return self._completion_chunks(index, out, text, logprobs, finish)
-        if self.tool_parser is not None:
-            choices = self._tool_choices(index, out, logprobs)
+        if self.tool_parser is not None or self.reasoning is not None:
+            choices = self._parsed_choices(index, out, logprobs)
         else:
             choices = []
             if text or logprobs is not None:
@@ -178,16 +194,32 @@ class Chunks:
             return []
         return [self._choice({"index": index, "text": text, "logprobs": logprobs, **finish, **extra})]
 
-    def _tool_choices(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Deltas of a choice whose tool calls are parsed: content, then each call's id and
-        name, then its argument fragments (pacer.server.tools.stream)."""
-        stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
-        deltas = stream.update(out.new_text, out.finished)
-        choices: list[dict[str, Any]] = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+    def _parsed_choices(self, index: int, out: RequestOutput, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Deltas of a choice whose output is parsed: its thinking as `reasoning_content` (and
+        `reasoning`) deltas, then its content, read for tool calls when it has tools: content,
+        then each call's id and name, then its argument fragments (pacer.server.tools.stream)."""
+        deltas: list[dict[str, Any]] = []
+        text = out.new_text
+        if self.reasoning is not None:
+            reader = self.readers.get(index)
+            if reader is None:
+                reader = self.readers[index] = self.reasoning.reader(out.prompt_token_ids)
+            segments = reader.feed(text, out.finished)
+            deltas += [{"reasoning_content": t, "reasoning": t} for kind, t in segments if kind == "reasoning"]
+            text = "".join(t for kind, t in segments if kind == "content")
+        finish_reason = out.finish_reason
+        if self.tool_parser is not None:
+            stream = self.tool_streams.setdefault(index, ToolDeltaStream(self.tool_parser))
+            deltas += stream.update(text, out.finished)
+            finish_reason = stream.finish_reason(out.finish_reason)
+        elif text:
+            deltas.append({"content": text})
+        choices: list[dict[str, Any]] = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None}
+                                         for d in deltas]
         if logprobs is not None:
             choices.append({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": None})
         if out.finished:
-            finish = {"finish_reason": stream.finish_reason(out.finish_reason), "stop_reason": out.stop_reason}
+            finish = {"finish_reason": finish_reason, "stop_reason": out.stop_reason}
             choices.append({"index": index, "delta": {}, "logprobs": None, **finish})
         return choices
 

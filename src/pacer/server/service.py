@@ -32,6 +32,7 @@ from pacer.server.api.limits import RequestLimits
 from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
+from pacer.server.reasoning import ReasoningSyntax
 from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
 from pacer.server.tools.serving import ToolOptions, plan_tools
 from pacer.telemetry.collectors import (
@@ -88,6 +89,7 @@ class Job:
     finished: set[int] = field(default_factory=set)
     tool_parser: Any = None     # pacer.server.tools.parsers.ToolParser reading the output's tool calls
     return_metrics: bool = False   # the response carries each choice's metrics (api.request_metrics)
+    reasoning: Any = None       # pacer.server.reasoning.ReasoningSyntax splitting a chat output's thinking
 
     @property
     def done(self) -> bool:
@@ -101,7 +103,7 @@ class Service:
         self.model_name = options.served_model_names[0]
         self.loop = EngineLoop(engine, stall_timeout=options.engine_iteration_timeout)
         self.builder = RequestBuilder(engine, options.class_rules, options.tools.chat_template, self._on_refused,
-                                      options.floor_trusted_slo)
+                                      options.floor_trusted_slo, options.tools.chat_template_kwargs)
         self.admission = AdmissionController(options.max_waiting, tenant_weights=options.tenant_weights)
         self.key_limits = KeyLimiters()
         self.output_tokens_by_key: collections.Counter[str] = collections.Counter()   # read by replicas' ingress
@@ -110,6 +112,8 @@ class Service:
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
         self.draining = False
         self.token_text = TokenText(engine.tokenizer)   # logprobs' token strings
+        parser = engine.config.structured.reasoning_parser
+        self.reasoning = ReasoningSyntax.named(parser, engine.think_tags) if parser is not None else None
         self._log_start = engine.clock.now()
         self._clock_to_unix = time.time() - engine.clock.now()
         self._contexts: dict[str, RequestContext] = {}
@@ -177,7 +181,7 @@ class Service:
             prompts = await asyncio.to_thread(self.builder.prompt_ids, parsed)
             prefix = "chatcmpl" if parsed.endpoint == "chat" else "cmpl"
             job = Job(f"{prefix}-{uuid.uuid4().hex}", parsed, int(time.time()), [], [], asyncio.Queue(),
-                      tool_parser=tool_parser,
+                      tool_parser=tool_parser, reasoning=self.reasoning if parsed.endpoint == "chat" else None,
                       return_metrics=parsed.return_metrics or self.options.per_request_metrics)
             specs = self.builder.specs(job.api_id, self.model_name, parsed, prompts, is_agent=is_agent,
                                        declared_class=declared_class, header_slo=header_slo, key=key)

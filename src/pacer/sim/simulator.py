@@ -25,6 +25,7 @@ from pacer.perf.cost_model import CostModel, StepCost, make_cost_model
 from pacer.perf.profiles import HardwareProfile, ModelProfile, kv_capacity_blocks, weight_dtype_for
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams, StructuredOutputsParams
+from pacer.sched.reasoning import ThinkTags
 from pacer.sim.executor import SimExecutor
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, SimStructured, StructuredCost
 from pacer.sim.trace_requests import request_spans
@@ -50,6 +51,7 @@ class SimRequest:
     tenant: str = "default"
     session: str | None = None
     structured_outputs: StructuredOutputsParams | None = None   # priced by pacer.sim.structured
+    thinking_token_budget: int | None = None   # the scheduler predicts its length from it, as served
 
 
 @dataclass(slots=True)
@@ -106,6 +108,10 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
                     vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
                     refit_cost_model=False)
     engine.install_structured_outputs(SimStructured(clock, structured_cost, executor))
+    # no tokenizer: think tags past the vocabulary, which no simulated token is, so a request's
+    # thinking_token_budget is accepted and shapes the scheduler's predictions as when served;
+    # only budgeted requests think (a grammar without a budget starts at once, as before)
+    engine.install_think_tags(ThinkTags((model.vocab_size,), (model.vocab_size + 1,)), gate_grammars=False)
     return engine, executor, clock
 
 
@@ -139,9 +145,11 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
 
 def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
     """Outputs are forced to the trace's lengths (a simulator samples no real tokens); a
-    request's `structured_outputs`, when it has one, is kept (its compile and masks are priced)."""
+    request's `structured_outputs`, when it has one, is kept (its compile and masks are priced), and
+    so is its `thinking_token_budget` (the scheduler's predicted length)."""
     return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0,
-                                              structured_outputs=getattr(r, "structured_outputs", None))
+                                              structured_outputs=getattr(r, "structured_outputs", None),
+                                              thinking_token_budget=getattr(r, "thinking_token_budget", None))
 
 
 def utilisation_summary(steps: Sequence[StepStats], costs: Mapping[int, StepCost]) -> list[str]:

@@ -26,6 +26,7 @@ from pacer.request import MAX_LOGPROBS
 from pacer.server.api.errors import bad_request
 from pacer.server.api.structured import parse_structured
 from pacer.server.tools.api import ToolRequest, parse_tool_calls, parse_tools
+from pacer.server.tools.template import RESERVED_TEMPLATE_KWARGS
 
 __all__ = ["ParsedRequest", "parse_completion", "parse_chat", "MAX_N"]
 
@@ -57,6 +58,7 @@ class ParsedRequest:
     return_metrics: bool = False                    # the body asks for per-request metrics in the response
     session: str | None = None                      # agent session (body `session` or x-session-id header)
     kv_retention: dict[str, Any] | None = None      # its hint: {"ttl_s": 30} | {"release": true}
+    chat_template_kwargs: dict[str, Any] | None = None   # chat: the template's extra variables (vLLM's)
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -99,7 +101,22 @@ def parse_chat(body: Any) -> ParsedRequest:
     common["has_tools"] = tools is not None
     common["tools"] = tools
     return ParsedRequest(endpoint="chat", prompts=[], messages=_messages(body.get("messages", ...)),
-                         max_tokens=max_tokens, **common)
+                         max_tokens=max_tokens, chat_template_kwargs=_template_kwargs(body), **common)
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's `chat_template_kwargs`: an object of the template's extra variables (not its own arguments)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise bad_request("chat_template_kwargs", 'chat_template_kwargs must be an object such as '
+                                                  '{"enable_thinking": false}')
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise bad_request("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)} "
+                                                  "(the request's own fields set them)")
+    return kwargs
 
 
 def _add_structured(body: dict[str, Any], common: dict[str, Any]) -> None:
@@ -188,7 +205,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
 
 def _vllm_fields(body: dict[str, Any], sampling: dict[str, Any]) -> None:
     """OpenAI's `logit_bias` ({token id (a string key): bias in [-100, 100]}) and vLLM's `min_p`,
-    `allowed_token_ids`, `bad_words`, `truncate_prompt_tokens`."""
+    `allowed_token_ids`, `bad_words`, `truncate_prompt_tokens`, `thinking_token_budget` (>= 0)."""
     min_p = _opt_number(body, "min_p", 0.0, 1.0)
     if min_p is not None:
         sampling["min_p"] = min_p
@@ -215,6 +232,9 @@ def _vllm_fields(body: dict[str, Any], sampling: dict[str, Any]) -> None:
         if not isinstance(bad_words, list) or not all(isinstance(w, str) and w for w in bad_words):
             raise bad_request("bad_words", "bad_words must be a list of non-empty strings")
         sampling["bad_words"] = tuple(bad_words)
+    budget = _opt_int(body, "thinking_token_budget", low=0)
+    if budget is not None:
+        sampling["thinking_token_budget"] = budget
     truncate = _opt_int(body, "truncate_prompt_tokens", low=-1)
     if truncate == 0:
         raise bad_request("truncate_prompt_tokens", "truncate_prompt_tokens must be >= 1 (or -1: max_model_len), got 0")

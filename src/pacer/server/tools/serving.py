@@ -9,7 +9,8 @@ calls are generated under a grammar (in the parser's format, `hermes` when none 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.request import StructuredOutputsParams
 from pacer.server.api.errors import bad_request
@@ -25,12 +26,18 @@ class ToolOptions:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None      # a name in pacer.server.tools.parsers.TOOL_PARSERS
     chat_template: str | None = None         # --chat-template's text: overrides the model's
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)   # --default-chat-template-kwargs
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None:
             get_parser(self.tool_call_parser)   # raises naming the choices
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
+        from pacer.server.tools.template import RESERVED_TEMPLATE_KWARGS
+
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs))
+        if reserved:
+            raise ValueError(f"--default-chat-template-kwargs may not set {', '.join(reserved)}")
 
 
 def plan_tools(parsed: ParsedRequest, options: ToolOptions) -> tuple[ParsedRequest, ToolParser | None]:
