@@ -70,6 +70,7 @@ class _Job:
 class CompiledGrammar:
     grammar: str
     prototype: Any   # an llguidance LLMatcher in its start state; requests get deep copies
+    first_mask: bytes = b""   # its start state's packed mask, computed at compile time (off any step)
 
 
 class StructuredStats:
@@ -236,7 +237,7 @@ class StructuredOutputManager:
         try:
             grammar = worker.compile(spec, self.timeout, job.cancel)
             prototype = self._new_matcher(grammar)
-            prototype.compute_bitmask()   # the expensive first mask, here and not in a step
+            first_mask = bytes(prototype.compute_bitmask())   # the expensive first mask: here, not in a step
         except CompileTimeout:
             self.stats.add("timeouts")
             raise timed_out from None
@@ -253,7 +254,7 @@ class StructuredOutputManager:
             self.stats.add("timeouts")
             raise timed_out
         self.stats.add("compile_seconds", took)
-        compiled = CompiledGrammar(grammar, prototype)
+        compiled = CompiledGrammar(grammar, prototype, first_mask)
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > self.cache_size:
