@@ -14,7 +14,7 @@ import pytest
 from pacer.model.loader import default_model_path
 from pacer.model.tokenizer import Tokenizer
 from pacer.request import SamplingParams, StructuredOutputsParams
-from pacer.structured.manager import StructuredOutputError, StructuredOutputManager
+from pacer.structured.manager import CompileCapError, StructuredOutputError, StructuredOutputManager
 from tests.conftest import make
 
 SLOW = "tests.structured.slow_compiler:compile_spec"   # a schema titled "slow" spins its worker
@@ -92,8 +92,9 @@ def test_one_tenant_cannot_fill_the_compile_queue_and_orphans_are_cancelled(toke
         m.request(StructuredOutputsParams(choice=["warm"])).result(60)   # the worker is up
         pid = m.all_workers[0].pid
         spinning = m.request(StructuredOutputsParams(json={"title": "slow", "type": "object"}), tenant="a")
-        with pytest.raises(StructuredOutputError, match=r"tenant 'a' already has 1 grammar compiles.*limit 1"):
+        with pytest.raises(CompileCapError, match=r"tenant 'a' already has 1 grammar compiles.*limit 1") as e:
             m.request(StructuredOutputsParams(regex=r"\d+"), tenant="a")
+        assert e.value.field == "structured_outputs"   # the server's 400 names the field
         other = m.request(StructuredOutputsParams(regex=r"\d+"), tenant="b")   # another tenant still gets in
         _until_running(spinning)
         m.drop(spinning)   # its only request left: the spinning compile is killed, not run to its timeout

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import Any
 
+from pacer.errors import FieldError
 from pacer.request import StructuredOutputsParams
 from pacer.structured.grammar import GrammarError
 from pacer.structured.worker import (
@@ -44,7 +45,8 @@ from pacer.structured.worker import (
     WorkerFailed,
 )
 
-__all__ = ["StructuredOutputManager", "StructuredStats", "CompiledGrammar", "StructuredOutputError"]
+__all__ = ["StructuredOutputManager", "StructuredStats", "CompiledGrammar", "StructuredOutputError",
+           "CompileCapError"]
 
 log = logging.getLogger("pacer.structured")
 
@@ -55,6 +57,15 @@ class StructuredOutputError(ValueError):
     def __init__(self, message: str, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class CompileCapError(StructuredOutputError, FieldError):
+    """The tenant already has its cap of cold compiles in flight (a 400 on `structured_outputs`)."""
+
+    def __init__(self, message: str) -> None:
+        StructuredOutputError.__init__(self, message)
+        self.field = "structured_outputs"
+        self.code = "too_many_compiles"
 
 
 @dataclass(slots=True)
@@ -171,7 +182,7 @@ class StructuredOutputManager:
             mine = sum(1 for j in self._in_flight.values() if j.tenant == tenant)
             if mine >= self.max_compiles_per_tenant:
                 self.stats.add("tenant_refusals")
-                raise StructuredOutputError(
+                raise CompileCapError(
                     f"structured_outputs: tenant {tenant!r} already has {mine} grammar compiles in flight "
                     f"(limit {self.max_compiles_per_tenant}); retry when they finish")
             self.stats.add("compilations")
