@@ -185,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--memory-limit-mb", type=int, default=DEFAULT_MEMORY_LIMIT_MB,
                    help="cap on this process's address space (RLIMIT_AS); 0: none")
     args = p.parse_args(argv)
+    try:
+        os.nice(10)   # compiles yield the CPU to the engine's steps
+    except OSError:
+        pass
     if args.memory_limit_mb > 0:
         import resource
 
