@@ -47,7 +47,7 @@ class FakeStructured:
         self.done[key] = error
 
     # the protocol
-    def request(self, params: StructuredOutputsParams) -> str:
+    def request(self, params: StructuredOutputsParams, tenant: str = "default") -> str:
         self.num_requests += 1
         return params.cache_key()
 

@@ -265,7 +265,7 @@ class Engine:
             self._inbox.append(AddRequest(tracked))
             return request_id
         try:
-            grammar = self._structured_runtime().request(params.structured_outputs)
+            grammar = self._structured_runtime().request(params.structured_outputs, req.tenant)
         except BaseException:
             with self._id_lock:
                 self._live_ids.discard(request_id)

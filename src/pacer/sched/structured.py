@@ -46,8 +46,9 @@ class StructuredOutputs(Protocol):
     """Grammars, matchers and masks for one engine. Engine thread only, but for `request` and
     `wake`, which any thread may call."""
 
-    def request(self, params: StructuredOutputsParams) -> GrammarCompile:
-        """Start (or join, or find cached) the compile of `params`; any thread."""
+    def request(self, params: StructuredOutputsParams, tenant: str = "default") -> GrammarCompile:
+        """Start (or join, or find cached) the compile of `params` for `tenant` (whose compiles
+        in flight may be capped); any thread."""
         ...
 
     def add_pending(self, request_id: str, compile: GrammarCompile) -> None:
@@ -97,7 +98,7 @@ class StructuredOutputs(Protocol):
 class NullStructuredOutputs:
     """No runtime yet: nothing pending, no masks, no matchers, no counters."""
 
-    def request(self, params: StructuredOutputsParams) -> GrammarCompile:
+    def request(self, params: StructuredOutputsParams, tenant: str = "default") -> GrammarCompile:
         raise ValueError("structured_outputs needs a structured-outputs runtime "
                          "(Engine.install_structured_outputs); none is installed")
 

@@ -127,7 +127,7 @@ class SimStructured:
         self._bound: set[str] = set()
         self.counts = {"compilations": 0, "cache_hits": 0, "compile_seconds": 0.0}
 
-    def request(self, params: StructuredOutputsParams) -> _Compile:
+    def request(self, params: StructuredOutputsParams, tenant: str = "default") -> _Compile:
         key = params.cache_key()
         now = self.clock.now()
         ready = self._cache.get(key)

@@ -5,7 +5,7 @@ policy order and counted, but never admitted: no seat, no KV blocks, never a pre
 victim). At each step's start the scheduler takes the finished compiles from here (through
 pacer.structured.runtime) and marks their requests ready (binding a matcher), or finishes them
 with the compile's error. An abort or a shed finishes the request in the scheduler; its compile
-keeps running for the cache and is dropped here. Engine thread only, except `ready`, the event
+is dropped here and, once no other request waits on it, cancelled by the manager. Engine thread only, except `ready`, the event
 compiles set.
 """
 
@@ -28,8 +28,9 @@ class GrammarWaits:
     def add(self, request_id: str, future: Future[Any]) -> None:
         self._futures[request_id] = future
 
-    def discard(self, request_id: str) -> None:
-        self._futures.pop(request_id, None)
+    def discard(self, request_id: str) -> Future[Any] | None:
+        """Forget `request_id`'s wait; its compile future (None: it had none)."""
+        return self._futures.pop(request_id, None)
 
     def take_done(self) -> list[tuple[str, Any, BaseException | None]]:
         """(request id, compiled grammar or None, error or None) of each finished compile,

@@ -30,9 +30,9 @@ class StructuredRuntime:
         self.manager = manager
         self._waits = GrammarWaits(manager.ready)
 
-    def request(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
-        """Start (or find) the compile of `params`; any thread."""
-        future = self.manager.request(params)
+    def request(self, params: StructuredOutputsParams, tenant: str = "default") -> Future[CompiledGrammar]:
+        """Start (or find) the compile of `params` for `tenant`; any thread."""
+        future = self.manager.request(params, tenant)
         self.manager.ready.set()   # wake an engine idling on its compiles: the request is in its inbox
         return future
 
@@ -73,7 +73,9 @@ class StructuredRuntime:
 
     def release(self, request_id: str) -> None:
         self.manager.release(request_id)
-        self._waits.discard(request_id)
+        pending = self._waits.discard(request_id)
+        if pending is not None and not pending.done():
+            self.manager.drop(pending)   # an orphan: cancelled once no request waits on it
 
     def wait(self, timeout: float) -> None:
         """The engine is idle but for compiles: block until one finishes (or `timeout`)."""

@@ -4,7 +4,9 @@ Compilation runs here, not on the engine's thread, so a slow or pathological gra
 one worker and its own request, never a step. The protocol is one JSON line per message on
 stdin / stdout: the client sends `{"id", "spec"}`, the worker answers `{"id", "grammar"}` or
 `{"id", "error"}`. A compile past its deadline is ended by killing the process (a thread
-cannot be stopped; a process can), and the next compile starts a fresh one. The worker
+cannot be stopped; a process can), and the next compile starts a fresh one; so is a compile
+whose requests all went away (`cancel`, an orphan). The worker's address space is capped
+(RLIMIT_AS, `--memory-limit-mb`): a schema that would eat the host's memory fails alone. The worker
 imports llguidance and the compile function only (no torch), so it starts in well under a
 second.
 
@@ -26,13 +28,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-__all__ = ["CompileWorker", "CompileTimeout", "WorkerFailed", "DEFAULT_COMPILER", "main"]
+__all__ = ["CompileWorker", "CompileTimeout", "CompileCancelled", "WorkerFailed", "DEFAULT_COMPILER",
+           "DEFAULT_MEMORY_LIMIT_MB", "main"]
 
 DEFAULT_COMPILER = "pacer.structured.grammar:compile_spec"
+DEFAULT_MEMORY_LIMIT_MB = 4096   # the worker's address space (RLIMIT_AS); llguidance + Python use ~0.5 GB
+_POLL_S = 0.05                   # how often a waiting compile looks at its cancel flag
 
 
 class CompileTimeout(TimeoutError):
     """The compile ran past its deadline; the worker was killed."""
+
+
+class CompileCancelled(RuntimeError):
+    """Every request waiting on the compile went away; the worker was killed."""
 
 
 class WorkerFailed(RuntimeError):
@@ -44,9 +53,11 @@ class CompileWorker:
     own thread). Started lazily; restarted after a kill or a crash."""
 
     def __init__(self, tokenizer_file: str, n_vocab: int, eos_token_ids: Sequence[int],
-                 compiler: str = DEFAULT_COMPILER, startup_timeout: float = 120.0) -> None:
+                 compiler: str = DEFAULT_COMPILER, startup_timeout: float = 120.0,
+                 memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB) -> None:
         self.argv = [sys.executable, "-m", "pacer.structured.worker", "--tokenizer", tokenizer_file,
-                     "--n-vocab", str(n_vocab), "--eos", ",".join(map(str, eos_token_ids)), "--compiler", compiler]
+                     "--n-vocab", str(n_vocab), "--eos", ",".join(map(str, eos_token_ids)), "--compiler", compiler,
+                     "--memory-limit-mb", str(memory_limit_mb)]
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.num_starts = 0
@@ -72,9 +83,10 @@ class CompileWorker:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
 
-    def compile(self, spec: dict[str, Any], timeout: float) -> str:
+    def compile(self, spec: dict[str, Any], timeout: float, cancel: Any = None) -> str:
         """The checked grammar of `spec`. Raises GrammarError (bad spec), CompileTimeout
-        (past `timeout` seconds; the process is killed) or WorkerFailed."""
+        (past `timeout` seconds; the process is killed), CompileCancelled (`cancel`, a
+        threading.Event, was set while it ran; the process is killed) or WorkerFailed."""
         from pacer.structured.grammar import GrammarError
 
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
@@ -87,7 +99,10 @@ class CompileWorker:
         except OSError as e:
             self.kill()
             raise WorkerFailed(f"the grammar worker went away: {e}") from None
-        reply = self._read(proc, time.monotonic() + timeout)
+        reply = self._read(proc, time.monotonic() + timeout, cancel)
+        if reply is None and cancel is not None and cancel.is_set():
+            self.kill()
+            raise CompileCancelled("every request waiting on this compile went away")
         if reply is None:
             self.kill()
             raise CompileTimeout(f"compiling took longer than {timeout:g} s")
@@ -98,15 +113,15 @@ class CompileWorker:
             raise GrammarError(str(reply["error"]))
         return str(reply["grammar"])
 
-    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any] | None:
-        """The next JSON line from the worker, or None at the deadline."""
+    def _read(self, proc: subprocess.Popen[bytes], deadline: float, cancel: Any = None) -> dict[str, Any] | None:
+        """The next JSON line from the worker, or None at the deadline (or once `cancel` is set)."""
         out = proc.stdout
         assert out is not None
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (cancel is not None and cancel.is_set()):
                 return None
-            readable, _, _ = select.select([out], [], [], left)
+            readable, _, _ = select.select([out], [], [], left if cancel is None else min(left, _POLL_S))
             if readable:
                 break
         line = out.readline()
@@ -167,7 +182,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-vocab", type=int, required=True)
     p.add_argument("--eos", default="", help="comma-separated EOS token ids")
     p.add_argument("--compiler", default=DEFAULT_COMPILER)
+    p.add_argument("--memory-limit-mb", type=int, default=DEFAULT_MEMORY_LIMIT_MB,
+                   help="cap on this process's address space (RLIMIT_AS); 0: none")
     args = p.parse_args(argv)
+    try:
+        os.nice(10)   # compiles yield the CPU to the engine's steps
+    except OSError:
+        pass
+    if args.memory_limit_mb > 0:
+        import resource
+
+        limit = args.memory_limit_mb << 20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     import llguidance as llg
 
     with open(args.tokenizer, encoding="utf-8") as f:

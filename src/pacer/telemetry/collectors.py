@@ -44,6 +44,8 @@ _TIER_COUNTERS = {   # series name -> (help, the tier stat it reads)
     "promotions": ("Blocks copied from this tier up to the device on a prefix match (disk: read back "
                    "into the host tier at start-up).", "promotions"),
     "demotions": ("Blocks copied into this tier from a faster one (disk: block files written).", "demotions"),
+    "io_errors": ("Block file writes that failed (disk tier: ENOSPC, EACCES, ...; the tier paused itself and "
+                  "requests carried on without it).", "io_errors"),
 }
 _STRUCTURED_COUNTERS = {
     "compilations": "Grammars compiled (cache misses).",
