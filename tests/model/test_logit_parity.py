@@ -126,6 +126,7 @@ BF16_TOP = 10     # compare log-probs over HF's 10 most likely tokens at each po
 BF16_FACTOR = 2.0
 
 
+@pytest.mark.slow   # ~25 s; tests/model/test_parity.py::test_bfloat16_runs_and_mostly_agrees stays in the fast run
 def test_bfloat16_against_hf_bfloat16_on_many_prompts():
     """Pacer bfloat16 vs HF bfloat16 on the same weights, teacher-forced on pacer's own greedy
     continuations of 32 prompts. Tolerance: over HF's top-10 tokens at each position, pacer's
