@@ -100,6 +100,9 @@ class Engine:
         self._kv_sinks = EventSinks()
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self._num_steps = 0
+        # True: step() returns finished requests' outputs only, running ones' deltas not built when
+        # building them changes nothing (no text, logprobs or stop strings): the simulator's drivers
+        self.finished_outputs_only = False
         # what install_structured_outputs was given (None: the default, made on first use); the
         # runtime it became is the scheduler's (`scheduler.structured`)
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
@@ -344,7 +347,9 @@ class Engine:
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
         for req, num_new in updated:
-            outputs.append(self._emit(req, num_new, result.results[req.request_id]))
+            out = self._emit(req, num_new, result.results[req.request_id])
+            if out is not None:
+                outputs.append(out)
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
             tier.after_step()
@@ -373,6 +378,8 @@ class Engine:
 
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
+        if not any(res.error is not None for res in result.results.values()):
+            return
         for sr in out.scheduled:
             res = result.results.get(sr.request_id)
             req = self.scheduler.requests.get(sr.request_id)
@@ -382,9 +389,12 @@ class Engine:
             self.scheduler.finish_request(req, FinishReason.ERROR)
             outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
 
-    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
-        """The output of a request that gained `num_new` tokens this step: what they add (a delta)."""
+    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput | None:
+        """The output of a request that gained `num_new` tokens this step: what they add (a delta);
+        None when only finished outputs are asked for and this one would change nothing."""
         tracked = self._tracked[req.request_id]
+        if self.finished_outputs_only and tracked.stateless and not req.is_finished:
+            return None
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
         if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
             self.scheduler.drop_output_tail(req, num_new - len(new_ids))

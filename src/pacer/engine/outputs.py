@@ -133,6 +133,12 @@ class TrackedRequest:
             None if req.sampling_params.prompt_logprobs is None else [None] * req.num_prompt_tokens)
         self.prompt_logprobs_sent = False
 
+    @property
+    def stateless(self) -> bool:
+        """Whether its outputs keep no state here (no detokenizer, logprobs or prompt logprobs):
+        a running delta not built then changes nothing (`Engine.finished_outputs_only`)."""
+        return self.detok is None and self.logprobs is None and self.prompt_logprobs is None
+
     def put_prompt_logprobs(self, first_index: int, entries: Sequence[Mapping[int, float]]) -> None:
         """Record a step's prompt logprobs (prompt tokens first_index...; a recompute after
         preemption writes the same positions again)."""

@@ -280,12 +280,12 @@ class KVCacheManager:
         deeper node, keeping what it uses out of eviction."""
         rid = req.request_id
         table = self.block_tables.get(rid)
-        if not table or self.swap.holds(rid) or rid in self._public_ids:
+        if not table:
             return
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
         old = self._handles.get(rid)
-        if n_full <= (old.num_blocks if old else 0):
-            return
+        if n_full <= (old.num_blocks if old else 0) or self.swap.holds(rid) or rid in self._public_ids:
+            return   # the common case first: no block completed since the last step
         handle = self._insert(req, table, n_full, old, self._owner(req), self._owners(req))
         self.cache.lock(handle)
         if old is not None:
@@ -347,6 +347,11 @@ class KVCacheManager:
         added, or None (and changes nothing) when they cannot be had. A swapped-out request
         gets its CPU blocks scheduled for swap-in here."""
         self._cache_progress(req)
+        if hit is None:   # the common case (a running request with room in its last block) first
+            table = self.block_tables.get(req.request_id)
+            if table is not None and -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) <= len(table):
+                self.swap.plan_swap_in(req.request_id, table)
+                return []
         groups = self.tenants.evict_groups(req.tenant)
         available = self.num_available_blocks(req.tenant)
         computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))

@@ -108,6 +108,11 @@ class ReasoningTracker:
         if not self.tags.ended_in(req.prompt_token_ids):
             self._thinking[req.request_id] = _Thinking(sp.thinking_token_budget)
 
+    @property
+    def tracking(self) -> bool:
+        """Whether any request is tracked (still thinking) now."""
+        return bool(self._thinking)
+
     def is_thinking(self, request_id: str) -> bool:
         return request_id in self._thinking
 
@@ -143,6 +148,8 @@ class ReasoningTracker:
     def masks(self, sampling_ids: Iterable[str], grammar: TokenMasks | None) -> TokenMasks | None:
         """The step's masks: a tracked request forced to its end tag gets a one-token mask,
         the grammar's (`grammar`, from the structured runtime, for the others) is kept."""
+        if not self._thinking:   # nothing tracked: nothing forced (every step of most engines)
+            return grammar
         forced = {rid: tok for rid in sampling_ids if (tok := self.forced_token(rid)) is not None}
         if not forced:
             return grammar

@@ -32,6 +32,8 @@ advances the matchers. A reasoning model's grammar starts after its thinking, an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
@@ -39,7 +41,7 @@ from pacer.request import FinishReason, Request, RequestStatus, check_context_le
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
-from pacer.sched.policy import PolicyContext, WaitingQueue
+from pacer.sched.policy import Policy, PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
@@ -179,9 +181,14 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = sorted(self.running, key=self.policy.key)
-            decodes = [r for r in ordered if r.num_remaining_tokens == 1]
-            partial = [r for r in ordered if r.num_remaining_tokens > 1]
+            decodes: list[Request] = []
+            partial: list[Request] = []
+            for r in sorted(self.running, key=self.policy.key):
+                remaining = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
+                if remaining == 1:
+                    decodes.append(r)
+                elif remaining > 1:
+                    partial.append(r)
             self._schedule_running(step, decodes)
             limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
             if limit is not None:
@@ -242,20 +249,26 @@ class Scheduler:
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
+        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
+        cap = self._prefill_cap
+        prefill_cap = None if type(self.policy).prefill_cap is Policy.prefill_cap else self.policy.prefill_cap
         for req in candidates:
-            if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
+            if req.status is not running or req.request_id in num_tokens:
                 continue  # preempted earlier in this step
-            if step.budget.tokens_left <= 0 or step.budget.seqs_left <= 0:
+            if budget.tokens_left <= 0 or budget.seqs_left <= 0:
                 return
-            n = req.num_remaining_tokens
+            n = len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens
             if chunked:
-                n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)),
-                             req.num_computed_tokens)
+                n = min(n, budget.tokens_left, cap if prefill_cap is None else prefill_cap(req, cap))
+                if n > 1 and step.chunk_fit is not None:
+                    n = step.fit(req, n, req.num_computed_tokens)
                 if n <= 0:
                     return
-            elif n > step.budget.tokens_left:
+            elif n > budget.tokens_left:
                 continue
-            blocks = self._allocate_or_preempt(step, req, n)
+            blocks = allocate(req, n)   # else preempt for it (a failed allocation changed nothing)
+            if blocks is None:
+                blocks = self._allocate_or_preempt(step, req, n)
             if blocks is not None:
                 step.add(req, n, blocks, is_new=False)
 
@@ -345,39 +358,46 @@ class Scheduler:
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
         scheduled: list[ScheduledRequest] = []
         num_prefill = num_decode = 0
+        # the per-row loop runs for every request of every step (the simulator's hot path): names
+        # bound once, and a row without drafts, history or prompt logprobs builds nothing extra
+        requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
+        account = self.policy.account if type(self.policy).account is not Policy.account else None   # no-op
+        charge_ledger = self.ledger.charge if self._charge_ledger else None
+        append = scheduled.append
         for req_id, n in step.num_tokens.items():
-            req = self.requests[req_id]
+            req = requests[req_id]
             start = req.num_computed_tokens
-            is_new = req_id in step.is_new
-            drafts = step.drafts.get(req_id, [])
+            is_new = req_id in is_new_ids
+            drafts: Sequence[int] = step_drafts.get(req_id, ()) if step_drafts else ()
             end = start + n - len(drafts)
-            is_prefill = (is_new and not drafts) or end - start > 1 or start < req.num_prompt_tokens
-            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
-            scheduled.append(ScheduledRequest(
-                request_id=req_id,
-                token_ids=req.token_ids_slice(start, end),
-                start_position=start,
-                block_ids=step.new_blocks[req_id],
-                is_new=is_new,
-                sample=end == req.num_tokens,
-                is_prefill=is_prefill,
-                num_output_tokens=req.num_output_tokens,
-                sampling_params=req.sampling_params if is_new else None,
-                prompt_token_ids=prompt_history,
-                output_token_ids=output_history,
-                draft_token_ids=drafts,
-                prompt_logits_rows=req.prompt_logits_rows(start, end),
+            num_prompt = len(req.prompt_token_ids)
+            is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
+            sp = req.sampling_params
+            if is_new:
+                prompt_history, output_history = req.penalty_history()
+            else:
+                prompt_history = output_history = None
+            append(ScheduledRequest(
+                req_id, req.token_ids_slice(start, end), start, new_blocks[req_id], is_new,
+                end == num_prompt + len(req.output_token_ids), is_prefill, len(req.output_token_ids),
+                sp if is_new else None, prompt_history, output_history, drafts,
+                0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
             ))
             req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
             if is_prefill:
                 num_prefill += n
                 req.metrics.prefill_tokens += n
+                cached = start if is_new else 0
+                if account is not None:
+                    account(req, n, cached, 0)
+                if charge_ledger is not None:
+                    charge_ledger(req.tenant, n, cached, 0)
             else:
                 num_decode += n
-            charge = (n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
-            self.policy.account(req, *charge)
-            if self._charge_ledger:
-                self.ledger.charge(req.tenant, *charge)
+                if account is not None:
+                    account(req, 0, start if is_new else 0, n)
+                if charge_ledger is not None:
+                    charge_ledger(req.tenant, 0, start if is_new else 0, n)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
@@ -385,7 +405,10 @@ class Scheduler:
         masks = None
         if scheduled:
             sampling = [sr.request_id for sr in scheduled if sr.sample]
-            grammar = self.structured.masks(r for r in sampling if not self.reasoning.is_thinking(r))
+            if self.reasoning.tracking:
+                grammar = self.structured.masks(r for r in sampling if not self.reasoning.is_thinking(r))
+            else:   # no one thinks: every sampling row may be constrained
+                grammar = self.structured.masks(sampling)
             masks = self.reasoning.masks(sampling, grammar)
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
@@ -409,31 +432,38 @@ class Scheduler:
         """
         now = self.clock.now()
         touched: list[tuple[Request, int]] = []
+        get, results, running = self.requests.get, result.results, RequestStatus.RUNNING
+        reasoning, stop_reason = self.reasoning, self._stop_reason
         for sr in output.scheduled:
-            req = self.requests.get(sr.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            req = get(sr.request_id)
+            if req is None or req.status is not running:
                 continue  # aborted or failed while the step ran
-            req.metrics.on_step_end(now, req.num_computed_tokens)
+            metrics = req.metrics
+            if metrics.preempted_at is not None:   # else on_step_end has nothing to close
+                metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
-            tokens = result.results[sr.request_id].token_ids
+            tokens = results[sr.request_id].token_ids
             if sr.draft_token_ids and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
             kept = 0
             for token in tokens:
                 kept += 1
                 req.output_token_ids.append(token)
-                req.metrics.token_times.append(now)
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = now
-                reason = self._stop_reason(req, token)
+                metrics.token_times.append(now)
+                if metrics.first_token_time is None:
+                    metrics.first_token_time = now
+                reason = stop_reason(req, token)
                 if reason is not None:
                     # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
-            answer = self.reasoning.advance(req.request_id, req.output_token_ids[-kept:]) if kept else ()
-            if answer and not req.is_finished and req.sampling_params.structured_outputs is not None:
+            constrained = req.sampling_params.structured_outputs is not None
+            answer: Sequence[int] = ()
+            if kept and (constrained or reasoning.tracking):   # else nothing reads the tokens here
+                answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:])
+            if answer and not req.is_finished and constrained:
                 reason = self.structured.advance(req.request_id, answer)
                 if reason is not None:
                     self.finish_request(req, reason)
@@ -452,14 +482,14 @@ class Scheduler:
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         # a stop token that is also the last allowed one reports "stop", as vLLM does
         sp = req.sampling_params
-        n_out = req.num_output_tokens
+        n_out = len(req.output_token_ids)
         if n_out >= sp.min_tokens:
             if token in sp.stop_token_ids:
                 req.stop_reason = token
                 return FinishReason.STOP
             if not sp.ignore_eos and token in req.eos_token_ids:
                 return FinishReason.STOP
-        if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

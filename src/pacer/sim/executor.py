@@ -69,8 +69,9 @@ class SimExecutor:
         if self.keep_records:
             self.costs[out.step_id] = cost
         tok = self.sample_token_id
-        results = {sr.request_id: RequestResult((*self._accepted(sr.draft_token_ids), tok))
-                   for sr in out.scheduled if sr.sample}
+        plain = RequestResult((tok,))   # one frozen result for every row without drafts
+        results = {sr.request_id: RequestResult((*self._accepted(sr.draft_token_ids), tok)) if sr.draft_token_ids
+                   else plain for sr in out.scheduled if sr.sample}
         return ModelOutput(results, forward_s=cost.time_s)
 
     def _with_masks(self, cost: StepCost, out: SchedulerOutput) -> StepCost:

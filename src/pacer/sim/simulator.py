@@ -108,6 +108,7 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
                     vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
                     refit_cost_model=False)
     engine.install_structured_outputs(SimStructured(clock, structured_cost, executor))
+    engine.finished_outputs_only = True   # its drivers read finished outputs only (records)
     # no tokenizer: think tags past the vocabulary, which no simulated token is, so a request's
     # thinking_token_budget is accepted and shapes the scheduler's predictions as when served;
     # only budgeted requests think (a grammar without a budget starts at once, as before)
