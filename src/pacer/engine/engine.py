@@ -36,7 +36,7 @@ from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
 from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
 from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
-from pacer.request import FinishReason, Request, SamplingParams, check_context_length
+from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
 from pacer.sched.reasoning import ReasoningTracker, ThinkTags
 from pacer.sched.scheduler import Scheduler
@@ -346,10 +346,11 @@ class Engine:
                 self._tracked[rid].put_prompt_logprobs(first, entries)
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
+        quiet, tracked, finished = self.finished_outputs_only, self._tracked, RequestStatus.FINISHED
         for req, num_new in updated:
-            out = self._emit(req, num_new, result.results[req.request_id])
-            if out is not None:
-                outputs.append(out)
+            if quiet and req.status is not finished and tracked[req.request_id].stateless:
+                continue   # a running delta nobody reads, and building it would change nothing
+            outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
             tier.after_step()
@@ -389,12 +390,9 @@ class Engine:
             self.scheduler.finish_request(req, FinishReason.ERROR)
             outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
 
-    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput | None:
-        """The output of a request that gained `num_new` tokens this step: what they add (a delta);
-        None when only finished outputs are asked for and this one would change nothing."""
+    def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
+        """The output of a request that gained `num_new` tokens this step: what they add (a delta)."""
         tracked = self._tracked[req.request_id]
-        if self.finished_outputs_only and tracked.stateless and not req.is_finished:
-            return None
         new_ids, new_text, new_logprobs, stop = tracked.push_tokens(num_new, result.logprobs)
         if len(new_ids) < num_new:   # a stop string inside a multi-token step: the tokens after it go
             self.scheduler.drop_output_tail(req, num_new - len(new_ids))

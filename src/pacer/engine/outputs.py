@@ -117,7 +117,7 @@ class TrackedRequest:
     outputs have carried), stop strings, logprobs."""
 
     __slots__ = ("req", "detok", "text", "num_text_sent", "stop_searched", "prompt", "max_stop_len",
-                 "logprobs", "error", "prompt_logprobs", "prompt_logprobs_sent")
+                 "logprobs", "error", "prompt_logprobs", "prompt_logprobs_sent", "stateless")
 
     def __init__(self, req: Request, detok: Any, prompt: str | None) -> None:
         self.req = req
@@ -132,12 +132,9 @@ class TrackedRequest:
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             None if req.sampling_params.prompt_logprobs is None else [None] * req.num_prompt_tokens)
         self.prompt_logprobs_sent = False
-
-    @property
-    def stateless(self) -> bool:
-        """Whether its outputs keep no state here (no detokenizer, logprobs or prompt logprobs):
-        a running delta not built then changes nothing (`Engine.finished_outputs_only`)."""
-        return self.detok is None and self.logprobs is None and self.prompt_logprobs is None
+        # its outputs keep no state here (no detokenizer, logprobs or prompt logprobs): a running
+        # delta not built changes nothing (`Engine.finished_outputs_only`)
+        self.stateless = detok is None and self.logprobs is None and self.prompt_logprobs is None
 
     def put_prompt_logprobs(self, first_index: int, entries: Sequence[Mapping[int, float]]) -> None:
         """Record a step's prompt logprobs (prompt tokens first_index...; a recompute after

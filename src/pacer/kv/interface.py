@@ -80,6 +80,10 @@ class PrefixCacheProtocol(Protocol):
 
     def unlock(self, handle: PrefixMatch) -> None: ...
 
+    def relock(self, old: PrefixMatch, new: PrefixMatch) -> None:
+        """Move a lock from `old` to `new`: the same as `lock(new)` then `unlock(old)`."""
+        ...
+
     def pin(self, handle: PrefixMatch) -> bool:
         """Keep the handle's path until `unpin` (a lock no request owns); False: nothing to pin."""
         ...

@@ -287,9 +287,10 @@ class KVCacheManager:
         if n_full <= (old.num_blocks if old else 0) or self.swap.holds(rid) or rid in self._public_ids:
             return   # the common case first: no block completed since the last step
         handle = self._insert(req, table, n_full, old, self._owner(req), self._owners(req))
-        self.cache.lock(handle)
         if old is not None:
-            self.cache.unlock(old)
+            self.cache.relock(old, handle)   # lock(handle) then unlock(old), walking only the new nodes
+        else:
+            self.cache.lock(handle)
         self._handles[rid] = handle
 
     def _insert(self, req: Request, table: list[int], n_full: int, start: PrefixMatch | None,

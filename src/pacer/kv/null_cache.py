@@ -61,6 +61,9 @@ class NullPrefixCache:
     def unlock(self, handle: PrefixMatch) -> None:
         pass
 
+    def relock(self, old: PrefixMatch, new: PrefixMatch) -> None:
+        pass
+
     def pin(self, handle: PrefixMatch) -> bool:
         return False
 

@@ -189,23 +189,26 @@ class PrefixCache:
         if owners is None:
             owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
         node, done, adopted = self.root, 0, []
+        path: list[int] = []   # the blocks of the path walked (a locked start's path is its blocks)
         if start is not None and start.num_blocks <= n:
             node, done = start.node, start.num_blocks
+            path.extend(start.block_ids)
         while done < n:
             pos = done * bs
             child = self._child(node, owners, token_ids[pos:pos + bs])
             if child is None:
                 child = self._add_child(node, owner, list(token_ids[pos:n * bs]), list(block_ids[done:n]))
                 adopted = list(block_ids[done:n])
+                path.extend(adopted)
                 node = child
                 break
             k = self._common_blocks(child, token_ids, pos, n - done)
             if k < len(child.block_ids):
                 child = self._split(child, k)
+            path.extend(child.block_ids)
             done += k
             node = child
         self._touch(node, tenant)
-        path = self._path_blocks(node)
         return adopted, PrefixMatch(node, tuple(path))
 
     def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
@@ -219,6 +222,8 @@ class PrefixCache:
     def _common_blocks(self, node: RadixNode, token_ids: Sequence[int], pos: int, most: int) -> int:
         bs = self.block_size
         k, n = 1, min(len(node.block_ids), most)  # the first block matched by key
+        if n > 1 and node.tokens[bs:n * bs] == list(token_ids[pos + bs:pos + n * bs]):
+            return n   # all of them (one comparison; a long shared prompt is the common case)
         while k < n and node.tokens[k * bs:(k + 1) * bs] == list(token_ids[pos + k * bs:pos + (k + 1) * bs]):
             k += 1
         return k
@@ -270,25 +275,41 @@ class PrefixCache:
     def _touch(self, node: RadixNode, tenant: str) -> None:
         now = self._now()
         floor = self._inflation + self._weights.get(tenant, 1.0)
+        ticks, push = self._ticks, self._leaves.push
         while node.parent is not None:
             node.last_access = now
-            node.tick = next(self._ticks)
-            node.priority = max(node.priority, floor)
+            node.tick = next(ticks)
+            if floor > node.priority:
+                node.priority = floor
             if node.is_leaf_candidate:
-                self._leaves.push(node)
+                push(node)
             node = node.parent
 
     # ------------------------------------------------------------------ lock / pin
 
     def lock(self, handle: PrefixMatch) -> None:
         """Protect the handle's path from eviction until `unlock`."""
-        node: RadixNode | None = handle.node
-        while node is not None and node.parent is not None:
+        self._lock_up_to(handle.node, None)
+
+    def _lock_up_to(self, node: RadixNode | None, stop: RadixNode | None) -> RadixNode | None:
+        """Lock the path from `node` up to `stop` (excluded) or the root; returns where it stopped."""
+        while node is not None and node.parent is not None and node is not stop:
             if node.lock_ref == 0:
                 self._move_evictable(node, -len(node.block_ids))
                 self._leaves.update(node, False)
             node.lock_ref += 1
             node = node.parent
+        return node
+
+    def relock(self, old: PrefixMatch, new: PrefixMatch) -> None:
+        """Move a lock from `old` to `new`: the same as `lock(new)` then `unlock(old)`, but when
+        old's node is on new's path (a request's lock moving down as its blocks are cached) only
+        the nodes below it are walked: those above stay locked, as the pair would leave them."""
+        stop = old.node if old.node.parent is not None else None
+        if stop is None or self._lock_up_to(new.node, stop) is not stop:
+            if stop is None:
+                self.lock(new)
+            self.unlock(old)
 
     def evictable_on_path(self, handle: PrefixMatch, groups: Sequence[str] | None = None) -> int:
         """Blocks of the handle's path that eviction (of `groups`) could take now: what

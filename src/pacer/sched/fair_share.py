@@ -130,9 +130,10 @@ class ServiceLedger:
         if num_prefill < 0 or num_cached < 0 or num_decode < 0:
             raise ValueError(f"token counts must be >= 0, got prefill={num_prefill}, cached={num_cached}, "
                              f"decode={num_decode}")
-        cost = self.costs.of(num_prefill, num_cached, num_decode)
+        c = self.costs   # costs.of and weight, inline: charged for every request of every step
+        cost = c.prefill * num_prefill + c.cached * num_cached + c.decode * num_decode
         self._raw[tenant] = self._raw.get(tenant, 0.0) + cost
-        self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weight(tenant)
+        self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
         return cost
 
 

@@ -76,6 +76,11 @@ class Policy:
         """The policy built from the scheduler's collaborators (None: a bare policy, for tests)."""
         return cls()
 
+    def overrides(self, hook: str) -> bool:
+        """Whether this policy replaces the default of `hook` (the scheduler's per-row loops skip
+        calling a no-op default, such as `account` or `prefill_cap`, for every request of every step)."""
+        return getattr(type(self), hook) is not getattr(Policy, hook)
+
     # ---------------------------------------------------------------- ordering
 
     def key(self, r: Request) -> Key:

@@ -41,7 +41,7 @@ from pacer.request import FinishReason, Request, RequestStatus, check_context_le
 from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
-from pacer.sched.policy import Policy, PolicyContext, WaitingQueue
+from pacer.sched.policy import PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
@@ -251,7 +251,7 @@ class Scheduler:
         chunked = self.config.enable_chunked_prefill
         budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
         cap = self._prefill_cap
-        prefill_cap = None if type(self.policy).prefill_cap is Policy.prefill_cap else self.policy.prefill_cap
+        prefill_cap = self.policy.prefill_cap if self.policy.overrides("prefill_cap") else None   # else `cap`
         for req in candidates:
             if req.status is not running or req.request_id in num_tokens:
                 continue  # preempted earlier in this step
@@ -361,7 +361,7 @@ class Scheduler:
         # the per-row loop runs for every request of every step (the simulator's hot path): names
         # bound once, and a row without drafts, history or prompt logprobs builds nothing extra
         requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
-        account = self.policy.account if type(self.policy).account is not Policy.account else None   # no-op
+        account = self.policy.account if self.policy.overrides("account") else None   # else a no-op
         charge_ledger = self.ledger.charge if self._charge_ledger else None
         append = scheduled.append
         for req_id, n in step.num_tokens.items():
