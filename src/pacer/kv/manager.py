@@ -297,7 +297,8 @@ class KVCacheManager:
                 owner: str, owners: tuple[str, ...]) -> PrefixMatch:
         """Cache the request's first `n_full` blocks under `owner`, reusing nodes of `owners`
         (the cache adopts the blocks it lacks)."""
-        tokens = req.token_ids_slice(0, n_full * self.block_size)
+        end = n_full * self.block_size   # within the prompt: the prompt itself (insert reads n_full blocks)
+        tokens = req.prompt_token_ids if end <= len(req.prompt_token_ids) else req.token_ids_slice(0, end)
         adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start, owners=owners)
         self.pool.incref(adopted)
         return handle
