@@ -348,12 +348,15 @@ class KVCacheManager:
         given: it is committed here), evicting cached blocks on demand; returns the blocks
         added, or None (and changes nothing) when they cannot be had. A swapped-out request
         gets its CPU blocks scheduled for swap-in here."""
-        self._cache_progress(req)
-        if hit is None:   # the common case (a running request with room in its last block) first
-            table = self.block_tables.get(req.request_id)
-            if table is not None and -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) <= len(table):
-                self.swap.plan_swap_in(req.request_id, table)
-                return []
+        rid, bs = req.request_id, self.block_size
+        table = self.block_tables.get(rid)
+        if table:   # _cache_progress when a block may have completed (its own checks are the same)
+            old = self._handles.get(rid)
+            if min(req.num_computed_tokens // bs, len(table)) > (len(old.block_ids) if old else 0):
+                self._cache_progress(req)
+        if hit is None and table is not None and -(-(req.num_computed_tokens + num_new_tokens) // bs) <= len(table):
+            self.swap.plan_swap_in(rid, table)   # the common case: room in the blocks it holds
+            return []
         groups = self.tenants.evict_groups(req.tenant)
         available = self.num_available_blocks(req.tenant)
         computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))

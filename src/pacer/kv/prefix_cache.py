@@ -236,6 +236,7 @@ class PrefixCache:
         return [b for part in reversed(parts) for b in part]
 
     def _add_child(self, parent: RadixNode, owner: str, tokens: list[int], block_ids: list[int]) -> RadixNode:
+        """A new leaf under `parent`; the caller (insert) touches it next, which keys it for eviction."""
         group = self._group_of(owner)
         child = RadixNode(next(self._ids), parent, owner, group, tokens, block_ids)
         child.key = (owner, tuple(tokens[:self.block_size]))
@@ -246,7 +247,7 @@ class PrefixCache:
         self.num_evictable_blocks += n
         self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
         self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
-        self._leaves.update(child, True)
+        self._leaves.update(child, True, push=False)   # insert's _touch keys it next
         if self.events is not None:
             self.events.record_stored(child, self.block_size)
         return child

@@ -91,8 +91,9 @@ class EvictableLeaves:
         self._leaves: dict[str, set[RadixNode]] = {}
         self._heaps: dict[str, list[tuple[TieredKey, int, int, RadixNode]]] = {}
 
-    def update(self, node: RadixNode, on: bool) -> None:
-        """Add `node` to (on, when it qualifies) or remove it from its group's candidates."""
+    def update(self, node: RadixNode, on: bool, push: bool = True) -> None:
+        """Add `node` to (on, when it qualifies) or remove it from its group's candidates.
+        `push` False: the caller keys a new candidate itself right after (`push`)."""
         on = on and node.parent is not None and node.lock_ref == 0 and not node.children
         if on == node.is_leaf_candidate:
             return
@@ -100,7 +101,8 @@ class EvictableLeaves:
         leaves = self._leaves.setdefault(node.group, set())
         if on:
             leaves.add(node)
-            self.push(node)
+            if push:
+                self.push(node)
         else:
             leaves.discard(node)
 
@@ -109,7 +111,10 @@ class EvictableLeaves:
         node.version += 1
         heap = self._heaps.setdefault(node.group, [])
         heapq.heappush(heap, (self.key(node), node.id, node.version, node))
-        if len(heap) > 4 * len(self._leaves.get(node.group, ())) + 64:
+        # stale items are skipped when they surface; the rebuild (a key per live leaf) is amortized
+        # over the pushes that staled them (candidates are ordered by key and id: no tie, so when
+        # it runs decides nothing)
+        if len(heap) > 16 * len(self._leaves.get(node.group, ())) + 64:
             live = [(self.key(n), n.id, n.version, n) for n in self._leaves[node.group]]
             heapq.heapify(live)
             self._heaps[node.group] = live

@@ -136,6 +136,14 @@ class ServiceLedger:
         self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
         return cost
 
+    def charge_decode(self, tenant: str, num_decode: int) -> float:
+        """`charge(tenant, num_decode=num_decode)`, the same sums (0 * the other costs adds
+        nothing), without the checks: a running request's decode tokens, every step."""
+        cost = self.costs.decode * num_decode
+        self._raw[tenant] = self._raw.get(tenant, 0.0) + cost
+        self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
+        return cost
+
 
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index of `values` (1: all equal, 1/n: one takes everything)."""

@@ -363,6 +363,7 @@ class Scheduler:
         requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
         account = self.policy.account if self.policy.overrides("account") else None   # else a no-op
         charge_ledger = self.ledger.charge if self._charge_ledger else None
+        charge_decode = self.ledger.charge_decode
         append = scheduled.append
         for req_id, n in step.num_tokens.items():
             req = requests[req_id]
@@ -377,9 +378,12 @@ class Scheduler:
                 prompt_history, output_history = req.penalty_history()
             else:
                 prompt_history = output_history = None
+            outputs = req.output_token_ids
+            num_out = len(outputs)
             append(ScheduledRequest(
-                req_id, req.token_ids_slice(start, end), start, new_blocks[req_id], is_new,
-                end == num_prompt + len(req.output_token_ids), is_prefill, len(req.output_token_ids),
+                req_id, outputs[start - num_prompt:end - num_prompt] if start >= num_prompt
+                else req.token_ids_slice(start, end), start, new_blocks[req_id], is_new,
+                end == num_prompt + num_out, is_prefill, num_out,
                 sp if is_new else None, prompt_history, output_history, drafts,
                 0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
             ))
@@ -397,7 +401,10 @@ class Scheduler:
                 if account is not None:
                     account(req, 0, start if is_new else 0, n)
                 if charge_ledger is not None:
-                    charge_ledger(req.tenant, 0, start if is_new else 0, n)
+                    if is_new:
+                        charge_ledger(req.tenant, 0, start, n)
+                    else:
+                        charge_decode(req.tenant, n)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
