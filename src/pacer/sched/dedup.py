@@ -52,7 +52,7 @@ class InflightPrefills:
             self._hashes = {rid: h for rid, h in self._hashes.items() if live(rid)}
             self._deferred = {rid: n for rid, n in self._deferred.items() if live(rid)}
         for r in running:
-            if r.num_computed_tokens < r.num_prompt_tokens:
+            if r.num_computed_tokens < len(r.prompt_token_ids):   # still prefilling (most rows decode)
                 self.register(r)
 
     def register(self, req: Request) -> None:
