@@ -28,6 +28,7 @@ import pytest
 from pacer.config import EngineConfig
 from pacer.config.args import engine_kwargs_from_args
 from pacer.perf.profiles import get_hardware, get_model
+from pacer.request import SamplingParams
 from pacer.sched.contract import SchedulerOutput
 from pacer.sim.cli import add_args, build_specs
 from pacer.sim.simulator import build_sim_engine, simulate
@@ -133,6 +134,31 @@ def test_the_cases_exercise_what_they_name() -> None:
     assert golden["swap"]["swap_out_requests"] > 0
     assert golden["ngram-spec"]["draft_tokens"] > 0
     assert golden["h200x8-mixed"]["finished"] == 150
+
+
+def test_finished_outputs_only_returns_finished_outputs_and_changes_nothing() -> None:
+    """The simulator's engines build no running deltas; their steps return finished outputs
+    only, and the run is the same as with every delta built."""
+    argv = CASES["h200x8-mixed"][:-1] + ["40"]
+    args = _args(argv)
+    config = EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+    hw, model = get_hardware(args.hardware), get_model(args.model)
+    runs = []
+    for quiet in (True, False):
+        engine, executor, clock = build_sim_engine(config, hw, model, tp=args.tp)
+        assert engine.finished_outputs_only   # the simulator's default
+        engine.finished_outputs_only = quiet
+        specs, _, _ = build_specs(args, float(args.request_rate), engine.max_model_len)
+        for spec in specs:
+            engine.add_request(list(spec.prompt_token_ids), SamplingParams(max_tokens=spec.output_tokens,
+                                                                           ignore_eos=True))
+        outs = [o for _ in range(100_000) if engine.has_unfinished_requests() for o in engine.step()]
+        assert not engine.has_unfinished_requests()
+        runs.append(([(o.request_id, o.finished, o.num_output_tokens, list(o.token_ids) if o.finished else None,
+                       o.metrics.token_times) for o in outs if o.finished], [o.finished for o in outs]))
+    (quiet_finals, quiet_flags), (loud_finals, loud_flags) = runs
+    assert quiet_finals == loud_finals and len(quiet_finals) == 40
+    assert all(quiet_flags) and not all(loud_flags)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--regenerate"]:
