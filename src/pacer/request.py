@@ -286,6 +286,21 @@ class Request:
             return self.output_token_ids[start - n_prompt:end - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
 
+    def stop_on(self, token: int, max_model_len: int) -> FinishReason | None:
+        """Why the request stops at `token`, its newest output (appended), or None. A stop token
+        that is also the last allowed one reports "stop", as vLLM does."""
+        sp = self.sampling_params
+        n_out = len(self.output_token_ids)
+        if n_out >= sp.min_tokens:
+            if token in sp.stop_token_ids:
+                self.stop_reason = token
+                return FinishReason.STOP
+            if not sp.ignore_eos and token in self.eos_token_ids:
+                return FinishReason.STOP
+        if n_out >= sp.max_tokens or len(self.prompt_token_ids) + n_out >= max_model_len:
+            return FinishReason.LENGTH
+        return None
+
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

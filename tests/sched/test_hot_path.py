@@ -42,20 +42,21 @@ def test_a_capping_policy_is_still_asked_for_every_running_chunk():
 
 
 costs = st.builds(ServiceCosts, st.floats(0, 4), st.floats(0, 1), st.floats(0, 4))
-charges = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 300), st.integers(0, 300),
-                             st.integers(1, 8), st.booleans()), max_size=40)
+rows = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 300), st.booleans(),
+                          st.sampled_from([0, 0, 16, 130]), st.booleans()), max_size=40)
 
 
 @settings(max_examples=200, deadline=None)
-@given(costs=costs, weights=st.dictionaries(st.sampled_from(["a", "b"]), st.floats(0.1, 8)), charges=charges)
-def test_charge_decode_adds_exactly_what_charge_adds(costs, weights, charges):
+@given(costs=costs, weights=st.dictionaries(st.sampled_from(["a", "b"]), st.floats(0.1, 8)), rows=rows)
+def test_a_rows_charge_adds_exactly_what_charge_adds(costs, weights, rows):
+    """The scheduler's `charge_row` (and `charge_decode`) against the long form it replaced."""
     fast, slow = ServiceLedger(costs, weights), ServiceLedger(costs, weights)
-    for tenant, prefill, cached, decode, is_decode_row in charges:
-        if is_decode_row:
-            assert fast.charge_decode(tenant, decode) == slow.charge(tenant, 0, 0, decode)
+    for tenant, n, prefill, cached, via_decode in rows:
+        long_form = slow.charge(tenant, n if prefill else 0, cached, 0 if prefill else n)
+        if via_decode and not prefill and not cached:
+            assert fast.charge_decode(tenant, n) == long_form
         else:
-            fast.charge(tenant, prefill, cached, 0)
-            slow.charge(tenant, prefill, cached, 0)
+            assert fast.charge_row(tenant, n, prefill, cached) == long_form
     for t in ("a", "b"):   # bit for bit, not approximately
         assert fast.service(t).hex() == slow.service(t).hex()
         assert fast.normalized(t).hex() == slow.normalized(t).hex()

@@ -100,9 +100,7 @@ class Engine:
         self._kv_sinks = EventSinks()
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self._num_steps = 0
-        # True: step() returns finished requests' outputs only, running ones' deltas not built when
-        # building them changes nothing (no text, logprobs or stop strings): the simulator's drivers
-        self.finished_outputs_only = False
+        self.finished_outputs_only = False   # True: no running deltas that change nothing (the simulator's)
         # what install_structured_outputs was given (None: the default, made on first use); the
         # runtime it became is the scheduler's (`scheduler.structured`)
         self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
@@ -347,10 +345,9 @@ class Engine:
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
         quiet, tracked, finished = self.finished_outputs_only, self._tracked, RequestStatus.FINISHED
-        for req, num_new in updated:
-            if quiet and req.status is not finished and tracked[req.request_id].stateless:
-                continue   # a running delta nobody reads, and building it would change nothing
-            outputs.append(self._emit(req, num_new, result.results[req.request_id]))
+        for req, num_new in updated:   # quiet: a running delta building which changes nothing is skipped
+            if not (quiet and req.status is not finished and tracked[req.request_id].stateless):
+                outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
             tier.after_step()

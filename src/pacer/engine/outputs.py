@@ -132,8 +132,7 @@ class TrackedRequest:
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             None if req.sampling_params.prompt_logprobs is None else [None] * req.num_prompt_tokens)
         self.prompt_logprobs_sent = False
-        # its outputs keep no state here (no detokenizer, logprobs or prompt logprobs): a running
-        # delta not built changes nothing (`Engine.finished_outputs_only`)
+        # no detokenizer, logprobs or prompt logprobs: a delta not built changes nothing here
         self.stateless = detok is None and self.logprobs is None and self.prompt_logprobs is None
 
     def put_prompt_logprobs(self, first_index: int, entries: Sequence[Mapping[int, float]]) -> None:

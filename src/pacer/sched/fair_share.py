@@ -136,6 +136,17 @@ class ServiceLedger:
         self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
         return cost
 
+    def charge_row(self, tenant: str, num_tokens: int, prefill: bool, num_cached: int) -> float:
+        """One scheduled row: `num_tokens` computed prompt tokens (`prefill`) or decoded ones, and
+        `num_cached` read from the cache. A plain decode row (every running request, every step)
+        takes `charge_decode`: the same sums."""
+        if prefill or num_cached:
+            return self.charge(tenant, num_tokens if prefill else 0, num_cached, 0 if prefill else num_tokens)
+        cost = self.costs.decode * num_tokens   # charge_decode, inline
+        self._raw[tenant] = self._raw.get(tenant, 0.0) + cost
+        self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
+        return cost
+
     def charge_decode(self, tenant: str, num_decode: int) -> float:
         """`charge(tenant, num_decode=num_decode)`, the same sums (0 * the other costs adds
         nothing), without the checks: a running request's decode tokens, every step."""

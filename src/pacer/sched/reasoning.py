@@ -113,6 +113,13 @@ class ReasoningTracker:
         """Whether any request is tracked (still thinking) now."""
         return bool(self._thinking)
 
+    def not_thinking(self, request_ids: list[str]) -> Iterable[str]:
+        """Those of `request_ids` not thinking now (their grammars apply): all of them, as given,
+        when no request is tracked."""
+        if not self._thinking:
+            return request_ids
+        return (r for r in request_ids if r not in self._thinking)
+
     def is_thinking(self, request_id: str) -> bool:
         return request_id in self._thinking
 

@@ -32,8 +32,6 @@ advances the matchers. A reasoning model's grammar starts after its thinking, an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
@@ -181,14 +179,9 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            decodes: list[Request] = []
-            partial: list[Request] = []
-            for r in sorted(self.running, key=self.policy.key):
-                remaining = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
-                if remaining == 1:
-                    decodes.append(r)
-                elif remaining > 1:
-                    partial.append(r)
+            ordered = [(len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens, r)
+                       for r in sorted(self.running, key=self.policy.key)]   # (remaining tokens, request)
+            decodes, partial = [r for k, r in ordered if k == 1], [r for k, r in ordered if k > 1]
             self._schedule_running(step, decodes)
             limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
             if limit is not None:
@@ -249,8 +242,8 @@ class Scheduler:
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
-        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
-        cap = self._prefill_cap
+        budget, num_tokens, running, allocate, cap = (step.budget, step.num_tokens, RequestStatus.RUNNING,
+                                                      self.kv.allocate_slots, self._prefill_cap)
         prefill_cap = self.policy.prefill_cap if self.policy.overrides("prefill_cap") else None   # else `cap`
         for req in candidates:
             if req.status is not running or req.request_id in num_tokens:
@@ -358,26 +351,20 @@ class Scheduler:
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
         scheduled: list[ScheduledRequest] = []
         num_prefill = num_decode = 0
-        # the per-row loop runs for every request of every step (the simulator's hot path): names
-        # bound once, and a row without drafts, history or prompt logprobs builds nothing extra
+        # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped
         requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
-        account = self.policy.account if self.policy.overrides("account") else None   # else a no-op
-        charge_ledger = self.ledger.charge if self._charge_ledger else None
-        charge_decode = self.ledger.charge_decode
-        append = scheduled.append
+        account = self.policy.account if self.policy.overrides("account") else None
+        charge, append = self.ledger.charge_row if self._charge_ledger else None, scheduled.append
         for req_id, n in step.num_tokens.items():
             req = requests[req_id]
             start = req.num_computed_tokens
             is_new = req_id in is_new_ids
-            drafts: Sequence[int] = step_drafts.get(req_id, ()) if step_drafts else ()
+            drafts = step_drafts.get(req_id, ()) if step_drafts else ()
             end = start + n - len(drafts)
             num_prompt = len(req.prompt_token_ids)
             is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
             sp = req.sampling_params
-            if is_new:
-                prompt_history, output_history = req.penalty_history()
-            else:
-                prompt_history = output_history = None
+            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
             outputs = req.output_token_ids
             num_out = len(outputs)
             append(ScheduledRequest(
@@ -391,20 +378,12 @@ class Scheduler:
             if is_prefill:
                 num_prefill += n
                 req.metrics.prefill_tokens += n
-                cached = start if is_new else 0
-                if account is not None:
-                    account(req, n, cached, 0)
-                if charge_ledger is not None:
-                    charge_ledger(req.tenant, n, cached, 0)
             else:
                 num_decode += n
-                if account is not None:
-                    account(req, 0, start if is_new else 0, n)
-                if charge_ledger is not None:
-                    if is_new:
-                        charge_ledger(req.tenant, 0, start, n)
-                    else:
-                        charge_decode(req.tenant, n)
+            if account is not None:
+                account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
+            if charge is not None:
+                charge(req.tenant, n, is_prefill, start if is_new else 0)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
@@ -412,11 +391,7 @@ class Scheduler:
         masks = None
         if scheduled:
             sampling = [sr.request_id for sr in scheduled if sr.sample]
-            if self.reasoning.tracking:
-                grammar = self.structured.masks(r for r in sampling if not self.reasoning.is_thinking(r))
-            else:   # no one thinks: every sampling row may be constrained
-                grammar = self.structured.masks(sampling)
-            masks = self.reasoning.masks(sampling, grammar)
+            masks = self.reasoning.masks(sampling, self.structured.masks(self.reasoning.not_thinking(sampling)))
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
@@ -440,13 +415,12 @@ class Scheduler:
         now = self.clock.now()
         touched: list[tuple[Request, int]] = []
         get, results, running = self.requests.get, result.results, RequestStatus.RUNNING
-        reasoning, stop_reason = self.reasoning, self._stop_reason
+        reasoning, max_len = self.reasoning, self.max_model_len
         for sr in output.scheduled:
             req = get(sr.request_id)
             if req is None or req.status is not running:
                 continue  # aborted or failed while the step ran
-            metrics = req.metrics
-            if metrics.preempted_at is not None:   # else on_step_end has nothing to close
+            if (metrics := req.metrics).preempted_at is not None:   # else on_step_end closes nothing
                 metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
@@ -460,16 +434,15 @@ class Scheduler:
                 metrics.token_times.append(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
-                reason = stop_reason(req, token)
+                reason = req.stop_on(token, max_len)
                 if reason is not None:
                     # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
                     break
-            constrained = req.sampling_params.structured_outputs is not None
-            answer: Sequence[int] = ()
-            if kept and (constrained or reasoning.tracking):   # else nothing reads the tokens here
-                answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:])
+            constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
+            answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:]) \
+                if kept and (constrained or reasoning.tracking) else ()
             if answer and not req.is_finished and constrained:
                 reason = self.structured.advance(req.request_id, answer)
                 if reason is not None:
@@ -485,20 +458,6 @@ class Scheduler:
         del req.output_token_ids[len(req.output_token_ids) - num_tokens:]
         del req.metrics.token_times[len(req.metrics.token_times) - num_tokens:]
         req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
-
-    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
-        # a stop token that is also the last allowed one reports "stop", as vLLM does
-        sp = req.sampling_params
-        n_out = len(req.output_token_ids)
-        if n_out >= sp.min_tokens:
-            if token in sp.stop_token_ids:
-                req.stop_reason = token
-                return FinishReason.STOP
-            if not sp.ignore_eos and token in req.eos_token_ids:
-                return FinishReason.STOP
-        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
 
     def check_invariants(self) -> None:
         self.kv.check_invariants()

@@ -81,9 +81,8 @@ class StepPlan:
         return self.chunk_fit(shape, n, start, n >= req.num_tokens - start, first)
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
-        rid = req.request_id
+        rid, start = req.request_id, req.num_computed_tokens
         self.num_tokens[rid] = n
-        start = req.num_computed_tokens
         logits_rows = 0 if req.sampling_params.prompt_logprobs is None else req.prompt_logits_rows(start, start + n)
         row = self.rows[rid] = (n, start, n >= len(req.prompt_token_ids) + len(req.output_token_ids) - start,
                                 logits_rows)
@@ -92,9 +91,8 @@ class StepPlan:
         self.new_blocks[rid] = blocks
         if is_new:
             self.is_new.add(rid)
-        budget = self.budget
-        budget.tokens_left -= n
-        budget.seqs_left -= 1
+        self.budget.tokens_left -= n
+        self.budget.seqs_left -= 1
 
     def undo(self, req: Request) -> None:
         n = self.num_tokens.pop(req.request_id, None)
