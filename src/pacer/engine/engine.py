@@ -65,6 +65,14 @@ class AbortRequest:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class SessionAnswered:
+    """Inbox: a session's finished chat turn answered without calling a tool (its window closes)."""
+
+    tenant: str
+    session: str
+
+
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
@@ -88,7 +96,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
-        self._inbox: deque[AddRequest | AbortRequest] = deque()
+        self._inbox: deque[AddRequest | AbortRequest | SessionAnswered] = deque()
         self._ids = itertools.count()
         self._seq = itertools.count()
         self._live_ids: set[str] = set()
@@ -278,6 +286,12 @@ class Engine:
         self._inbox.append(AbortRequest(request_id))
         self.scheduler.structured.wake()
 
+    def session_answered(self, tenant: str, session: str) -> None:
+        """From any thread: the session's last turn ended in an answer, not a tool call, so no
+        tool is running and its retention window closes (applied at the next step). The server
+        calls it for chat turns with `tools`; a window stays open when nobody can tell."""
+        self._inbox.append(SessionAnswered(tenant, session))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests()
 
@@ -291,6 +305,9 @@ class Engine:
                 tracked = self._tracked.get(item.request_id)
                 if tracked is not None and self.scheduler.abort_request(item.request_id) is not None:
                     outs.append(self._finish_output(tracked, [], ""))
+                continue
+            if isinstance(item, SessionAnswered):
+                self.kv.retention.answered(item.tenant, item.session)
                 continue
             self._tracked[item.tracked.req.request_id] = item.tracked
             if item.grammar is None:
