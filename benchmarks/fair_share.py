@@ -133,6 +133,18 @@ def doc_tenants(docs: int) -> Workload:
                                                  for t in ("light-a", "light-b")))
 
 
+# (label, policy, bound, engine kwargs): lpm+bound with and without queue-aware eviction (a
+# waiting request's prefix look-up counts as a use, so LRU keeps what the queue will read)
+PREFIX_RUNS: tuple[tuple[str, str, float, dict[str, Any]], ...] = (
+    ("lpm", "lpm", PREFIX_BOUND, {}),
+    ("lpm+bound", "lpm+bound", PREFIX_BOUND, {}),
+    ("lpm+bound/lru", "lpm+bound", PREFIX_BOUND, {"queue_aware_eviction": False}),
+    (f"lpm+bound{PREFIX_BOUND * 4:.0f}", "lpm+bound", PREFIX_BOUND * 4, {}),
+    ("fair", "fair", PREFIX_BOUND, {}),
+    ("fcfs", "fcfs", PREFIX_BOUND, {}),
+)
+
+
 def prefix_heavy(args: argparse.Namespace) -> None:
     """lpm, lpm+bound, fair and fcfs over bursts that fit lpm's queue limit, several seeds."""
     wl = doc_tenants(PREFIX_DOCS)
@@ -142,9 +154,8 @@ def prefix_heavy(args: argparse.Namespace) -> None:
     sums: dict[str, list[float]] = {}
     for seed in range(args.prefix_seeds):
         specs = burst(wl, PREFIX_BURST, seed)
-        for p in ("lpm", "lpm+bound", f"lpm+bound{PREFIX_BOUND * 4:.0f}", "fair", "fcfs"):
-            bound = PREFIX_BOUND * 4 if p.startswith("lpm+bound") and p != "lpm+bound" else PREFIX_BOUND
-            recs, dur = sim_run(p.rstrip("0123456789"), specs, num_kv_blocks=PREFIX_BLOCKS, bound=bound)
+        for p, policy, bound, extra in PREFIX_RUNS:
+            recs, dur = sim_run(policy, specs, num_kv_blocks=PREFIX_BLOCKS, bound=bound, **extra)
             heavy = [r for r in recs if r.tenant == "heavy"]
             row = [hit_rate(recs), hit_rate(heavy), sum(r.output_tokens for r in recs) / dur,
                    service_jain(tenant_rows(recs, until=backlog_end(recs)))]

@@ -251,3 +251,23 @@ def test_per_key_limits_hold_once_for_the_deployment(monkeypatch, tmp_path, toke
     assert gate.key_limits.num_in_flight("acme") == 0   # each answer gave its place back
     r = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200   # another key is not held by acme's limits
+
+
+def test_the_route_carries_the_turns_session(monkeypatch, tokenizer):
+    """The router reads a turn's agent session as a replica does (the body's `session`, else
+    `x-session-id`), so a long history routes to the replica retaining it."""
+    ingress_args, _ = _serve_args(monkeypatch)
+    client, gate, _ = ingress(ingress_args, tokenizer, replica_app([]))
+    routes: list[dict] = []
+    admit = gate.admit
+
+    async def recording(request, generate=False):
+        ticket = await admit(request, generate)
+        routes.append(ticket.route)
+        return ticket
+    gate.admit = recording
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for body, headers, session in ((CHAT, {}, None), (CHAT, {"x-session-id": "agent-7"}, "agent-7"),
+                                   ({**CHAT, "session": "agent-8"}, {"x-session-id": "agent-7"}, "agent-8")):
+        r = client.post("/v1/chat/completions", json=body, headers={**auth, **headers})
+        assert r.status_code == 200 and routes[-1]["session"] == session

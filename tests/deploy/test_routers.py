@@ -222,3 +222,33 @@ def test_a_long_session_history_is_its_own_routing_key():
     turn = RouteRequest("b", history + [7, 7, 7, 7], session="agent-1")
     assert router.choose(turn, c) == "r1"
     assert router.homes.homes(hash(("session", "", "agent-1"))) == ("r1",)
+
+
+def test_simulated_cluster_routes_sessions_and_retains_their_histories():
+    """`pacer sim --replicas` passes a turn's session to the router and the engine, as the server
+    and the Ray ingress do: each session's long history is its own routing key (the router keeps
+    a home per session), its later turns go to the replica holding that history, and each
+    finished turn opens a retention window there."""
+    from pacer.deploy.routers import SESSION_ROUTING_MIN_TOKENS
+
+    system = [(j * 7) % 900 + 10 for j in range(256)]
+    histories = {f"agent-{a}": [(a * 131 + j * 3) % 500 + 1000 for j in range(SESSION_ROUTING_MIN_TOKENS)]
+                 for a in range(4)}
+    trace = []
+    for turn in range(3):
+        for a, (name, history) in enumerate(histories.items()):
+            prompt = system + history[: SESSION_ROUTING_MIN_TOKENS // 2 * (turn + 1)] + [2000 + turn] * 8
+            trace.append(SimRequest(f"{name}-t{turn}", turn * 2.0 + a * 0.1, prompt, 8, session=name))
+    config = EngineConfig.from_kwargs(num_kv_blocks=600, block_size=16, max_model_len=2048)
+    index = BlockIndex(strict=True)
+    replicas = build_cluster(2, config, get_hardware("h200-sxm"), get_model("llama-3.1-8b"), index)
+    router = make_router("prefix", 2)
+    result = simulate_cluster(replicas, router, index, trace, block_size=16)
+    assert all(r.ok for r in result.records)
+    owner = request_namespace("default", None, "shared")
+    for name in histories:
+        later = {result.replica_of[f"{name}-t{t}"] for t in (1, 2)}
+        assert len(later) == 1                                          # later turns stay home
+        assert router.homes.homes(hash(("session", owner, name))) == tuple(later)
+    opened = sum(r.engine.kv.retention.stats.windows_opened for r in replicas)
+    assert opened == len(trace)                                         # every finished turn kept its history

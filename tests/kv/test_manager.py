@@ -116,3 +116,22 @@ def test_partitioned_quota_evicts_only_the_tenants_own_cache():
 def _run_free(kv, req):
     _run(kv, req)
     kv.free(req)
+
+
+def test_a_prefix_the_queue_waits_for_is_evicted_last():
+    """Queue-aware eviction: the lpm/slo look-up of a waiting request counts as a use of its
+    cached prefix, so LRU drops a newer prefix nobody waits for first; off, the older goes."""
+    for aware in (True, False):
+        kv = _kv(num_blocks=8, queue_aware_eviction=aware)
+        older, newer = _req("a", list(range(1, 10))), _req("b", list(range(50, 59)))   # 2 full blocks each
+        for r in (older, newer):
+            _run(kv, r)
+            kv.free(r)
+        waiting = _req("w", list(range(1, 9)) + [77, 78])
+        assert kv.cached_prefix_tokens(waiting) == 8          # the lpm policy's look-up, each step
+        big = _req("big", list(range(200, 220)))              # 5 blocks: 2 cached blocks must go
+        _run(kv, big)
+        kept_older = kv.cached_prefix_tokens(_req("w2", list(range(1, 9)) + [1])) == 8
+        kept_newer = kv.cached_prefix_tokens(_req("w3", list(range(50, 58)) + [1])) == 8
+        assert (kept_older, kept_newer) == ((True, False) if aware else (False, True))
+        kv.check_invariants()

@@ -38,3 +38,38 @@ def test_session_turns_retain_and_release_over_http(llm):
             client.chat.completions.create(model=MODEL, max_tokens=2, messages=history,
                                            extra_body={"session": "agent-7", "kv_retention": {"ttl_s": 10_000}})
         assert bad.value.body["param"] == "kv_retention" and "300" in bad.value.body["message"]
+
+
+PRICE = {"type": "function", "function": {
+    "name": "flight_price", "description": "The price of a flight to a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"enum": ["Lisbon", "Porto"]}}}}}
+
+
+def test_a_window_stays_open_only_while_a_tool_runs(llm):
+    """A session's chat turn with `tools` keeps its window when it ends in tool_calls (the tool
+    is running) and closes it when it answers instead (a person, not a tool, is next)."""
+    with serve(llm.engine) as served:
+        client = openai.OpenAI(base_url=served.v1, api_key="x")
+        before = _retention(served)   # the engine is shared with other tests: count from here
+
+        def since() -> dict:
+            now = _retention(served)
+            return {k: now[k] - before.get(k, 0) for k in now} | {"retained_blocks": now["retained_blocks"]}
+        history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Price a flight to Lisbon."}]
+        call = client.chat.completions.create(model=MODEL, max_tokens=96, temperature=0, messages=history,
+                                              tools=[PRICE], tool_choice="required",
+                                              extra_headers={"x-session-id": "agent-9"})
+        assert call.choices[0].finish_reason == "tool_calls"
+        opened = wait_for(lambda: (s := since())["windows_opened"] >= 1 and s, what="the window")
+        assert opened["answered"] == 0 and opened["retained_blocks"] > 0
+        tool_call = call.choices[0].message.tool_calls[0]
+        history += [{"role": "assistant", "content": None, "tool_calls": [tool_call.model_dump()]},
+                    {"role": "tool", "tool_call_id": tool_call.id, "content": "120 EUR"}]
+        answer = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=history,
+                                                tools=[PRICE], tool_choice="none",
+                                                extra_headers={"x-session-id": "agent-9"})
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        stats = wait_for(lambda: (s := since())["answered"] >= 1 and s, what="the answered turn")
+        assert stats["returns"] == 1 and stats["windows_opened"] == 2 and stats["retained_blocks"] == 0
+        assert "session_retention_answered" in httpx.get(served.base_url + "/metrics").text

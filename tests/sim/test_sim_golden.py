@@ -7,7 +7,7 @@ Each case hashes every SchedulerOutput (who ran, from which position, how many t
 blocks, preemptions, finishes, swaps, budgets), every StepStats field that is not a wall-clock
 timing, and every request's record (all timestamps, token times included). The cases cover
 chunked and classic prefill, recompute and swap preemption, prefix caching on and off, the
-slo, fair and priority policies and n-gram speculation.
+slo, fair, priority and lpm policies and n-gram speculation.
 
 Regenerate (only when a decision is meant to change, and say so in the commit):
     PYTHONPATH=src python tests/sim/test_sim_golden.py --regenerate
@@ -55,6 +55,9 @@ CASES: dict[str, list[str]] = {
     "priority-threshold": [*A100_8B, "--workload", "mixed", "--request-rate", "30", "--num-prompts", "100",
                            "--scheduling-policy", "priority", "--long-prefill-token-threshold", "256",
                            "--num-kv-blocks", "600", "--max-num-seqs", "32"],
+    # longest prefix first: queue look-ups touch what waiting requests will read (queue-aware eviction)
+    "lpm-evicting": [*A100_8B, "--workload", "mixed", "--request-rate", "40", "--num-prompts", "100",
+                     "--scheduling-policy", "lpm", "--num-kv-blocks", "500", "--max-num-seqs", "32"],
     "ngram-spec": [*A100_8B, "--workload", "chat", "--request-rate", "10", "--num-prompts", "60",
                    "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
 }

@@ -26,7 +26,9 @@ from pacer.workload.report import OVERALL, STATUS_ERROR, STATUS_REJECTED, build_
 from pacer.workload.runner import run_http
 
 TOLERANCE_S = 0.005
-SCRIPT = {"ttft": 0.04, "gaps": [0.01, 0.03, 0.02]}
+GAPS_S = [0.01, 0.03, 0.02]
+SCRIPT = {"ttft": 0.04, "gaps": GAPS_S}
+HICCUPS_ALLOWED = 2   # of a run's 36 tokens
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +49,29 @@ def _server_log(base_url: str) -> dict[str, dict[str, Any]]:
 
 
 def _timing_errors(records: list[Any], specs: list[Any], log: dict[str, dict[str, Any]], t0: float) -> list[str]:
-    """Tokens the client stamped more than TOLERANCE_S outside the server's write bracket."""
-    errors = []
+    """Tokens the client stamped before the server's write (never allowed), or more than
+    TOLERANCE_S after it. A descheduled client process can stamp one or two tokens late on a
+    loaded box, so up to HICCUPS_ALLOWED of a run's tokens may be late by at most the smallest
+    scripted gap; a client that stamps on batches or at the end of a stream is late on most
+    tokens, by a gap or more, and still fails."""
+    early, late, very_late = [], [], []
     for rec, spec in zip(records, specs):
         for i, (t, (before, after)) in enumerate(zip(rec.token_times, log[spec.prompt.strip()]["sent_at"])):
-            if not before - t0 - TOLERANCE_S <= t <= after - t0 + TOLERANCE_S:
-                errors.append(f"{rec.request_id} token {i}: client {t:.4f}, sent [{before - t0:.4f}, {after - t0:.4f}]")
-    return errors
+            where = f"{rec.request_id} token {i}: client {t:.4f}, sent [{before - t0:.4f}, {after - t0:.4f}]"
+            if t < before - t0 - TOLERANCE_S:
+                early.append(where)
+            elif t > after - t0 + min(GAPS_S):
+                very_late.append(where)
+            elif t > after - t0 + TOLERANCE_S:
+                late.append(where)
+    return early + very_late + (late if len(late) > HICCUPS_ALLOWED else [])
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_measured_times_match_what_the_server_sent(server: str, endpoint: str) -> None:
-    """Every token's client timestamp (so TTFT and each ITL) within 5 ms of its send. A second
-    process on a loaded 2-core box can be descheduled for longer than that, so a run with a
-    scheduling hiccup is repeated (at most 3 runs); the arithmetic checks hold on every run."""
+    """Every token's client timestamp (so TTFT and each ITL) within 5 ms of its send, up to two
+    hiccups of a descheduled process (see _timing_errors); a run with more is repeated (at most
+    3 runs); the arithmetic checks hold on every run."""
     failures: list[str] = []
     for attempt in range(3):
         specs = generate_requests(builtin_workload("fixed", 12, 6), Poisson(40), seed=attempt, num_requests=6)
@@ -89,7 +100,7 @@ def test_measured_times_match_what_the_server_sent(server: str, endpoint: str) -
         failures = _timing_errors(records, specs, log, t0)
         if not failures:
             return
-    pytest.fail("client timestamps off by more than 5 ms in 3 runs:\n" + "\n".join(failures[:10]))
+    pytest.fail("client timestamps off by more than 5 ms (beyond two hiccups) in 3 runs:\n" + "\n".join(failures[:10]))
 
 
 def test_errors_and_429s_are_counted_apart(server: str) -> None:

@@ -74,6 +74,10 @@ class CacheConfig:
                           "all unlisted tenants together; default 0 = they cache nothing)."})
     cache_ttl: float | None = field(
         default=None, metadata={"help": "Drop prefix-cache nodes idle longer than this many seconds (any policy)."})
+    queue_aware_eviction: bool = field(
+        default=True,
+        metadata={"help": "A waiting request's prefix look-up (the lpm and slo policies order the queue by it) "
+                          "counts as a use of the matched blocks, so eviction keeps what the queue will read."})
     session_retention: bool = field(
         default=True,
         metadata={"help": "Agent sessions: a finished turn of a named session (x-session-id) keeps its "

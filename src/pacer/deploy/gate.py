@@ -39,12 +39,22 @@ from pacer.server.api import errors
 from pacer.server.api.gateway import FAIRNESS_HEADER
 from pacer.server.api.limits import RequestLimits, read_body
 
-__all__ = ["Gate", "Ticket", "gate_from_args", "routing_facts", "relayed_headers", "REPLICA_HEADER", "CLASS_HEADER",
+__all__ = ["Gate", "Ticket", "gate_from_args", "routing_facts", "request_session", "relayed_headers", "REPLICA_HEADER", "CLASS_HEADER",
            "CHARGED_PATHS"]
 
 REPLICA_HEADER = "x-pacer-replica"       # which replica answered (never on a refusal)
 CLASS_HEADER = "x-pacer-class"           # as pacer.server.app reads it
 CHARGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+
+
+def request_session(body: Any, headers: Any) -> str | None:
+    """The agent session a turn continues, as a replica reads it: the body's `session`, else
+    the `x-session-id` header (`pacer.server.app`). A long history routes by it."""
+    session = body.get("session") if isinstance(body, dict) else None
+    if isinstance(session, str) and session:
+        return session
+    header = headers.get("x-session-id")
+    return header if isinstance(header, str) and header else None
 
 
 def routing_facts(body: Any, headers: Any, tokenizer: Any,
@@ -166,7 +176,8 @@ class Gate:
         rclass = self.rules.classify(len(ids), max_tokens if isinstance(max_tokens, int) else None,
                                      is_agent or bool(isinstance(body, dict) and body.get("tools")))
         return {"request_id": f"ingress-{next(self._ids)}", "token_ids": ids, "tenant": tenant,
-                "owner": request_namespace(tenant, salt, self.isolation), "request_class": rclass}
+                "owner": request_namespace(tenant, salt, self.isolation), "request_class": rclass,
+                "session": request_session(body, headers)}
 
     def started(self, ticket: Ticket) -> None:
         """The response started: the request no longer counts as waiting."""

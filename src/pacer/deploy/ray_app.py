@@ -226,7 +226,7 @@ class PacerRequestRouter(RequestRouter):
         self._cluster.replica_ids = sorted(ids, key=lambda rid: (live.get(rid, {}).get("rank", 0), rid))
         self._cluster.load = {rid: self._in_flight.get(rid, 0) for rid in ids}
         req = RouteRequest(route["request_id"], route.get("token_ids", []), route.get("tenant", "default"),
-                           route.get("owner", ""), route.get("request_class", "chat"))
+                           route.get("owner", ""), route.get("request_class", "chat"), route.get("session"))
         with self._lock:
             choice = self._router.choose(req, self._cluster)
         by_id = dict(zip(ids, candidate_replicas, strict=True))

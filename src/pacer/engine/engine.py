@@ -2,9 +2,10 @@
 
 Thread-safety: `add_request` and `abort_request` may be called from any thread (the server's
 event loop); they validate synchronously and hand the work to the stepping thread through
-an inbox of typed items (`AddRequest`, `AbortRequest`) that `step()` drains first. Only the
-stepping thread touches the scheduler. Structured outputs run through the scheduler's
-runtime (pacer.sched.structured); the engine only starts a constrained request's compile.
+an inbox of typed items (`AddRequest`, `AbortRequest`, `SessionAnswered`) that `step()`
+drains first. Only the stepping thread touches the scheduler. Structured outputs run through
+the scheduler's runtime (pacer.sched.structured), installed by `pacer.engine.constraints`; the
+engine only starts a constrained request's compile.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from pacer.clock import Clock, WallClock
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo
+from pacer.engine.constraints import Constraints
 from pacer.engine.outputs import RequestOutput, TrackedRequest
 from pacer.engine.prepare import (
     PrepareContext,
@@ -38,12 +40,9 @@ from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, SamplingParams, check_context_length
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
-from pacer.sched.reasoning import ReasoningTracker, ThinkTags
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_cost import StepCostModel, StepShape
-from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
-from pacer.structured.manager import StructuredOutputManager
-from pacer.structured.runtime import StructuredRuntime, default_manager
+from pacer.sched.structured import GrammarCompile
 
 __all__ = ["Engine", "RequestOutput", "StepStats", "EngineSnapshot", "Executor", "AddRequest", "AbortRequest"]
 
@@ -65,7 +64,15 @@ class AbortRequest:
     request_id: str
 
 
-class Engine:
+@dataclass(frozen=True, slots=True)
+class SessionAnswered:
+    """Inbox: a session's finished chat turn answered without calling a tool (its window closes)."""
+
+    tenant: str
+    session: str
+
+
+class Engine(Constraints):
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer: Any | None,
                  num_kv_blocks: int, model_max_len: int, eos_token_ids: Sequence[int] = (),
                  clock: Clock | None = None, vocab_size: int | None = None,
@@ -88,7 +95,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
-        self._inbox: deque[AddRequest | AbortRequest] = deque()
+        self._inbox: deque[AddRequest | AbortRequest | SessionAnswered] = deque()
         self._ids = itertools.count()
         self._seq = itertools.count()
         self._live_ids: set[str] = set()
@@ -101,9 +108,7 @@ class Engine:
         self._hit_tokens_seen = 0   # kv.stats.hit_tokens at the last StepStats
         self._num_steps = 0
         self.finished_outputs_only = False   # True: no running deltas that change nothing (the simulator's)
-        # what install_structured_outputs was given (None: the default, made on first use); the
-        # runtime it became is the scheduler's (`scheduler.structured`)
-        self._structured_outputs: StructuredOutputManager | StructuredOutputs | None = None
+        self._structured_outputs = None   # pacer.engine.constraints: the default, made on first use
         self.tiers: tuple[KVTierHook, ...] = tuple(open_tier(self.kv) for open_tier in tiers)
         if config.structured.reasoning_parser is not None:
             self.install_think_tags(think_tags(config.structured.reasoning_parser, tokenizer))
@@ -139,57 +144,9 @@ class Engine:
         """Steps that ran (scheduled work); an idle step does not count."""
         return self._num_steps
 
-    def install_think_tags(self, tags: ThinkTags | None, gate_grammars: bool = True) -> None:
-        """Where a reasoning model's thinking starts and ends (token ids): grammars start after it,
-        `thinking_token_budget` forces its end (pacer.sched.reasoning); None: the model does not
-        reason. Made from `reasoning_parser` and the tokenizer; the simulator installs its own
-        (`gate_grammars` False: only budgeted requests think). Call while no request is in flight."""
-        self.scheduler.reasoning = ReasoningTracker(tags, gate_grammars)
-
-    @property
-    def think_tags(self) -> ThinkTags | None:
-        """The token ids of the reasoning parser's tags (None: no --reasoning-parser)."""
-        return self.scheduler.reasoning.tags
-
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
-
-    @property
-    def structured_outputs(self) -> StructuredOutputManager | StructuredOutputs:
-        """What serves constrained requests: the StructuredOutputManager (grammar workers, cache,
-        masks), or the runtime installed whole (the simulator's SimStructured); the default one
-        is made on first use (it starts grammar worker processes, so only a constrained request
-        or a caller asking for it makes one)."""
-        installed = self._structured_outputs
-        if installed is None:
-            installed = default_manager(self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.structured)
-            self.install_structured_outputs(installed)
-        return installed
-
-    def _structured_runtime(self) -> StructuredOutputs:
-        """The scheduler's structured-outputs runtime, for a constrained request (made now if none was)."""
-        _ = self.structured_outputs
-        return self.scheduler.structured
-
-    def install_structured_outputs(self, manager: StructuredOutputManager | StructuredOutputs | None) -> None:
-        """Use `manager` (a StructuredOutputManager, e.g. with another compiler or timeout, or a
-        whole runtime such as the simulator's SimStructured), closing the current one; None: a
-        default one at the next use. Call from the stepping thread while no constrained
-        request is in flight."""
-        if manager is None:
-            runtime: StructuredOutputs = NullStructuredOutputs()
-        elif isinstance(manager, StructuredOutputManager):   # a manager, not yet a runtime
-            runtime = StructuredRuntime(manager)
-        else:
-            runtime = manager
-        self.scheduler.install_structured_outputs(runtime).close()
-        self._structured_outputs = manager
-
-    @property
-    def num_waiting_for_grammar(self) -> int:
-        """Queued requests whose grammar is still compiling (RequestStatus.WAITING_FOR_GRAMMAR)."""
-        return self.scheduler.num_waiting_for_grammar
 
     # ------------------------------------------------------------------ requests
 
@@ -279,6 +236,12 @@ class Engine:
         self._inbox.append(AbortRequest(request_id))
         self.scheduler.structured.wake()
 
+    def session_answered(self, tenant: str, session: str) -> None:
+        """From any thread: the session's last turn ended in an answer, not a tool call, so no
+        tool is running and its retention window closes (applied at the next step). The server
+        calls it for chat turns with `tools`; a window stays open when nobody can tell."""
+        self._inbox.append(SessionAnswered(tenant, session))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests()
 
@@ -292,6 +255,9 @@ class Engine:
                 tracked = self._tracked.get(item.request_id)
                 if tracked is not None and self.scheduler.abort_request(item.request_id) is not None:
                     outs.append(self._finish_output(tracked, [], ""))
+                continue
+            if isinstance(item, SessionAnswered):
+                self.kv.retention.answered(item.tenant, item.session)
                 continue
             self._tracked[item.tracked.req.request_id] = item.tracked
             if item.grammar is None:

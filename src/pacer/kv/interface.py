@@ -65,8 +65,10 @@ class PrefixCacheProtocol(Protocol):
         """The longest cached run of whole blocks (at most `max_blocks`) visible to `owners`."""
         ...
 
-    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int) -> int:
-        """How many blocks `match_prefix` would match, without touching or splitting anything."""
+    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int,
+                      tenant: str | None = None) -> int:
+        """How many blocks `match_prefix` would match, without splitting anything; touches the
+        matched path for `tenant` when one is given (a waiting request's demand)."""
         ...
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str, tenant: str = ...,

@@ -82,9 +82,9 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCacheProtocol | None = None, *,
                  tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
                  num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None,
-                 retention: SessionRetention | None = None) -> None:
+                 retention: SessionRetention | None = None, queue_aware_eviction: bool = True) -> None:
         """`prefix_cache` None: no prefix caching (the null cache). `retention` None: no
-        session retention."""
+        session retention. `queue_aware_eviction`: see `cached_prefix_tokens`."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         self.block_size = block_size
@@ -105,6 +105,7 @@ class KVCacheManager:
         self._deferred_quota: list[str] = []
         self.stats = KVStats()
         self.retention = retention if retention is not None else SessionRetention(None, lambda: 0.0, enabled=False)
+        self.queue_aware_eviction = queue_aware_eviction
 
     @classmethod
     def from_config(cls, config: CacheConfig, num_blocks: int, now: Callable[[], float],
@@ -126,7 +127,7 @@ class KVCacheManager:
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
                    num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host,
-                   retention=retention)
+                   retention=retention, queue_aware_eviction=config.queue_aware_eviction)
 
     # ------------------------------------------------------------------ sizes
 
@@ -198,13 +199,17 @@ class KVCacheManager:
         return PrefixHit(match, num_tokens, req.num_tokens if self.cache.enabled else 0, promoted)
 
     def cached_prefix_tokens(self, req: Request) -> int:
-        """Device-tier tokens `lookup_prefix` would find for `req` now, without splitting or
-        touching the tree (for ordering by it)."""
+        """Device-tier tokens `lookup_prefix` would find for `req` now, without splitting the
+        tree or taking references (for ordering by it). With `queue_aware_eviction` the look-up
+        touches the matched path for the request's tenant: the queue's demand keeps its
+        prefixes recent, so a prefix a waiting request will read is evicted after those no one
+        waits for."""
         if req.request_id in self.block_tables:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         tokens = req.token_ids_slice(0, req.num_tokens)
-        return self.cache.lookup_blocks(tokens, self._owners(req), max_blocks) * self.block_size
+        demand = req.tenant if self.queue_aware_eviction else None
+        return self.cache.lookup_blocks(tokens, self._owners(req), max_blocks, demand) * self.block_size
 
     def _commit_hit(self, req: Request, hit: PrefixHit) -> None:
         """The request holds and locks the hit's device blocks, and its host-tier blocks are

@@ -45,7 +45,8 @@ class NullPrefixCache:
                      tenant: str = PUBLIC) -> PrefixMatch:
         return self._no_match
 
-    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int) -> int:
+    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int,
+                      tenant: str | None = None) -> int:
         return 0
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str, tenant: str = PUBLIC,

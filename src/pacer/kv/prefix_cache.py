@@ -159,8 +159,11 @@ class PrefixCache:
         self._touch(node, tenant)
         return PrefixMatch(node, tuple(blocks))
 
-    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int) -> int:
-        """How many whole blocks `match_prefix` would match, looked up only: no split, no touch."""
+    def lookup_blocks(self, token_ids: Sequence[int], owners: Sequence[str], max_blocks: int,
+                      tenant: str | None = None) -> int:
+        """How many whole blocks `match_prefix` would match, looked up only: no split. With a
+        `tenant`, the wholly matched path is touched for it (a waiting request's demand keeps
+        its prefix recent); without, nothing is."""
         bs = self.block_size
         limit = min(len(token_ids) // bs, max_blocks)
         node, num = self.root, 0
@@ -173,6 +176,8 @@ class PrefixCache:
             if k < len(child.block_ids):
                 break
             node = child
+        if tenant is not None and node.parent is not None:
+            self._touch(node, tenant)
         return num
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,

@@ -52,6 +52,7 @@ class RetentionStats:
     returns: int = 0              # windows closed by their session's next turn
     expiries: int = 0             # windows closed by their deadline
     releases: int = 0             # windows closed by a release hint
+    answered: int = 0             # windows closed because the turn answered instead of calling a tool
     capped: int = 0               # windows closed (or not opened) to respect the operator cap
     demoted_blocks: int = 0       # retained blocks eviction took (demoted to the host tier when there is one)
 
@@ -180,6 +181,15 @@ class SessionRetention:
         if node is None or self.cache is None:
             return []
         return self.cache.drop_path(node)
+
+    def answered(self, tenant: str, session: str) -> bool:
+        """The session's last turn answered (no tool call, so no tool is running): its window
+        closes and the conversation's blocks are evicted as any other's. False: none was open."""
+        if (tenant, session) not in self.windows:
+            return False
+        self._close((tenant, session))
+        self.stats.answered += 1
+        return True
 
     def expire(self) -> int:
         """Close every window whose deadline has passed; returns how many."""

@@ -142,6 +142,11 @@ class EngineLoop:
             self.engine.abort_request(request_id)
             self._wake()
 
+    def session_answered(self, tenant: str, session: str) -> None:
+        """From the event loop: close the session's retention window (`Engine.session_answered`)."""
+        self.engine.session_answered(tenant, session)
+        self._wake()
+
     def route(self, request_id: str) -> Route | None:
         return self._routes.get(request_id)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pacer.config.slo import ClassRules, Slo
-from pacer.engine import Engine
+from pacer.engine import Engine, RequestOutput
 from pacer.engine.prepare import PreparedRequest, check_session
 from pacer.errors import FieldError
 from pacer.request import ContextLengthError, SamplingParams
@@ -45,6 +45,10 @@ class RequestContext:
     api_key_name: str | None = None   # the key's name (never the key), for limits and the log
     status: int = 200          # what the client got: 200, 408 (read too slowly), 429 (displaced), 499 (went away), 500
     started: bool = False
+    # a session's chat turn with tools: whether its finished output called one (a turn that
+    # answered instead closes the session's retention window; pacer.kv.retention)
+    session: str | None = None
+    called_tool: Callable[[RequestOutput], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)

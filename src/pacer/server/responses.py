@@ -14,9 +14,9 @@ from pacer.engine import RequestOutput
 from pacer.server.api.echo import echo_logprobs, prompt_text, vllm_prompt_logprobs
 from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.api.request_metrics import metrics_body
-from pacer.server.reasoning import ReasoningReader, reasoning_message
+from pacer.server.reasoning import ReasoningReader
 from pacer.server.service import Job
-from pacer.server.tools.stream import ToolDeltaStream, tool_message
+from pacer.server.tools.stream import ToolDeltaStream
 
 __all__ = ["completion_body", "Chunks", "sse"]
 
@@ -29,7 +29,7 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
     if parsed.endpoint == "chat":
         choices = []
         for i, o in enumerate(outs):
-            message, finish = _chat_message(job, o)
+            message, finish = job.chat_message(o)
             choices.append({"index": i, "message": message, "finish_reason": finish, "stop_reason": o.stop_reason,
                             "logprobs": None if k is None else chat_logprobs(o.token_ids, o.logprobs or [], k, texts)})
         obj = "chat.completion"
@@ -42,22 +42,6 @@ def completion_body(job: Job, outs: list[RequestOutput], texts: TokenText) -> di
         extra["metrics"] = _metrics(job, outs)
     return {"id": job.api_id, "object": obj, "created": job.created, "model": parsed.model,
             "choices": choices, "usage": _usage(outs, parsed.n, parsed.score_only), **extra}
-
-
-def _chat_message(job: Job, o: RequestOutput) -> tuple[dict[str, Any], str | None]:
-    """A chat choice's message: its thinking split off (reasoning parser), then its tool calls
-    read from the content after the thinking."""
-    text, finish = o.text, o.finish_reason
-    thinking: dict[str, Any] = {}
-    if job.reasoning is not None:
-        reasoning, text = reasoning_message(job.reasoning, o.text, o.prompt_token_ids)
-        thinking = {"reasoning_content": reasoning, "reasoning": reasoning}
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if job.tool_parser is not None:
-        message, finish = tool_message(job.tool_parser, text, finish)
-    if thinking and thinking["reasoning"] is not None and not message["content"]:
-        message["content"] = None   # vLLM: thinking without an answer has null content
-    return {**message, **thinking}, finish
 
 
 def _metrics(job: Job, outs: list[RequestOutput]) -> list[dict[str, Any]]:

@@ -32,9 +32,10 @@ from pacer.server.api.limits import RequestLimits
 from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
-from pacer.server.reasoning import ReasoningSyntax
+from pacer.server.reasoning import ReasoningSyntax, reasoning_message
 from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
 from pacer.server.tools.serving import ToolOptions, plan_tools
+from pacer.server.tools.stream import tool_message
 from pacer.telemetry.collectors import (
     KVTierCollector,
     PrefillDedupCollector,
@@ -94,6 +95,24 @@ class Job:
     @property
     def done(self) -> bool:
         return len(self.finished) == len(self.request_ids)
+
+    def chat_message(self, o: RequestOutput) -> tuple[dict[str, Any], str | None]:
+        """A finished chat choice's message: its thinking split off (reasoning parser), then its
+        tool calls read from the content after the thinking; and its finish_reason."""
+        text, finish = o.text, o.finish_reason
+        thinking: dict[str, Any] = {}
+        if self.reasoning is not None:
+            reasoning, text = reasoning_message(self.reasoning, o.text, o.prompt_token_ids)
+            thinking = {"reasoning_content": reasoning, "reasoning": reasoning}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tool_parser is not None:
+            message, finish = tool_message(self.tool_parser, text, finish)
+        if thinking and thinking["reasoning"] is not None and not message["content"]:
+            message["content"] = None   # vLLM: thinking without an answer has null content
+        return {**message, **thinking}, finish
+
+    def called_tool(self, o: RequestOutput) -> bool:
+        return self.chat_message(o)[1] == "tool_calls"
 
 
 class Service:
@@ -185,6 +204,9 @@ class Service:
                       return_metrics=parsed.return_metrics or self.options.per_request_metrics)
             specs = self.builder.specs(job.api_id, self.model_name, parsed, prompts, is_agent=is_agent,
                                        declared_class=declared_class, header_slo=header_slo, key=key)
+            if parsed.session is not None and parsed.tools is not None:   # a window only while a tool runs
+                for spec in specs:
+                    spec.context.session, spec.context.called_tool = parsed.session, job.called_tool
             total = sum(s.prepared.num_tokens for s in specs)
             self._charged(parsed.tenant, lambda now: self.key_limits.acquire_tokens(limiter, total, now))
             num_tokens = total
@@ -310,6 +332,9 @@ class Service:
         if not self._contexts:
             self._all_finished.set()
         reason = out.finish_reason or "abort"
+        if ctx.called_tool is not None and ctx.session is not None and reason in ("stop", "length") \
+                and not ctx.called_tool(out):
+            self.loop.session_answered(ctx.tenant, ctx.session)
         if out.metrics.shed:
             ctx.status = 429
             self.metrics.on_refused("slo_unattainable")

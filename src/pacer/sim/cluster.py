@@ -141,13 +141,13 @@ class _ClusterLoop:
             snap = r.engine.snapshot()
             self.cluster.load[r.replica_id] = snap.num_waiting + snap.num_running
         owner = request_namespace(req.tenant, None, self.isolation)
-        route = RouteRequest(req.request_id, req.prompt_token_ids, req.tenant, owner, req.request_class)
+        route = RouteRequest(req.request_id, req.prompt_token_ids, req.tenant, owner, req.request_class, req.session)
         choice = self.by_id[self.router.choose(route, self.cluster)]
         if not choice.engine.has_unfinished_requests() and choice.clock.now() < arrive_at:
             choice.clock.set(arrive_at)   # an idle replica joins the timeline at the arrival
         params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, temperature=0.0)
         rid = choice.engine.add_request(req.prompt_token_ids, params, request_id=f"sim-{i}", priority=req.priority,
-                                        tenant=req.tenant, arrival_time=arrive_at)
+                                        tenant=req.tenant, arrival_time=arrive_at, session=req.session)
         self.index_of[rid] = i
         self.replica_of[req.request_id] = choice.replica_id
         choice.num_routed += 1

@@ -65,6 +65,7 @@ _RETENTION_SERIES = {   # RetentionStats field -> help; retained_blocks is a gau
     "returns": "Retention windows closed by their session's next turn.",
     "expiries": "Retention windows closed by their deadline (the tool did not come back in time).",
     "releases": "Retention windows closed by a kv_retention release hint.",
+    "answered": "Retention windows closed because the chat turn answered instead of calling a tool.",
     "capped": "Retention windows closed or refused to respect --session-retention-max-blocks.",
     "demoted_blocks": "Retained blocks eviction took under pressure (demoted to the host tier when there is one).",
 }

@@ -161,11 +161,16 @@ def run_agent_loop(engine: Engine, loop: AgentLoop, *, sessions: bool = True) ->
                     if m.ttft is not None:
                         result.chat_ttfts.append(m.ttft)
                     continue
-                done += _agent_finished(loop, agents[i], out, rng, clock.now(), due, i, result)
+                ended = _agent_finished(loop, agents[i], out, rng, clock.now(), due, i, result)
+                if ended and sessions:   # the job's last call answers (no tool runs): as served, its window closes
+                    engine.session_answered("agents", agents[i].name)
+                done += ended
             continue
         wake = min(due[0][0] if due else math.inf, next_chat)
         clock.wait_until(wake)
     result.wall = clock.now() - t0
+    while engine.has_unfinished_requests():   # the last calls' answered notes, applied at a step
+        engine.step()
     result.retention = dict(engine.snapshot().retention)
     return result
 

@@ -24,7 +24,7 @@ from pacer.workload.text import TextSource
 
 __all__ = ["run_agent_loop_http"]
 
-RETENTION_SERIES = ("windows_opened", "returns", "expiries", "releases", "capped", "demoted_blocks", "hit_tokens")
+RETENTION_SERIES = ("windows_opened", "returns", "expiries", "releases", "answered", "capped", "demoted_blocks", "hit_tokens")
 
 
 async def run_agent_loop_http(client: OpenAIClient, loop: AgentLoop, text: TextSource, *,
