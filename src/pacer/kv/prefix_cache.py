@@ -389,8 +389,8 @@ class PrefixCache:
         if self.on_drop is not None and take:
             self.on_drop(node, take)
         dropped = node.block_ids[-take:]
-        node.block_ids = node.block_ids[:-take]
-        node.tokens = node.tokens[:len(node.block_ids) * self.block_size]
+        del node.block_ids[len(node.block_ids) - take:]   # in place: a long leaf loses a block at a time
+        del node.tokens[len(node.block_ids) * self.block_size:]
         if self.events is not None:
             self.events.append(BlockRemovedEvent(tuple(node.hashes[-take:])))
             node.hashes = node.hashes[:-take]

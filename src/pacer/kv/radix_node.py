@@ -111,10 +111,7 @@ class EvictableLeaves:
         node.version += 1
         heap = self._heaps.setdefault(node.group, [])
         heapq.heappush(heap, (self.key(node), node.id, node.version, node))
-        # stale items are skipped when they surface; the rebuild (a key per live leaf) is amortized
-        # over the pushes that staled them (candidates are ordered by key and id: no tie, so when
-        # it runs decides nothing)
-        if len(heap) > 16 * len(self._leaves.get(node.group, ())) + 64:
+        if len(heap) > 4 * len(self._leaves.get(node.group, ())) + 64:
             live = [(self.key(n), n.id, n.version, n) for n in self._leaves[node.group]]
             heapq.heapify(live)
             self._heaps[node.group] = live
