@@ -47,3 +47,30 @@ def test_staged_sources_are_the_checkouts_and_an_unchanged_copy_is_not_rewritten
     mtimes = {p.name: p.stat().st_mtime_ns for p in (build / "src").iterdir()}
     kernels._stage_sources(build, kernels._build_dir(_checkout(cache, "two"))[1])
     assert {p.name: p.stat().st_mtime_ns for p in (build / "src").iterdir()} == mtimes
+
+
+def test_the_kernel_isa_is_the_cpus_best_unless_forced(monkeypatch):
+    """One build per ISA level, chosen at run time from the CPU's flags (never -march=native):
+    an AVX2-only CPU gets `avx2`, a CPU without AVX2 the portable build, and PACER_KERNEL_ISA
+    forces a level the CPU runs (anything else is refused by name)."""
+    import platform
+
+    monkeypatch.delenv("PACER_KERNEL_ISA", raising=False)
+    assert kernels.kernel_isa() == kernels.supported_isas()[0]
+    assert all("-march" not in " ".join(flags) for _, flags in kernels.ISA_LEVELS.values())
+    monkeypatch.setenv("PACER_KERNEL_ISA", "portable")
+    assert kernels.kernel_isa() == "portable"
+    monkeypatch.setenv("PACER_KERNEL_ISA", "sse9")
+    with pytest.raises(ValueError, match="must be one of avx512, avx2, portable"):
+        kernels.kernel_isa()
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma", "f16c"}))
+    monkeypatch.setenv("PACER_KERNEL_ISA", "avx512")
+    with pytest.raises(ValueError, match="this CPU runs only avx2, portable"):
+        kernels.kernel_isa()
+    monkeypatch.delenv("PACER_KERNEL_ISA")
+    assert kernels.kernel_isa() == "avx2"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2", "avx"}))
+    assert kernels.kernel_isa() == "portable"
+    with pytest.raises(ValueError, match="this CPU runs only portable"):
+        kernels.load("avx2")

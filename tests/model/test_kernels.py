@@ -8,8 +8,20 @@ from pacer.model import kernels
 from pacer.model.attention import AttentionMetadata, PrefillSeq, paged_attention, write_kv
 from pacer.model.llama import LlamaModel
 
-K = kernels.load()
-pytestmark = pytest.mark.skipif(K is None, reason="C++ kernels could not be built here")
+# the level this CPU gets and the portable one in `make test`; every other level it runs in the slow set
+NATIVE = kernels.kernel_isa()
+ISAS = [pytest.param(isa, marks=() if isa in (NATIVE, "portable") else pytest.mark.slow)
+        for isa in kernels.supported_isas()]
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def K(request):
+    """The kernels built for one ISA level this CPU runs (forced, whatever the default is)."""
+    module = kernels.load(request.param)
+    if module is None:
+        pytest.skip("C++ kernels could not be built here")
+    assert module.isa == request.param
+    return module
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -44,7 +56,7 @@ def _random_batch(dtype, seqs, n_heads=6, n_kv=2, d=32, bs=4, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(0, 1)], [(0, 37)], [(0, 70), (13, 5), (40, 33), (0, 2)], [(5, 64), (64, 64)]])
 @pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised tile path where there is one
-def test_prefill_attention_matches_torch_reference(dtype, seqs, d):
+def test_prefill_attention_matches_torch_reference(K, dtype, seqs, d):
     q, k, v, kc, vc, prefills, batch, slots = _random_batch(dtype, seqs, n_heads=6 if d != 64 else 9,
                                                              n_kv=2 if d != 64 else 3, d=d)
     meta = AttentionMetadata(slot_mapping=slots, num_single=0, single_block_tables=None, single_mask=None,
@@ -55,7 +67,7 @@ def test_prefill_attention_matches_torch_reference(dtype, seqs, d):
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
-def test_prefill_attention_rejects_a_context_beyond_its_table():
+def test_prefill_attention_rejects_a_context_beyond_its_table(K):
     q, _, _, kc, vc, _, batch, _ = _random_batch(torch.float32, [(0, 9)])
     q_starts, q_lens, _, tables = batch
     with pytest.raises(RuntimeError, match="block table"):
@@ -63,7 +75,7 @@ def test_prefill_attention_rejects_a_context_beyond_its_table():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_write_kv_matches_rotate_then_write(dtype):
+def test_rope_write_kv_matches_rotate_then_write(K, dtype):
     g = torch.Generator().manual_seed(1)
     T, nh, nkv, d, bs, nb = 11, 4, 2, 16, 4, 8
     qkv = torch.randn(T, nh + 2 * nkv, d, generator=g).to(dtype)
@@ -85,7 +97,7 @@ def test_rope_write_kv_matches_rotate_then_write(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_and_add_rms_norm_match_torch(dtype):
+def test_silu_and_mul_and_add_rms_norm_match_torch(K, dtype):
     g = torch.Generator().manual_seed(2)
     gate_up = torch.randn(9, 2 * 40, generator=g).to(dtype)
     gate, up = gate_up.float().chunk(2, dim=-1)
@@ -107,7 +119,7 @@ def test_silu_and_mul_and_add_rms_norm_match_torch(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised path where there is one
 @pytest.mark.parametrize("lens", [[1], [16, 17, 5, 40], [3, 100, 64, 1, 33, 250]])
-def test_decode_attention_matches_torch_reference(dtype, d, lens):
+def test_decode_attention_matches_torch_reference(K, dtype, d, lens):
     g = torch.Generator().manual_seed(sum(lens) + d)
     n_heads, n_kv, bs = 6, 2, 16
     width = max(-(-n // bs) for n in lens)
@@ -129,7 +141,7 @@ def test_decode_attention_matches_torch_reference(dtype, d, lens):
     assert bool((buf[:, n_heads] == 7.0).all()), "wrote outside its output rows"
 
 
-def test_kernels_refuse_tables_and_positions_outside_the_cache():
+def test_kernels_refuse_tables_and_positions_outside_the_cache(K):
     kc = vc = torch.zeros(4, 16, 2, 64)
     q = torch.zeros(1, 4, 64)
     with pytest.raises(RuntimeError, match="outside the cache"):

@@ -1,5 +1,13 @@
 """Optional C++ kernels (csrc/), compiled on first use with torch's cpp_extension (cached on disk).
 
+Built per instruction-set level, not for the build machine's CPU (`-march=native`): `avx512`
+(AVX-512 F/BW/VL/DQ with AVX2, FMA, F16C: the hand-written 16-lane attention paths), `avx2`
+(AVX2, FMA, F16C: the portable code vectorized by the compiler for 8 lanes) and `portable`
+(the baseline of the architecture). `load()` takes the best level this CPU runs
+(`kernel_isa()`), or the one `PACER_KERNEL_ISA` names; each level is its own module and build
+directory, so one cache serves every machine generation and a test can run each level the CPU
+supports side by side (`load(isa=...)`).
+
 `paged_decode_attention` reads keys and values straight from the block tables, so a decode
 step does not copy every request's context; `rope_write_kv`, `silu_and_mul` and
 `add_rms_norm_` fuse the elementwise steps of a layer into one pass each;
@@ -28,21 +36,41 @@ from typing import Any
 log = logging.getLogger("pacer.kernels")
 
 _lock = threading.Lock()
-_module: Any = None
-_failed = False
+_modules: dict[str, Any] = {}    # ISA level -> the built module (None: it could not be built)
 _quant_module: Any = None
 _quant_failed = False
 
 
-def _cpu_tag() -> str:
-    """A short name for this CPU's model and instruction-set flags."""
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags (/proc/cpuinfo; empty where it cannot be read)."""
     try:
         info = pathlib.Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        key = "\n".join(lines) or platform.processor()
     except OSError:
-        key = platform.machine() + platform.processor()
-    return platform.machine() + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+        return frozenset()
+    line = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return frozenset(line.split(":", 1)[-1].split())
+
+
+def supported_isas() -> list[str]:
+    """The ISA levels this CPU runs, best first (`portable` always; the x86 levels on x86 only)."""
+    flags = cpu_flags()
+    x86 = platform.machine() in ("x86_64", "AMD64", "i686")
+    return [name for name, (need, _) in ISA_LEVELS.items()
+            if name == "portable" or (x86 and all(f in flags for f in need))]
+
+
+def kernel_isa() -> str:
+    """The level `load()` uses: `PACER_KERNEL_ISA` when set (it must be one this CPU runs),
+    else the best this CPU supports."""
+    forced = os.environ.get("PACER_KERNEL_ISA")
+    supported = supported_isas()
+    if forced:
+        if forced not in ISA_LEVELS:
+            raise ValueError(f"PACER_KERNEL_ISA must be one of {', '.join(ISA_LEVELS)}, got {forced!r}")
+        if forced not in supported:
+            raise ValueError(f"PACER_KERNEL_ISA={forced}: this CPU runs only {', '.join(supported)}")
+        return forced
+    return supported[0]
 
 
 @contextlib.contextmanager
@@ -62,8 +90,15 @@ def _build_lock(build: pathlib.Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
+CFLAGS = ("-O3", "-fopenmp", "-ffast-math")
 LDFLAGS = ("-fopenmp", "-lmvec")
+# ISA level -> (the /proc/cpuinfo flags it needs, the compiler flags it is built with), best first
+ISA_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),
+               ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c")),
+    "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+    "portable": ((), ()),
+}
 QUANT_CFLAGS = ("-O3", "-fopenmp")   # no -march: the ISA variants are chosen at run time
 QUANT_LDFLAGS = ("-fopenmp",)
 
@@ -73,8 +108,8 @@ def _build_dir(csrc: pathlib.Path, cflags: tuple[str, ...] = CFLAGS,
     """The build directory for these sources, and the sources (name -> bytes).
 
     Keyed by what decides the binary: every source's and header's name and content, the compiler
-    flags, torch's version and this CPU (the flags say -march=native), so every checkout and venv
-    with the same sources shares one build, and a changed header rebuilds. Not keyed by where the
+    flags (an ISA level's, never -march=native), torch's version and the architecture, so every
+    checkout, venv and CPU of that level shares one build, and a changed header rebuilds. Not keyed by where the
     checkout lies: the build compiles copies staged inside the build directory.
     """
     import torch
@@ -85,7 +120,7 @@ def _build_dir(csrc: pathlib.Path, cflags: tuple[str, ...] = CFLAGS,
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     h.update(" ".join(cflags + ldflags).encode() + b"\0" + torch.__version__.encode())
     root = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
-    build = root / "kernels" / f"{_cpu_tag()}-{h.hexdigest()[:16]}"
+    build = root / "kernels" / f"{platform.machine()}-{h.hexdigest()[:16]}"
     build.mkdir(parents=True, exist_ok=True)
     return build, sources
 
@@ -119,20 +154,26 @@ def _compile(name: str, csrc: pathlib.Path, cflags: tuple[str, ...], ldflags: tu
         )
 
 
-def load() -> Any | None:
-    """The compiled module, or None when it cannot be built here."""
-    global _module, _failed
-    if _module is not None or _failed:
-        return _module
+def load(isa: str | None = None) -> Any | None:
+    """The compiled module for ISA level `isa` (default `kernel_isa()`), or None when it cannot
+    be built here. Each level is built once per content and cached; `module.isa` names it."""
+    level = isa or kernel_isa()
+    if level not in supported_isas():
+        raise ValueError(f"kernel ISA {level!r}: this CPU runs only {', '.join(supported_isas())}")
+    if level in _modules:
+        return _modules[level]
     with _lock:
-        if _module is not None or _failed:
-            return _module
+        if level in _modules:
+            return _modules[level]
+        module = None
         try:
-            _module = _compile("pacer_kernels", pathlib.Path(__file__).parent / "csrc", CFLAGS, LDFLAGS)
+            module = _compile(f"pacer_kernels_{level}", pathlib.Path(__file__).parent / "csrc",
+                              CFLAGS + ISA_LEVELS[level][1], LDFLAGS)
+            module.isa = level
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
-            log.warning("pacer C++ kernels unavailable (%s); using the torch attention path", e)
-            _failed = True
-    return _module
+            log.warning("pacer C++ kernels (%s) unavailable (%s); using the torch attention path", level, e)
+        _modules[level] = module
+    return module
 
 
 def load_quant() -> Any | None:

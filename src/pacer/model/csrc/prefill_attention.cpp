@@ -97,6 +97,94 @@ inline void tile_avx512(const float* qf, const float* kt, const float* vt, const
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define PACER_PREFILL_TILES 1
+using pacer::exp8;
+
+// tile_avx512 for the avx2 level: the same tile, its 16 keys as two 8-lane halves.
+template <int D>
+inline void tile_avx2(const float* qf, const float* kt, const float* vt, const int64_t* visible, int RB,
+                      float* mx, float* sm, float* acc) {
+  constexpr int RBM = 4;
+  __m256 s0[RBM], s1[RBM];  // scores of keys 0-7 and 8-15
+  for (int r = 0; r < RBM; ++r) { s0[r] = _mm256_setzero_ps(); s1[r] = _mm256_setzero_ps(); }
+  for (int i = 0; i < D; ++i) {
+    const __m256 k0 = _mm256_loadu_ps(kt + i * 16), k1 = _mm256_loadu_ps(kt + i * 16 + 8);
+    for (int r = 0; r < RBM; ++r) {
+      if (r < RB) {
+        const __m256 qv = _mm256_set1_ps(qf[r * D + i]);
+        s0[r] = _mm256_fmadd_ps(qv, k0, s0[r]);
+        s1[r] = _mm256_fmadd_ps(qv, k1, s1[r]);
+      }
+    }
+  }
+  alignas(32) float p[RBM][16];
+  alignas(32) float diff[8] = {0.f};
+  alignas(32) float alpha[8];
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256 lane0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), lane1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+  __m256 m0[RBM], m1[RBM], sc0[RBM], sc1[RBM];
+  for (int r = 0; r < RB; ++r) {
+    const __m256 vis = _mm256_set1_ps(static_cast<float>(std::min<int64_t>(16, std::max<int64_t>(0, visible[r]))));
+    m0[r] = _mm256_cmp_ps(lane0, vis, _CMP_LT_OQ);
+    m1[r] = _mm256_cmp_ps(lane1, vis, _CMP_LT_OQ);
+    sc0[r] = _mm256_blendv_ps(neg_inf, s0[r], m0[r]);
+    sc1[r] = _mm256_blendv_ps(neg_inf, s1[r], m1[r]);
+    const float tmax = visible[r] > 0 ? pacer::hmax8(_mm256_max_ps(sc0[r], sc1[r])) : mx[r];
+    const float m_new = std::max(mx[r], tmax);
+    diff[r] = mx[r] - m_new;  // mx starts at a large finite negative, so this is finite
+    mx[r] = m_new;
+  }
+  _mm256_store_ps(alpha, exp8(_mm256_load_ps(diff)));
+  for (int r = 0; r < RB; ++r) {
+    const __m256 mr = _mm256_set1_ps(mx[r]);
+    const __m256 e0 = _mm256_and_ps(m0[r], exp8(_mm256_sub_ps(sc0[r], mr)));
+    const __m256 e1 = _mm256_and_ps(m1[r], exp8(_mm256_sub_ps(sc1[r], mr)));
+    _mm256_store_ps(p[r], e0);
+    _mm256_store_ps(p[r] + 8, e1);
+    const __m256 ar = _mm256_set1_ps(alpha[r]);
+    _mm256_storeu_ps(sm + r * 16, _mm256_fmadd_ps(_mm256_loadu_ps(sm + r * 16), ar, e0));
+    _mm256_storeu_ps(sm + r * 16 + 8, _mm256_fmadd_ps(_mm256_loadu_ps(sm + r * 16 + 8), ar, e1));
+  }
+  for (int cb = 0; cb < D; cb += 16) {
+    __m256 a[RBM][2];
+    for (int r = 0; r < RBM; ++r)
+      if (r < RB) {
+        const __m256 ar = _mm256_set1_ps(alpha[r]);
+        a[r][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + cb), ar);
+        a[r][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + cb + 8), ar);
+      }
+    for (int j = 0; j < 16; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(vt + j * D + cb), v1 = _mm256_loadu_ps(vt + j * D + cb + 8);
+      for (int r = 0; r < RBM; ++r)
+        if (r < RB) {
+          const __m256 pj = _mm256_set1_ps(p[r][j]);
+          a[r][0] = _mm256_fmadd_ps(pj, v0, a[r][0]);
+          a[r][1] = _mm256_fmadd_ps(pj, v1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < RBM; ++r)
+      if (r < RB) {
+        _mm256_storeu_ps(acc + r * D + cb, a[r][0]);
+        _mm256_storeu_ps(acc + r * D + cb + 8, a[r][1]);
+      }
+  }
+}
+
+template <int D>
+inline void tile(const float* qf, const float* kt, const float* vt, const int64_t* visible, int RB, float* mx,
+                 float* sm, float* acc) {
+  tile_avx2<D>(qf, kt, vt, visible, RB, mx, sm, acc);
+}
+#elif defined(__AVX512F__)
+#define PACER_PREFILL_TILES 1
+template <int D>
+inline void tile(const float* qf, const float* kt, const float* vt, const int64_t* visible, int RB, float* mx,
+                 float* sm, float* acc) {
+  tile_avx512<D>(qf, kt, vt, visible, RB, mx, sm, acc);
+}
+#endif
+
 template <typename T, typename KV>
 void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const KV kc, const KV vc,
                     const int64_t* q_starts, const int64_t* q_lens, const int64_t* start_pos,
@@ -145,7 +233,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
             for (int64_t i = 0; i < d; ++i) { kt[i * KT + j] = 0.f; vt[j * d + i] = 0.f; }
           }
         }
-#if defined(__AVX512F__)
+#if defined(PACER_PREFILL_TILES)
         if (d == 64 || d == 128) {
           for (int64_t m = 0; m < m_rows; m += 4) {
             const int rb = static_cast<int>(std::min<int64_t>(4, m_rows - m));
@@ -157,11 +245,11 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
             }
             if (!any) continue;
             if (d == 64)
-              tile_avx512<64>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
-                              acc.data() + m * d);
+              tile<64>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
+                       acc.data() + m * d);
             else
-              tile_avx512<128>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
-                               acc.data() + m * d);
+              tile<128>(qf.data() + m * d, kt.data(), vt.data(), vis, rb, mx.data() + m, sum16.data() + m * 16,
+                        acc.data() + m * d);
           }
           continue;
         }
