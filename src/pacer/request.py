@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pacer.errors import FieldValueError
 from pacer.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams, sample_seed
@@ -20,7 +20,7 @@ from pacer.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
 if TYPE_CHECKING:
     from pacer.config.slo import Slo
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "RequestStatus", "RequestMetrics", "Latencies",
+__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "TokenPrefix", "RequestStatus", "RequestMetrics", "Latencies",
            "FinishReason", "MAX_LOGPROBS", "sample_seed", "ContextLengthError", "check_context_length"]
 
 
@@ -185,6 +185,40 @@ class RequestMetrics(Latencies):
             "deprioritized": self.deprioritized,
             "shed": self.shed,
         }
+
+
+class TokenPrefix(Sequence[int]):
+    """The first `n` of a request's tokens (its prompt, then its outputs) as a sequence, without
+    copying them: what the prefix cache slices when it caches a running request's blocks."""
+
+    __slots__ = ("_prompt", "_output", "_n")
+
+    def __init__(self, prompt: list[int], output: list[int], n: int) -> None:
+        if not 0 <= n <= len(prompt) + len(output):
+            raise ValueError(f"a prefix of {n} tokens of {len(prompt) + len(output)}")
+        self._prompt, self._output, self._n = prompt, output, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if not isinstance(index, slice):
+            i = range(self._n)[index]   # IndexError past the prefix, as a list
+            p = len(self._prompt)
+            return self._prompt[i] if i < p else self._output[i - p]
+        start, stop, step = index.indices(self._n)
+        p = len(self._prompt)
+        if step != 1:
+            return [self[i] for i in range(start, stop, step)]
+        if stop <= p:
+            return self._prompt[start:stop]
+        if start >= p:
+            return self._output[start - p:stop - p]
+        return self._prompt[start:] + self._output[:stop - p]
 
 
 class Request:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pacer.request import Request, SamplingParams
+from pacer.request import Request, SamplingParams, TokenPrefix
 from pacer.sched.fair_share import ServiceCosts, ServiceLedger
 from pacer.sched.policy import Policy, PolicyContext
 from pacer.sched.policy_factory import POLICIES, make_policy
@@ -68,3 +68,20 @@ def test_the_scheduler_ledger_charges_decode_rows():
     run(eng, ex)
     # 29 prompt tokens computed at 1.0, 5 outputs of which 4 decode steps at 2.0 (the first comes with the prefill)
     assert eng.scheduler.ledger.service("default") == 29 * 1.0 + 4 * 2.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.lists(st.integers(0, 9), max_size=20), output=st.lists(st.integers(0, 9), max_size=20),
+       data=st.data())
+def test_token_prefix_reads_as_the_copied_list(prompt, output, data):
+    """`TokenPrefix` (what the KV manager hands the prefix cache instead of a copy) indexes and
+    slices exactly as the list `token_ids_slice(0, n)` would build."""
+    n = data.draw(st.integers(0, len(prompt) + len(output)))
+    view, copy = TokenPrefix(prompt, output, n), (prompt + output)[:n]
+    assert len(view) == len(copy) and list(view) == copy
+    start, stop = data.draw(st.integers(-25, 25)), data.draw(st.integers(-25, 25) | st.none())
+    step = data.draw(st.sampled_from([None, 1, 2, -1]))
+    assert view[start:stop:step] == copy[start:stop:step]
+    if copy:
+        i = data.draw(st.integers(-len(copy), len(copy) - 1))
+        assert view[i] == copy[i]

@@ -72,10 +72,11 @@ class PrefixCacheProtocol(Protocol):
         ...
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str, tenant: str = ...,
-               start: PrefixMatch | None = None, owners: Sequence[str] | None = None
+               start: PrefixMatch | None = None, owners: Sequence[str] | None = None, lock: bool = False
                ) -> tuple[list[int], PrefixMatch]:
         """Cache the whole blocks of `token_ids`; returns the block ids adopted (the caller adds
-        one ref to each) and a handle whose `num_blocks` are the blocks of the prefix it covers."""
+        one ref to each) and a handle whose `num_blocks` are the blocks of the prefix it covers
+        (`lock`: locked, `start`'s lock moved to it)."""
         ...
 
     def lock(self, handle: PrefixMatch) -> None: ...

@@ -43,7 +43,7 @@ from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.kv.tiers.host import HostKVTier
 from pacer.kv.tiers.offload import NullOffload, PrefixOffload
 from pacer.kv.tiers.swap import CpuSwapTier, SwapPairs
-from pacer.request import FinishReason, Request
+from pacer.request import FinishReason, Request, TokenPrefix
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -291,20 +291,15 @@ class KVCacheManager:
         old = self._handles.get(rid)
         if n_full <= (old.num_blocks if old else 0) or self.swap.holds(rid) or rid in self._public_ids:
             return   # the common case first: no block completed since the last step
-        handle = self._insert(req, table, n_full, old, self._owner(req), self._owners(req))
-        if old is not None:
-            self.cache.relock(old, handle)   # lock(handle) then unlock(old), walking only the new nodes
-        else:
-            self.cache.lock(handle)
-        self._handles[rid] = handle
+        # locked as inserted: old's lock moves down (relock: lock(handle) then unlock(old), walking only the new nodes)
+        self._handles[rid] = self._insert(req, table, n_full, old, self._owner(req), self._owners(req), lock=True)
 
     def _insert(self, req: Request, table: list[int], n_full: int, start: PrefixMatch | None,
-                owner: str, owners: tuple[str, ...]) -> PrefixMatch:
+                owner: str, owners: tuple[str, ...], lock: bool = False) -> PrefixMatch:
         """Cache the request's first `n_full` blocks under `owner`, reusing nodes of `owners`
-        (the cache adopts the blocks it lacks)."""
-        end = n_full * self.block_size   # within the prompt: the prompt itself (insert reads n_full blocks)
-        tokens = req.prompt_token_ids if end <= len(req.prompt_token_ids) else req.token_ids_slice(0, end)
-        adopted, handle = self.cache.insert(tokens, table[:n_full], owner, req.tenant, start=start, owners=owners)
+        (the cache adopts the blocks it lacks); `lock`: see `PrefixCacheProtocol.insert`."""
+        tokens = TokenPrefix(req.prompt_token_ids, req.output_token_ids, n_full * self.block_size)   # no copy
+        adopted, handle = self.cache.insert(tokens, table, owner, req.tenant, start=start, owners=owners, lock=lock)
         self.pool.incref(adopted)
         return handle
 

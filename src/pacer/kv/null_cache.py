@@ -50,9 +50,9 @@ class NullPrefixCache:
         return 0
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str, tenant: str = PUBLIC,
-               start: PrefixMatch | None = None, owners: Sequence[str] | None = None
+               start: PrefixMatch | None = None, owners: Sequence[str] | None = None, lock: bool = False
                ) -> tuple[list[int], PrefixMatch]:
-        """Adopts nothing; the handle covers the whole blocks offered (the caller's own)."""
+        """Adopts nothing; the handle covers the whole blocks offered (the caller's own); no locks."""
         n = min(len(token_ids) // self.block_size, len(block_ids))
         return [], PrefixMatch(self._root, tuple(block_ids[:n]))
 

@@ -182,13 +182,15 @@ class PrefixCache:
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], owner: str,
                tenant: str = PUBLIC, start: PrefixMatch | None = None,
-               owners: Sequence[str] | None = None) -> tuple[list[int], PrefixMatch]:
+               owners: Sequence[str] | None = None, lock: bool = False) -> tuple[list[int], PrefixMatch]:
         """Cache the whole blocks of `token_ids` (block i of `block_ids` holds tokens
         [i*bs, (i+1)*bs)). Returns the block ids newly adopted (the caller adds one ref to
         each) and a handle to the deepest node of the path. Blocks already cached for the
         same tokens are kept; the caller's duplicates are not adopted. `start`, a locked
         handle on a prefix of `token_ids`, skips the walk down to it. `owners` are the
-        namespaces the walk may reuse (default: `owner`, then public)."""
+        namespaces the walk may reuse (default: `owner`, then public). `lock`: the handle comes
+        back locked, `start`'s lock moved to it (`relock`; `lock` without a start), before the
+        path is touched (a node locked at once is no eviction candidate to key)."""
         bs = self.block_size
         n = min(len(token_ids) // bs, len(block_ids))
         if owners is None:
@@ -213,8 +215,14 @@ class PrefixCache:
             path.extend(child.block_ids)
             done += k
             node = child
+        handle = PrefixMatch(node, tuple(path))
+        if lock:
+            if start is not None:
+                self.relock(start, handle)
+            else:
+                self.lock(handle)
         self._touch(node, tenant)
-        return adopted, PrefixMatch(node, tuple(path))
+        return adopted, handle
 
     def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
         key_tokens = tuple(first)
