@@ -56,6 +56,11 @@ class SchedulerConfig:
         default=False,
         metadata={"help": "slo policy: refuse (HTTP 429 slo_unattainable) a waiting request that can no longer "
                           "meet its TTFT, before it is scheduled, instead of serving it late."})
+    slo_admission_margin: float = field(
+        default=1.25,
+        metadata={"help": "slo policy: refuse at once (HTTP 429 slo_unattainable) an arrival whose predicted TTFT "
+                          "(its wait so far plus the predicted prefill of the feasible requests ahead of it and its "
+                          "own) exceeds this many times its TTFT target; 0 turns it off."})
     allow_tighter_slo: bool = field(
         default=True,
         metadata={"help": "Whether a request's own targets (body `slo`, x-llm-d-slo-* headers) may be tighter "
@@ -107,6 +112,9 @@ class SchedulerConfig:
             self.slo = (self.slo,)
         self.slo = tuple(self.slo)
         self.slo_set()   # raises ValueError naming the bad key, duration or class
+        if isinstance(self.slo_admission_margin, bool) or not isinstance(self.slo_admission_margin, int | float) \
+                or not 0 <= self.slo_admission_margin < float("inf"):
+            raise ValueError(f"slo_admission_margin must be a number >= 0 (0: off), got {self.slo_admission_margin!r}")
         choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         self.fair_settings()   # raises ValueError naming the fair_* field and its limit
         from pacer.config.speculative import SPECULATIVE_POLICIES, parse_speculative_config

@@ -257,9 +257,10 @@ class FairSloPolicy(_Ledgered, SloPolicy):
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None, arrival_ttft_s: float | None = None,
-                 shed_hopeless: bool = False, ledger: ServiceLedger | None = None, deficit_bound: float = 0.0) -> None:
+                 shed_hopeless: bool = False, ledger: ServiceLedger | None = None, deficit_bound: float = 0.0,
+                 admission_margin: float = 0.0) -> None:
         super().__init__(cost_model, max_num_batched_tokens, prefill_chunk, cached_prefix_tokens, arrival_ttft_s,
-                         shed_hopeless)
+                         shed_hopeless, admission_margin)
         self.fair = _FairState(ledger or ServiceLedger())
         self.deficit_bound = deficit_bound
 
@@ -269,7 +270,8 @@ class FairSloPolicy(_Ledgered, SloPolicy):
         base = SloPolicy.from_context(context)   # raises without a cost model
         assert isinstance(base, SloPolicy) and context is not None
         return cls(base.cost_model, base.max_num_batched_tokens, base.prefill_chunk, base.cached_prefix_tokens,
-                   base.arrival_ttft_s, base.shed_hopeless, ledger_from(context.fair), _bound(context.fair))
+                   base.arrival_ttft_s, base.shed_hopeless, ledger_from(context.fair), _bound(context.fair),
+                   base.admission_margin)
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         head = super().head_index(items, now)

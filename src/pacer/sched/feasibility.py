@@ -9,7 +9,8 @@ that regime the policy stops chasing: the step takes the budget fcfs would give
 (`max_num_batched_tokens`), so the predicted queue drain rate is never below fcfs's.
 
 `FeasibilityTracker` keeps the regime and reports a change once (a log line and a count),
-not once per step; the step's `budget_reason` names the regime on every step.
+not once per step; the step's `budget_reason` names the regime on every step. A second tracker
+judges arrivals' TTFT against the queue (`SloPolicy.refuse_late_arrivals`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import logging
 
 from pacer.sched.step_cost import StepCostModel, StepShape
 
-__all__ = ["FEASIBLE", "ITL_INFEASIBLE", "FeasibilityTracker", "decodes_exceed"]
+__all__ = ["FEASIBLE", "ITL_INFEASIBLE", "TTFT_INFEASIBLE", "FeasibilityTracker", "decodes_exceed"]
 
 FEASIBLE = "feasible"
 ITL_INFEASIBLE = "itl infeasible"
+TTFT_INFEASIBLE = "ttft infeasible"   # the queue's predicted prefill makes arrivals miss their TTFT
 
 logger = logging.getLogger("pacer.sched.feasibility")
 
@@ -37,9 +39,10 @@ def decodes_exceed(cost_model: StepCostModel, decodes: StepShape, limit_s: float
 class FeasibilityTracker:
     """The regime the policy is in; each change is logged once and counted (`num_flips`)."""
 
-    __slots__ = ("regime", "num_flips", "last_detail")
+    __slots__ = ("target", "regime", "num_flips", "last_detail")
 
-    def __init__(self) -> None:
+    def __init__(self, target: str = "itl") -> None:
+        self.target = target   # which targets it judges (named in the log line)
         self.regime = FEASIBLE
         self.num_flips = 0
         self.last_detail = ""
@@ -48,7 +51,7 @@ class FeasibilityTracker:
         """Record this step's regime; True (and one log line) when it differs from the last."""
         if regime == self.regime:
             return False
-        logger.warning("slo targets %s -> %s%s", self.regime, regime, f": {detail}" if detail else "")
+        logger.warning("slo %s targets %s -> %s%s", self.target, self.regime, regime, f": {detail}" if detail else "")
         self.regime = regime
         self.num_flips += 1
         self.last_detail = detail

@@ -59,6 +59,7 @@ class PolicyContext:
     cost_model: StepCostModel | None = None                         # predicted step times (slo)
     slo_set: SloSet | None = None                                   # the configured classes' targets (slo)
     shed_hopeless: bool = False                                     # refuse what can no longer meet its TTFT
+    admission_margin: float = 0.0                                   # refuse arrivals the queue makes late (slo; 0: off)
     fair: FairSettings | None = None                                # tenant shares, costs, deficit bound (fair)
 
 

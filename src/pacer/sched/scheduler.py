@@ -65,7 +65,8 @@ class Scheduler:
         self.policy = make_policy(config.scheduling_policy, PolicyContext(
             max_num_batched_tokens=self.max_num_batched_tokens, prefill_chunk=self._prefill_cap,
             cached_prefix_tokens=kv.cached_prefix_tokens, cost_model=cost_model, slo_set=config.slo_set(),
-            shed_hopeless=config.shed_hopeless, fair=config.fair_settings()))
+            shed_hopeless=config.shed_hopeless, admission_margin=config.slo_admission_margin,
+            fair=config.fair_settings()))
         # service per tenant (pacer.sched.fair_share): the fair policies' own ledger, else one kept for reports
         own = self.policy.service_ledger()
         self.ledger = own if own is not None else ledger_from(config.fair_settings())

@@ -14,6 +14,13 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   request that can still make it (the queue serves from the first feasible key), or, with
   `shed_hopeless`, is refused before it costs anything (`shed`: the scheduler finishes it as
   shed).
+- **refuses at admission what the queue already makes late** (`admission_margin`): a new
+  request whose predicted TTFT, the time it has waited plus the predicted prefill of every
+  feasible request ahead of it in slack order and its own, exceeds `admission_margin` times
+  its TTFT target is shed at once (HTTP 429 `slo_unattainable`), so the requests admitted can
+  still meet theirs (the seeds: at a QPS spike, turn the late ones away). The prediction
+  counts prefill alone, a lower bound of the wait, so a request refused was going to miss.
+  The regime (`ttft infeasible`) is logged once per change, as the ITL one.
 - **budgets each step by ITL** (`step_limit`, from `prefill_budget`): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
   time since their last token), never above `max_num_batched_tokens` and never below
@@ -46,18 +53,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pacer.request import Request
-from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker, decodes_exceed
+from pacer.sched.feasibility import (
+    FEASIBLE,
+    ITL_INFEASIBLE,
+    TTFT_INFEASIBLE,
+    FeasibilityTracker,
+    decodes_exceed,
+)
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
 from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import StepLimit, StepPlan
 
-__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE"]
+__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DEFAULT_ADMISSION_MARGIN"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
+DEFAULT_ADMISSION_MARGIN = 1.25   # refuse an arrival whose predicted TTFT exceeds its target this many times
 _INF = math.inf
 
 
@@ -78,14 +92,20 @@ class SloPolicy(Policy):
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None,
-                 arrival_ttft_s: float | None = None, shed_hopeless: bool = False) -> None:
+                 arrival_ttft_s: float | None = None, shed_hopeless: bool = False,
+                 admission_margin: float = 0.0) -> None:
+        if admission_margin < 0 or not math.isfinite(admission_margin):
+            raise ValueError(f"admission_margin must be >= 0 (0: off), got {admission_margin!r}")
         self.cost_model = cost_model
         self.arrival_ttft_s = arrival_ttft_s   # tightest TTFT of the configured classes (None: no cap)
         self.cached_prefix_tokens = cached_prefix_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk = max(1, prefill_chunk)
         self.shed_hopeless = shed_hopeless
+        self.admission_margin = admission_margin
         self.feasibility = FeasibilityTracker()
+        self.admission = FeasibilityTracker("ttft")
+        self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
         self._now = -_INF
 
     @classmethod
@@ -96,7 +116,7 @@ class SloPolicy(Policy):
         return cls(context.cost_model, context.max_num_batched_tokens, context.prefill_chunk,
                    context.cached_prefix_tokens,
                    arrival_ttft_s=None if context.slo_set is None else context.slo_set.tightest_ttft(),
-                   shed_hopeless=context.shed_hopeless)
+                   shed_hopeless=context.shed_hopeless, admission_margin=context.admission_margin)
 
     # ---------------------------------------------------------------- predictions
 
@@ -166,12 +186,44 @@ class SloPolicy(Policy):
         return not r.num_output_tokens and self.latest_start(r) < now
 
     def shed(self, waiting: Iterable[Request], now: float) -> list[Request]:
-        """With `shed_hopeless`: the requests with a target, never scheduled, that can no longer
-        meet it."""
-        if not self.shed_hopeless:
-            return []
-        return [r for r in waiting if r.slo is not None and r.metrics.first_scheduled_time is None
-                and self.is_hopeless(r, now)]
+        """The never-scheduled requests to refuse now: with `shed_hopeless`, those with a target
+        that can no longer meet it; with `admission_margin`, new arrivals the queue makes late."""
+        out = []
+        if self.shed_hopeless:
+            out = [r for r in waiting if r.slo is not None and r.metrics.first_scheduled_time is None
+                   and self.is_hopeless(r, now)]
+        if self.admission_margin > 0:
+            out += self.refuse_late_arrivals(waiting, now, {r.request_id for r in out})
+        return out
+
+    def refuse_late_arrivals(self, waiting: Iterable[Request], now: float, skip: set[str]) -> list[Request]:
+        """Arrivals since the last call (in queue order) whose predicted TTFT, waited so far plus
+        the predicted prefill ahead of them (feasible requests only: hopeless ones go behind)
+        and their own, exceeds `admission_margin` times their TTFT target."""
+        refused: list[Request] = []
+        ahead, newest = 0.0, self._admitted_seq
+        for r in waiting:
+            if r.request_id in skip or r.num_output_tokens or (r.slo is not None and self.is_hopeless(r, now)):
+                if r.arrival_seq > self._admitted_seq and r.request_id not in skip:
+                    newest = max(newest, r.arrival_seq)
+                continue
+            ahead += self.prefill_s(r)
+            if r.arrival_seq <= self._admitted_seq:
+                continue
+            newest = max(newest, r.arrival_seq)
+            ttft = None if r.slo is None else r.slo.ttft
+            if ttft is None or r.metrics.first_scheduled_time is not None:
+                continue
+            predicted = now - r.arrival_time + ahead
+            if predicted > self.admission_margin * ttft:
+                refused.append(r)
+                ahead -= self.prefill_s(r)
+                self.admission.observe(TTFT_INFEASIBLE, f"predicted ttft {predicted:.2f}s > "
+                                       f"{self.admission_margin:g} x {ttft:g}s of {r.request_id}")
+            else:
+                self.admission.observe(FEASIBLE)
+        self._admitted_seq = newest
+        return refused
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         """Least slack among those that can still make it, an overdue resume (owed its next
