@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
 from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker
-from pacer.sched.slo_policy import SloPolicy
+from pacer.sched.policy import WaitingQueue
+from pacer.sched.slo_policy import DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -27,30 +28,57 @@ def _decoding(i: int, context: int, itl_s: float, now: float) -> Request:
     return r
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
        context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
-       head_len=st.integers(1, 8000))
-def test_the_budget_never_falls_below_fcfs_when_the_decodes_alone_exceed_the_limit(
+       head_len=st.integers(1, 8000), need=st.one_of(st.none(), st.floats(0.0, 1e6)))
+def test_the_budget_keeps_the_queue_draining_when_the_decodes_alone_exceed_the_limit(
         per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
-        tokens_left: int, head_len: int) -> None:
+        tokens_left: int, head_len: int, need: float | None) -> None:
+    """Infeasible ITL: the prefill share is never below the floor, and its predicted prefill rate
+    covers the queue's need (DRAIN_SAFETY x) unless it is fcfs's whole budget; without a known
+    need it is fcfs's budget. Feasible: never below the floor."""
     cost = FixedCostModel(per_step, per_token)
     policy = SloPolicy(cost, 4096, 512)
     now = 100.0
     decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
     head = Request("head", [7] * head_len, PARAMS, arrival_time=now, slo=Slo(ttft=10.0))
-    budget = policy.prefill_budget(decodes, head, tokens_left, now)
+    budget = policy.prefill_budget(decodes, head, tokens_left, now, None if need is None else lambda: need)
     shape = StepShape()
     for r in decodes:
         shape = shape.with_decode(r.num_tokens)
     decode_s = cost.predict_step_s(shape)
-    if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share: fcfs's budget
-        assert budget.tokens == tokens_left, budget
+    floor = min(tokens_left, MIN_PREFILL_TOKENS)
+    assert floor <= budget.tokens <= tokens_left
+    if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share
         assert budget.reason.startswith(ITL_INFEASIBLE)
         assert policy.feasibility.regime == ITL_INFEASIBLE
+        if need is None:
+            assert budget.tokens == tokens_left, budget
+        elif budget.tokens < tokens_left:
+            n = budget.tokens
+            assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= DRAIN_SAFETY * need * (1 - 1e-9)
+            if n > floor:                       # the fewest such tokens: one less would not do
+                assert (n - 1) / cost.predict_step_s(shape.with_chunk(n - 1, 0)) < DRAIN_SAFETY * need
     else:
-        assert budget.tokens >= min(tokens_left, 16)
         assert policy.feasibility.regime == FEASIBLE
+
+
+def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:
+    """Two waiting prompts of 1,000 tokens with 2 s and 10 s left: the first needs 500 tok/s, both
+    together 200; 3,000 prompt tokens arrived over the last 10 s add 300."""
+    policy = SloPolicy(FixedCostModel(1e-3, 1e-5), 4096, 512)
+    a = Request("a", [7] * 1000, PARAMS, arrival_time=90.0, arrival_seq=1, slo=Slo(ttft=12.0))
+    b = Request("b", [7] * 1000, PARAMS, arrival_time=95.0, arrival_seq=2, slo=Slo(ttft=15.0))
+    late = Request("late", [7] * 1000, PARAMS, arrival_time=91.0, arrival_seq=3, slo=Slo(ttft=1.0))
+    queue = WaitingQueue(policy)
+    for r in (a, b, late):
+        queue.add(r)
+    queue.refresh(100.0)
+    assert policy.arrival_rate(100.0) == 300.0               # 3,000 tokens since t=90
+    assert policy.drain_need([], queue, 100.0) == 500.0 + 300.0   # `late` is hopeless: not counted
+    queue.refresh(125.0)
+    assert policy.arrival_rate(125.0) == 1000 / 30           # a and late fell out of the 30 s window
 
 
 def test_a_feasibility_flip_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:

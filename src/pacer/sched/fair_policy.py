@@ -291,3 +291,7 @@ class FairSloPolicy(_Ledgered, SloPolicy):
         super().refresh(queue, now)
         self.fair.rebuild(queue)
 
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        _Ledgered.account(self, r, num_prefill, num_cached, num_decode)
+        SloPolicy.account(self, r, num_prefill, num_cached, num_decode)   # the measured prefill rate
+

@@ -15,11 +15,13 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   `shed_hopeless`, is refused before it costs anything (`shed`: the scheduler finishes it as
   shed).
 - **refuses at admission what the queue already makes late** (`admission_margin`): a new
-  request whose predicted TTFT, the time it has waited plus the predicted prefill of every
-  feasible request ahead of it in slack order and its own, exceeds `admission_margin` times
-  its TTFT target is shed at once (HTTP 429 `slo_unattainable`), so the requests admitted can
-  still meet theirs (the seeds: at a QPS spike, turn the late ones away). The prediction
-  counts prefill alone, a lower bound of the wait, so a request refused was going to miss.
+  request whose predicted TTFT, the time it has waited plus the prefill of every feasible
+  request ahead of it in slack order and its own, exceeds `admission_margin` times its TTFT
+  target is shed at once (HTTP 429 `slo_unattainable`), so the requests admitted can still
+  meet theirs (the seeds: at a QPS spike, turn the late ones away). That prefill is priced
+  by the cost model alone (a lower bound: decodes share every step) or, once the queue has
+  been backlogged for RATE_MIN_SPAN_S, at the prefill rate measured over that backlog
+  (`prefill_rate`), whichever is longer.
   The regime (`ttft infeasible`) is logged once per change, as the ITL one.
 - **budgets each step by ITL** (`step_limit`, from `prefill_budget`): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
@@ -34,9 +36,14 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   one time in a hundred). Each chunk added to a step after the budget is priced with the step
   as built (`fit_chunk`): several rows cost more than one chunk of the same size.
 - **stops chasing an unreachable ITL** (pacer.sched.feasibility): when the step's decodes
-  alone are predicted past the limit, no prefill budget meets it, so the step takes the
-  budget fcfs would (`budget_reason` "itl infeasible: ..."), the queue drains at least as
-  fast as under fcfs; a regime change is logged once.
+  alone are predicted past the limit, no prefill budget meets it. The step then takes the
+  smallest prefill share whose predicted prefill rate (tokens per second of step) meets the
+  queue's need: the recent arrival rate of prompt tokens plus, for every waiting or partial
+  request in slack order that can still make it, the tokens up to it over the time left to its
+  TTFT deadline (`drain_need`), never below MIN_PREFILL_TOKENS; fcfs's budget when no share
+  meets it. So the queue drains as fast as fcfs would drain it whenever that is needed, and
+  otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
+  change is logged once.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -72,6 +80,10 @@ BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (predi
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
 DEFAULT_ADMISSION_MARGIN = 1.25   # refuse an arrival whose predicted TTFT exceeds its target this many times
+ARRIVAL_WINDOW_S = 30.0   # the arrival rate of prompt tokens is measured over this window
+DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
+RATE_WINDOW_S = 10.0      # the prefill rate is measured over this much of the current backlog
+RATE_MIN_SPAN_S = 2.0     # ... once the backlog has lasted this long
 _INF = math.inf
 
 
@@ -106,6 +118,11 @@ class SloPolicy(Policy):
         self.feasibility = FeasibilityTracker()
         self.admission = FeasibilityTracker("ttft")
         self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
+        self._arrivals: deque[tuple[float, int]] = deque()   # (arrival time, prompt tokens), the window's
+        self._arrival_tokens = 0
+        self._seen_seq = -1       # arrivals up to this arrival_seq are in the window
+        self._prefill_done = 0    # prompt tokens computed (account), sampled at each backlogged step
+        self._backlog: deque[tuple[float, int]] = deque()
         self._now = -_INF
 
     @classmethod
@@ -201,23 +218,27 @@ class SloPolicy(Policy):
         the predicted prefill ahead of them (feasible requests only: hopeless ones go behind)
         and their own, exceeds `admission_margin` times their TTFT target."""
         refused: list[Request] = []
-        ahead, newest = 0.0, self._admitted_seq
+        ahead, tokens, newest = 0.0, 0, self._admitted_seq
+        rate = self.prefill_rate()
         for r in waiting:
             if r.request_id in skip or r.num_output_tokens or (r.slo is not None and self.is_hopeless(r, now)):
                 if r.arrival_seq > self._admitted_seq and r.request_id not in skip:
                     newest = max(newest, r.arrival_seq)
                 continue
+            own = r.num_tokens - r.num_computed_tokens
             ahead += self.prefill_s(r)
+            tokens += own
             if r.arrival_seq <= self._admitted_seq:
                 continue
             newest = max(newest, r.arrival_seq)
             ttft = None if r.slo is None else r.slo.ttft
             if ttft is None or r.metrics.first_scheduled_time is not None:
                 continue
-            predicted = now - r.arrival_time + ahead
+            predicted = now - r.arrival_time + max(ahead, tokens / rate if rate else 0.0)
             if predicted > self.admission_margin * ttft:
                 refused.append(r)
                 ahead -= self.prefill_s(r)
+                tokens -= own
                 self.admission.observe(TTFT_INFEASIBLE, f"predicted ttft {predicted:.2f}s > "
                                        f"{self.admission_margin:g} x {ttft:g}s of {r.request_id}")
             else:
@@ -253,6 +274,8 @@ class SloPolicy(Policy):
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._now = now
+        self._note_arrivals(queue, now)
+        self._note_backlog(queue, now)
         for r in queue:
             if r.slo is not None and self.is_hopeless(r, now):
                 r.metrics.deprioritized = True
@@ -269,12 +292,15 @@ class SloPolicy(Policy):
         the first partial prefill or, without one, the waiting head."""
         head = partial[0] if partial else (waiting.peek() if waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
-        budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now)
+        budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
+                                     need=lambda: self.drain_need(partial, waiting, now))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
-                       now: float) -> StepBudget:
-        """Most prefill tokens this step may add after `decodes` (already scheduled)."""
+                       now: float, need: Callable[[], float] | None = None) -> StepBudget:
+        """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
+        queue's prefill need in tokens per second (`drain_need`), sizes the infeasible regime's
+        share (None: fcfs's budget there)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -285,10 +311,11 @@ class SloPolicy(Policy):
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
-        if over is not None:     # no prefill budget meets it: do not chase it, serve as fcfs would
+        if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             detail = f"decodes {over * 1e3:.1f}ms > {reason}"
             self.feasibility.observe(ITL_INFEASIBLE, detail)
-            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
+            return self._drain_budget(shape, head.num_computed_tokens, tokens_left, detail,
+                                      None if need is None else need())
         self.feasibility.observe(FEASIBLE)
         start = head.num_computed_tokens
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
@@ -296,6 +323,86 @@ class SloPolicy(Policy):
             return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
         n = self._largest_within(shape, start, floor, tokens_left, True, limit)
         return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
+
+    def _drain_budget(self, shape: StepShape, start: int, tokens_left: int, detail: str,
+                      need: float | None) -> StepBudget:
+        """The infeasible regime's share: the fewest prefill tokens (at least the floor) whose
+        predicted rate, tokens per second of the step they make, covers DRAIN_SAFETY x `need`;
+        `tokens_left` (fcfs's budget) when none does or no need is known."""
+        floor = min(tokens_left, MIN_PREFILL_TOKENS)
+        if need is None or floor >= tokens_left:
+            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
+        want = DRAIN_SAFETY * need
+        predict = self.cost_model.predict_step_s
+
+        def rate(n: int) -> float:
+            return n / predict(shape.with_chunk(n, start))
+
+        if rate(tokens_left) <= want:
+            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput: the queue needs "
+                                           f"{need:.0f} tok/s)")
+        lo, hi = floor, tokens_left
+        while lo < hi:   # the rate grows with n (the step's fixed cost is shared by more tokens)
+            mid = (lo + hi) // 2
+            if rate(mid) >= want:
+                hi = mid
+            else:
+                lo = mid + 1
+        return StepBudget(lo, f"{ITL_INFEASIBLE}: {detail} (drain: the queue needs {need:.0f} tok/s)")
+
+    def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
+        """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
+        tokens plus the highest, over the waiting and partial requests that can still make their
+        TTFT (slack order), of the tokens up to and including each over the time to its deadline."""
+        items = sorted((r for r in (*partial, *waiting) if r.slo is not None and r.slo.ttft is not None
+                        and not r.num_output_tokens), key=self.latest_start)
+        worst, tokens = 0.0, 0
+        for r in items:
+            left = r.arrival_time + r.slo.ttft - now if r.slo is not None and r.slo.ttft is not None else _INF
+            if self.latest_start(r) < now or left <= 0:
+                continue   # hopeless: it goes behind, the rate cannot save it
+            tokens += r.num_tokens - r.num_computed_tokens
+            worst = max(worst, tokens / left)
+        return worst + self.arrival_rate(now)
+
+    def arrival_rate(self, now: float) -> float:
+        """Prompt tokens per second that arrived over the last ARRIVAL_WINDOW_S (or since the first)."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrival_tokens -= arrivals.popleft()[1]
+        if not arrivals:
+            return 0.0
+        return self._arrival_tokens / max(now - arrivals[0][0], 1.0)
+
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self._prefill_done += num_prefill
+
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens computed per second over the last RATE_WINDOW_S of the current backlog
+        (None: not backlogged for RATE_MIN_SPAN_S yet, or nothing computed)."""
+        b = self._backlog
+        if len(b) < 2 or b[-1][0] - b[0][0] < RATE_MIN_SPAN_S or b[-1][1] <= b[0][1]:
+            return None
+        return (b[-1][1] - b[0][1]) / (b[-1][0] - b[0][0])
+
+    def _note_backlog(self, queue: WaitingQueue, now: float) -> None:
+        """Sample the prefill done at each step that starts with requests waiting; an empty queue
+        ends the backlog (its rate would count idle time)."""
+        if not queue.num_ready:
+            self._backlog.clear()
+            return
+        b = self._backlog
+        b.append((now, self._prefill_done))
+        while len(b) > 2 and b[1][0] <= now - RATE_WINDOW_S:
+            b.popleft()
+
+    def _note_arrivals(self, queue: WaitingQueue, now: float) -> None:
+        new = sorted((r.arrival_time, r.num_prompt_tokens, r.arrival_seq) for r in queue
+                     if r.arrival_seq > self._seen_seq and not r.num_output_tokens)
+        for at, tokens, seq in new:   # in arrival order: the window pops from the oldest
+            self._arrivals.append((at, tokens))
+            self._arrival_tokens += tokens
+            self._seen_seq = max(self._seen_seq, seq)
 
     def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
         """`fit_chunk` bound to a step's time limit (None without one)."""

@@ -1,0 +1,210 @@
+"""The slo policy on a machine that cannot meet its targets (issue 25), measured from outside.
+
+For each engine (`pacer serve` fcfs, `pacer serve` slo, and `vllm serve` when its venv is
+given) one server is started, then `pacer bench` sends it the same seeded `mixed` trace at
+each rate over HTTP (one server, one client, the rates in turn); `pacer sim` with this
+machine's `cpu-local` profile predicts each pacer line on the same trace, printed beside it.
+Per engine and rate: output tok/s, goodput, attainment, refusals, and per class TTFT / ITL
+p50 / p99. Then the issue's verdicts past saturation (the highest rate): slo's throughput vs
+fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and ITL p99.
+
+    .venv/bin/python benchmarks/slo_overload.py                       # rates 0.1,0.3,0.6; seed 1
+    .venv/bin/python benchmarks/slo_overload.py --vllm /tmp/pacer-peers/vllm-venv \\
+        --vllm-model /tmp/pacer-peers/smollm2-hf --seeds 1,2,3
+
+`pacer sim calibrate --quick` first (the benchmark runs it when no fit is saved) so the
+simulator's `cpu-local` profile is this machine's. The load average and the CPU's flags are
+printed with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pacer.model.kernels import cpu_flags, kernel_isa
+from pacer.perf.profiles import calibration_path
+
+TARGETS = ["chat:ttft=1s,itl=200ms", "rag:ttft=8s", "agent:ttft=3s,itl=300ms", "batch:e2e=120s"]
+CLASSES = ("chat", "rag", "agent", "batch")
+BIN = Path(sys.executable).parent
+
+
+def _slo_flags() -> list[str]:
+    return [x for t in TARGETS for x in ("--slo", t)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _loadavg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
+           timeout_s: float = 900.0) -> Iterator[str]:
+    """A server process, up once GET /v1/models answers; stopped (SIGINT, then kill) after."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{cmd[0]} did not come up in {timeout_s:.0f}s; see {log}") from None
+                time.sleep(1.0)
+        yield url
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench(url: str, rate: float, seed: int, n: int, out: Path, tokenizer: str | None) -> dict[str, Any]:
+    cmd = [str(BIN / "pacer"), "bench", "--base-url", url, "--workload", "mixed", "--request-rate", str(rate),
+           "--num-prompts", str(n), "--seed", str(seed), "--out", str(out), "--no-progress", *_slo_flags()]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return dict(json.loads(out.read_text())["summary"])
+
+
+def simulate(policy: str, rate: float, seed: int, n: int, out: Path) -> dict[str, Any]:
+    cmd = [str(BIN / "pacer"), "sim", "--hardware", "cpu-local", "--workload", "mixed", "--request-rate", str(rate),
+           "--num-prompts", str(n), "--seed", str(seed), "--scheduling-policy", policy, "--out", str(out),
+           *_slo_flags()]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return dict(json.loads(out.read_text())["summary"])
+
+
+def _f(v: Any, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v * scale)
+
+
+def row(name: str, s: dict[str, Any]) -> str:
+    o = s["overall"]
+    cells = [f"{name:<14}", f"{_f(o['output_tok_s'], fmt='{:.1f}'):>6}", f"{_f(o['goodput_req_s'], fmt='{:.3f}'):>6}",
+             f"{_f(o['slo_attainment']):>5}", f"{o['num_rejected']:>3}"]
+    for c in CLASSES:
+        cs = s.get(c)
+        if cs is None:
+            cells.append(f"{'':>29}")
+            continue
+        cells.append(f"{_f(cs['ttft_p50'], fmt='{:.1f}'):>5}/{_f(cs['ttft_p99'], fmt='{:.1f}'):>5}s "
+                     f"{_f(cs['itl_p50'], 1e3, '{:.0f}'):>5}/{_f(cs['itl_p99'], 1e3, '{:.0f}'):>5}ms")
+    return " ".join(cells)
+
+
+HEADER = (f"{'engine':<14} {'tok/s':>6} {'good/s':>6} {'att':>5} {'429':>3} "
+          + " ".join(f"{c + ' ttft p50/p99 itl p50/p99':>29}" for c in CLASSES))
+
+
+def engines(args: argparse.Namespace, port: int) -> list[tuple[str, list[str], dict[str, str]]]:
+    pacer = [str(BIN / "pacer"), "serve", "--host", "127.0.0.1", "--port", str(port), *_slo_flags()]
+    out = [("pacer fcfs", [*pacer, "--scheduling-policy", "fcfs"], {}),
+           ("pacer slo", [*pacer, "--scheduling-policy", "slo"], {})]
+    if args.vllm:
+        py = str(Path(args.vllm) / "bin" / "python")
+        cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.vllm_model, "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", "smollm2", *args.vllm_args.split()]
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1 if os.cpu_count() else 0}",
+               "VLLM_CPU_KVCACHE_SPACE": "4"}
+        out.append(("vllm serve", cmd, env))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="0.1,0.3,0.6", help="req/s: under, at and past what the machine serves")
+    p.add_argument("--seeds", default="1", help="trace seeds (the extra ones run at the highest rate only)")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--vllm", default=None, help="a vLLM-for-CPU venv (../shared/peers/setup.sh vllm)")
+    p.add_argument("--vllm-model", default="/tmp/pacer-peers/smollm2-hf", help="the same weights as HF float32")
+    p.add_argument("--vllm-args", default="--max-model-len 4096", help="extra vLLM server flags")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
+    p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
+    args = p.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="slo-overload-"))
+    work.mkdir(parents=True, exist_ok=True)
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
+    print(f"# slo_overload: CPU flags {','.join(flags)} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
+          f"load {_loadavg()}, work {work}")
+    if not args.no_sim and not calibration_path().exists():
+        print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")
+        subprocess.run([str(BIN / "pacer"), "sim", "calibrate", "--quick"], check=True, stdout=subprocess.DEVNULL)
+    runs = [(r, seeds[0]) for r in rates] + [(rates[-1], s) for s in seeds[1:]]
+    results: dict[tuple[str, float, int], dict[str, Any]] = {}
+    for name, cmd, env in engines(args, port := _free_port()):
+        tag = name.replace(" ", "-")
+        with server(cmd, port, work / f"{tag}.log", env) as url:
+            # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
+            bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", args.vllm_model if name.startswith("vllm") else None)
+            for rate, seed in runs:
+                results[name, rate, seed] = bench(url, rate, seed, args.num_prompts,
+                                                  work / f"{tag}-r{rate}-s{seed}.json",
+                                                  args.vllm_model if name.startswith("vllm") else None)
+                print(f"# {name} rate {rate} seed {seed} done, load {_loadavg()}", flush=True)
+    for rate, seed in runs:
+        print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {_loadavg()}")
+        print(HEADER)
+        for name, *_ in engines(args, 0):
+            print(row(name, results[name, rate, seed]))
+            if not args.no_sim and name.startswith("pacer"):
+                policy = name.split()[1]
+                sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json")
+                print(row(f"  sim {policy}", sim))
+    verdicts(results, rates[-1], seeds, bool(args.vllm))
+    return 0
+
+
+def verdicts(results: dict[tuple[str, float, int], dict[str, Any]], rate: float, seeds: list[int],
+             vllm: bool) -> None:
+    print(f"\n## past saturation ({rate} req/s): slo vs fcfs" + (" and vllm" if vllm else ""))
+    for seed in seeds:
+        f, s = results["pacer fcfs", rate, seed], results["pacer slo", rate, seed]
+        fo, so = f["overall"], s["overall"]
+        tput = so["output_tok_s"] / fo["output_tok_s"] if fo["output_tok_s"] else float("nan")
+        line = [f"seed {seed}: throughput {tput:.2f}x fcfs (>= 0.95: {'yes' if tput >= 0.95 else 'NO'})",
+                f"goodput {so['goodput_req_s']:.3f} vs fcfs {fo['goodput_req_s']:.3f} "
+                f"({'yes' if so['goodput_req_s'] >= fo['goodput_req_s'] else 'NO'})"]
+        if vllm:
+            vo = results["vllm serve", rate, seed]["overall"]
+            line.append(f"vs vllm {vo['goodput_req_s']:.3f} ({'yes' if so['goodput_req_s'] >= vo['goodput_req_s'] else 'NO'})")
+        fc, sc = f.get("chat", {}), s.get("chat", {})
+        if fc.get("ttft_p50") and sc.get("ttft_p50") is not None:
+            ok = sc["ttft_p50"] <= 1.1 * fc["ttft_p50"]
+            line.append(f"chat ttft p50 {sc['ttft_p50']:.2f}s vs {fc['ttft_p50']:.2f}s ({'yes' if ok else 'NO'})")
+        if fo.get("itl_p99") and so.get("itl_p99") is not None:
+            ok = so["itl_p99"] < fo["itl_p99"]
+            line.append(f"itl p99 {so['itl_p99'] * 1e3:.0f} vs {fo['itl_p99'] * 1e3:.0f} ms ({'yes' if ok else 'NO'})")
+        print("; ".join(line))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
