@@ -124,7 +124,8 @@ HEADER = (f"{'engine':<14} {'tok/s':>6} {'good/s':>6} {'att':>5} {'429':>3} "
 
 
 def engines(args: argparse.Namespace, port: int) -> list[tuple[str, list[str], dict[str, str]]]:
-    pacer = [str(BIN / "pacer"), "serve", "--host", "127.0.0.1", "--port", str(port), *_slo_flags()]
+    pacer = [str(BIN / "pacer"), "serve", "--host", "127.0.0.1", "--port", str(port), *_slo_flags(),
+             *args.pacer_args.split()]
     out = [("pacer fcfs", [*pacer, "--scheduling-policy", "fcfs"], {}),
            ("pacer slo", [*pacer, "--scheduling-policy", "slo"], {})]
     if args.vllm:
@@ -140,11 +141,13 @@ def engines(args: argparse.Namespace, port: int) -> list[tuple[str, list[str], d
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="0.1,0.3,0.6", help="req/s: under, at and past what the machine serves")
-    p.add_argument("--seeds", default="1", help="trace seeds (the extra ones run at the highest rate only)")
+    p.add_argument("--seeds", default="1", help="trace seeds of the highest rate (a lower rate runs the first + 10 x "
+                   "its distance from the top: no run repeats another's trace)")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--vllm", default=None, help="a vLLM-for-CPU venv (../shared/peers/setup.sh vllm)")
     p.add_argument("--vllm-model", default="/tmp/pacer-peers/smollm2-hf", help="the same weights as HF float32")
     p.add_argument("--vllm-args", default="--max-model-len 4096", help="extra vLLM server flags")
+    p.add_argument("--pacer-args", default="", help="extra pacer serve flags (e.g. '--dtype bfloat16')")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
     args = p.parse_args()
@@ -158,7 +161,10 @@ def main() -> int:
     if not args.no_sim and not calibration_path().exists():
         print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")
         subprocess.run([str(BIN / "pacer"), "sim", "calibrate", "--quick"], check=True, stdout=subprocess.DEVNULL)
-    runs = [(r, seeds[0]) for r in rates] + [(rates[-1], s) for s in seeds[1:]]
+    # every run its own trace (a server's prefix cache would serve a repeated one): the highest
+    # rate takes the given seeds, each lower rate seed + 10 x its distance from the top
+    runs = [(r, seeds[0] + 10 * (len(rates) - 1 - i)) for i, r in enumerate(rates[:-1])]
+    runs += [(rates[-1], s) for s in seeds]
     results: dict[tuple[str, float, int], dict[str, Any]] = {}
     for name, cmd, env in engines(args, port := _free_port()):
         tag = name.replace(" ", "-")

@@ -65,8 +65,8 @@ def test_the_budget_keeps_the_queue_draining_when_the_decodes_alone_exceed_the_l
 
 
 def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:
-    """Two waiting prompts of 1,000 tokens with 2 s and 10 s left: the first needs 500 tok/s, both
-    together 200; 3,000 prompt tokens arrived over the last 10 s add 300."""
+    """Two waiting prompts of 1,000 tokens with 2 s and 10 s left: the first needs 1,000 tok/s to be
+    done in half its time, both together 400; 3,000 prompt tokens arrived over the last 10 s add 300."""
     policy = SloPolicy(FixedCostModel(1e-3, 1e-5), 4096, 512)
     a = Request("a", [7] * 1000, PARAMS, arrival_time=90.0, arrival_seq=1, slo=Slo(ttft=12.0))
     b = Request("b", [7] * 1000, PARAMS, arrival_time=95.0, arrival_seq=2, slo=Slo(ttft=15.0))
@@ -76,7 +76,7 @@ def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:
         queue.add(r)
     queue.refresh(100.0)
     assert policy.arrival_rate(100.0) == 300.0               # 3,000 tokens since t=90
-    assert policy.drain_need([], queue, 100.0) == 500.0 + 300.0   # `late` is hopeless: not counted
+    assert policy.drain_need([], queue, 100.0) == 1000.0 + 300.0   # `late` is hopeless: not counted
     queue.refresh(125.0)
     assert policy.arrival_rate(125.0) == 1000 / 30           # a and late fell out of the 30 s window
 

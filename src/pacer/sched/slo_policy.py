@@ -39,8 +39,8 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   alone are predicted past the limit, no prefill budget meets it. The step then takes the
   smallest prefill share whose predicted prefill rate (tokens per second of step) meets the
   queue's need: the recent arrival rate of prompt tokens plus, for every waiting or partial
-  request in slack order that can still make it, the tokens up to it over the time left to its
-  TTFT deadline (`drain_need`), never below MIN_PREFILL_TOKENS; fcfs's budget when no share
+  request in slack order that can still make it, the tokens up to it over half the time left
+  to its TTFT deadline (`drain_need`: step times are noisy, so aim early), never below MIN_PREFILL_TOKENS; fcfs's budget when no share
   meets it. So the queue drains as fast as fcfs would drain it whenever that is needed, and
   otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
   change is logged once.
@@ -82,6 +82,7 @@ PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request'
 DEFAULT_ADMISSION_MARGIN = 1.25   # refuse an arrival whose predicted TTFT exceeds its target this many times
 ARRIVAL_WINDOW_S = 30.0   # the arrival rate of prompt tokens is measured over this window
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
+DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
 RATE_WINDOW_S = 10.0      # the prefill rate is measured over this much of the current backlog
 RATE_MIN_SPAN_S = 2.0     # ... once the backlog has lasted this long
 _INF = math.inf
@@ -353,7 +354,8 @@ class SloPolicy(Policy):
     def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
         """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
         tokens plus the highest, over the waiting and partial requests that can still make their
-        TTFT (slack order), of the tokens up to and including each over the time to its deadline."""
+        TTFT (slack order), of the tokens up to and including each over DRAIN_DEADLINE_SHARE of
+        the time to its deadline."""
         items = sorted((r for r in (*partial, *waiting) if r.slo is not None and r.slo.ttft is not None
                         and not r.num_output_tokens), key=self.latest_start)
         worst, tokens = 0.0, 0
@@ -362,7 +364,7 @@ class SloPolicy(Policy):
             if self.latest_start(r) < now or left <= 0:
                 continue   # hopeless: it goes behind, the rate cannot save it
             tokens += r.num_tokens - r.num_computed_tokens
-            worst = max(worst, tokens / left)
+            worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
         return worst + self.arrival_rate(now)
 
     def arrival_rate(self, now: float) -> float:
