@@ -32,12 +32,12 @@ def _decoding(i: int, context: int, itl_s: float, now: float) -> Request:
 @given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
        context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
        head_len=st.integers(1, 8000), need=st.one_of(st.none(), st.floats(0.0, 1e6)))
-def test_the_budget_keeps_the_queue_draining_when_the_decodes_alone_exceed_the_limit(
+def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
         per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
         tokens_left: int, head_len: int, need: float | None) -> None:
-    """Infeasible ITL: the prefill share is never below the floor, and its predicted prefill rate
-    covers the queue's need (DRAIN_SAFETY x) unless it is fcfs's whole budget; without a known
-    need it is fcfs's budget. Feasible: never below the floor."""
+    """In either regime the prefill share is never below the floor, and its predicted prefill rate
+    covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget. Infeasible ITL: the
+    fewest such tokens; without a known need, fcfs's budget."""
     cost = FixedCostModel(per_step, per_token)
     policy = SloPolicy(cost, 4096, 512)
     now = 100.0
@@ -50,16 +50,16 @@ def test_the_budget_keeps_the_queue_draining_when_the_decodes_alone_exceed_the_l
     decode_s = cost.predict_step_s(shape)
     floor = min(tokens_left, MIN_PREFILL_TOKENS)
     assert floor <= budget.tokens <= tokens_left
+    n = budget.tokens
+    if need is not None and n < tokens_left:  # either regime: never below what the queue needs
+        assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= DRAIN_SAFETY * need * (1 - 1e-9)
     if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share
         assert budget.reason.startswith(ITL_INFEASIBLE)
         assert policy.feasibility.regime == ITL_INFEASIBLE
         if need is None:
-            assert budget.tokens == tokens_left, budget
-        elif budget.tokens < tokens_left:
-            n = budget.tokens
-            assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= DRAIN_SAFETY * need * (1 - 1e-9)
-            if n > floor:                       # the fewest such tokens: one less would not do
-                assert (n - 1) / cost.predict_step_s(shape.with_chunk(n - 1, 0)) < DRAIN_SAFETY * need
+            assert n == tokens_left, budget
+        elif floor < n < tokens_left:          # the fewest such tokens: one less would not do
+            assert (n - 1) / cost.predict_step_s(shape.with_chunk(n - 1, 0)) < DRAIN_SAFETY * need
     else:
         assert policy.feasibility.regime == FEASIBLE
 

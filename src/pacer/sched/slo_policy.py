@@ -43,7 +43,9 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   to its TTFT deadline (`drain_need`: step times are noisy, so aim early), never below MIN_PREFILL_TOKENS; fcfs's budget when no share
   meets it. So the queue drains as fast as fcfs would drain it whenever that is needed, and
   otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
-  change is logged once.
+  change is logged once. The same need is the floor of a feasible ITL budget: an ITL target
+  never starves the queue's TTFTs (`budget_reason` "ttft drain: ..."), since a missed TTFT
+  fails a request whole and a long step only stretches one gap.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
@@ -64,6 +66,7 @@ from pacer.request import Request
 from pacer.sched.feasibility import (
     FEASIBLE,
     ITL_INFEASIBLE,
+    TTFT_DRAIN,
     TTFT_INFEASIBLE,
     FeasibilityTracker,
     decodes_exceed,
@@ -300,8 +303,9 @@ class SloPolicy(Policy):
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float, need: Callable[[], float] | None = None) -> StepBudget:
         """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
-        queue's prefill need in tokens per second (`drain_need`), sizes the infeasible regime's
-        share (None: fcfs's budget there)."""
+        queue's prefill need in tokens per second (`drain_need`), is the share's floor: an ITL
+        budget never starves the queue's TTFTs below it, and it sizes the infeasible regime's
+        share (None: no floor; fcfs's budget in that regime)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -311,37 +315,41 @@ class SloPolicy(Policy):
                   else f"arrival ttft {bound * 1e3:.1f}ms")
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
+        start = head.num_computed_tokens
         over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             detail = f"decodes {over * 1e3:.1f}ms > {reason}"
             self.feasibility.observe(ITL_INFEASIBLE, detail)
-            return self._drain_budget(shape, head.num_computed_tokens, tokens_left, detail,
-                                      None if need is None else need())
+            if need is None:
+                return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
+            rate = need()
+            n = self._drain_tokens(shape, start, tokens_left, rate)
+            what = "throughput" if n == tokens_left else "drain"
+            return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} ({what}: the queue needs {rate:.0f} tok/s)")
         self.feasibility.observe(FEASIBLE)
-        start = head.num_computed_tokens
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
         if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
             return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
         n = self._largest_within(shape, start, floor, tokens_left, True, limit)
+        if need is not None:     # the ITL budget may not starve the queue's TTFTs
+            rate = need()
+            drain = self._drain_tokens(shape, start, tokens_left, rate)
+            if drain > n:
+                return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
         return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
 
-    def _drain_budget(self, shape: StepShape, start: int, tokens_left: int, detail: str,
-                      need: float | None) -> StepBudget:
-        """The infeasible regime's share: the fewest prefill tokens (at least the floor) whose
-        predicted rate, tokens per second of the step they make, covers DRAIN_SAFETY x `need`;
-        `tokens_left` (fcfs's budget) when none does or no need is known."""
+    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
+        """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
+        of the step they make, covers DRAIN_SAFETY x `need`; `tokens_left` when none does."""
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        if need is None or floor >= tokens_left:
-            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
         want = DRAIN_SAFETY * need
         predict = self.cost_model.predict_step_s
 
         def rate(n: int) -> float:
             return n / predict(shape.with_chunk(n, start))
 
-        if rate(tokens_left) <= want:
-            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput: the queue needs "
-                                           f"{need:.0f} tok/s)")
+        if floor >= tokens_left or rate(tokens_left) <= want:
+            return tokens_left
         lo, hi = floor, tokens_left
         while lo < hi:   # the rate grows with n (the step's fixed cost is shared by more tokens)
             mid = (lo + hi) // 2
@@ -349,7 +357,7 @@ class SloPolicy(Policy):
                 hi = mid
             else:
                 lo = mid + 1
-        return StepBudget(lo, f"{ITL_INFEASIBLE}: {detail} (drain: the queue needs {need:.0f} tok/s)")
+        return lo
 
     def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
         """Prefill tokens per second the queue needs now: the recent arrival rate of prompt

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from pacer.sched.feasibility import ITL_INFEASIBLE
+from pacer.sched.feasibility import ITL_INFEASIBLE, TTFT_DRAIN
 
 __all__ = ["BudgetTally", "describe_budget"]
 
@@ -37,7 +37,8 @@ class BudgetTally:
         self.num_by_target = 0      # steps whose budget an ITL target cut below max_num_batched_tokens
         self.num_at_floor = 0       # of them, at the prefill floor (the target asked for less)
         self.num_by_arrival = 0     # steps kept within a share of the tightest TTFT (for arrivals)
-        self.num_infeasible = 0     # steps whose decodes alone exceeded the limit (served at fcfs's budget)
+        self.num_infeasible = 0     # steps whose decodes alone exceeded the limit (sized by the queue's need)
+        self.num_drain = 0          # steps the queue's TTFTs sized above what the ITL target allowed
         self.budgets: list[int] = []
         self.owners: Counter[str] = Counter()
 
@@ -45,6 +46,10 @@ class BudgetTally:
         self.num_steps += 1
         reason = step.budget_reason or ""
         self.num_infeasible += reason.startswith(ITL_INFEASIBLE)
+        if reason.startswith(TTFT_DRAIN):
+            self.num_drain += 1
+            self.budgets.append(int(step.token_budget))
+            return
         if reason.startswith(_ARRIVAL):
             self.num_by_arrival += 1
             self.budgets.append(int(step.token_budget))
@@ -66,7 +71,7 @@ class BudgetTally:
         b = self.budgets
         return {"num_steps": self.num_steps, "num_set_by_itl": self.num_by_target, "num_at_floor": self.num_at_floor,
                 "num_set_by_arrival": self.num_by_arrival,
-                "num_itl_infeasible": self.num_infeasible,
+                "num_itl_infeasible": self.num_infeasible, "num_ttft_drain": self.num_drain,
                 "budget_min": min(b) if b else None, "budget_median": statistics.median(b) if b else None,
                 "top_owners": dict(self.owners.most_common(3))}
 
@@ -75,11 +80,13 @@ def describe_budget(d: Mapping[str, Any]) -> str | None:
     """One line for a report: None when no target ever set a budget."""
     by_itl, by_arrival = (d.get("num_set_by_itl", 0), d.get("num_set_by_arrival", 0)) if d else (0, 0)
     infeasible = d.get("num_itl_infeasible", 0) if d else 0
-    if not by_itl and not by_arrival:
+    drain = d.get("num_ttft_drain", 0) if d else 0
+    if not by_itl and not by_arrival and not drain:
         return (f"step budget: the decodes alone exceeded the ITL target in {infeasible} of {d['num_steps']} "
-                "steps (served at max_num_batched_tokens)") if infeasible else None
+                "steps (sized by the queue's prefill need)") if infeasible else None
     line = (f"step budget: an ITL target set it in {by_itl} of {d['num_steps']} steps, the tightest TTFT (for "
-            f"arrivals) in {by_arrival} (median {d['budget_median']:g} tokens, min {d['budget_min']}, "
-            f"{d['num_at_floor']} at the prefill floor; {infeasible} infeasible, at max_num_batched_tokens)")
+            f"arrivals) in {by_arrival}, the queue's TTFTs above the ITL's in {drain} (median "
+            f"{d['budget_median']:g} tokens, min {d['budget_min']}, {d['num_at_floor']} at the prefill floor; "
+            f"{infeasible} infeasible, sized by the queue's prefill need)")
     owners = ", ".join(f"{k} ({v})" for k, v in d.get("top_owners", {}).items())
     return line + (f"; most often the target of {owners}" if owners else "")
