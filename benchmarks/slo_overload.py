@@ -97,7 +97,7 @@ def simulate(policy: str, rate: float, seed: int, n: int, out: Path) -> dict[str
     cmd = [str(BIN / "pacer"), "sim", "--hardware", "cpu-local", "--workload", "mixed", "--request-rate", str(rate),
            "--num-prompts", str(n), "--seed", str(seed), "--scheduling-policy", policy, "--out", str(out),
            *_slo_flags()]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # its regime log lines
     return dict(json.loads(out.read_text())["summary"])
 
 
