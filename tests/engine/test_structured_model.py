@@ -57,13 +57,14 @@ def test_waiting_for_grammar_holds_no_slot_and_no_kv_and_fails_alone(base):
         json={"title": "slow", "type": "object"})))
     other = engine.add_request("Count: 1, 2,", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
     tokens_while_compiling = 0
-    slow_out = None
+    slow_out = other_out = None
     while slow_out is None:
         for o in engine.step():
             if o.request_id == slow:
                 slow_out = o
             elif o.request_id == other:
                 tokens_while_compiling += len(o.new_token_ids)
+                other_out = o if o.finished else None
         if slow_out is None:   # queued ahead of `other` in the scheduler, but never admitted
             snap = engine.snapshot()
             assert snap.num_waiting_for_grammar == 1 and engine.num_waiting_for_grammar == 1
@@ -71,8 +72,9 @@ def test_waiting_for_grammar_holds_no_slot_and_no_kv_and_fails_alone(base):
             assert slow not in engine.kv.block_tables and snap.num_running <= 1   # no seat, no KV blocks
     assert slow_out.finish_reason == "error" and "did not compile" in slow_out.error
     assert tokens_while_compiling >= 2, "the other request kept generating while the grammar compiled"
-    rest = engine.run_until_done()
-    assert [o.finish_reason for o in rest] == ["length"]
+    rest = engine.run_until_done()   # `other` may have finished while the grammar compiled (a fast CPU)
+    finished = [o for o in rest if o.request_id == other] or [other_out]
+    assert [o.finish_reason for o in finished if o is not None] == ["length"] and len(rest) <= 1
     engine.kv.check_invariants()
     assert engine.kv.num_available_blocks() == 64 and free == 64
     engine.install_structured_outputs(None)
