@@ -75,10 +75,10 @@ def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:
     for r in (a, b, late):
         queue.add(r)
     queue.refresh(100.0)
-    assert policy.arrival_rate(100.0) == 300.0               # 3,000 tokens since t=90
+    assert policy.flow.arrival_rate(100.0) == 300.0               # 3,000 tokens since t=90
     assert policy.drain_need([], queue, 100.0) == 1000.0 + 300.0   # `late` is hopeless: not counted
     queue.refresh(125.0)
-    assert policy.arrival_rate(125.0) == 1000 / 30           # a and late fell out of the 30 s window
+    assert policy.flow.arrival_rate(125.0) == 1000 / 30           # a and late fell out of the 30 s window
 
 
 def test_a_feasibility_flip_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -20,8 +20,8 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   target is shed at once (HTTP 429 `slo_unattainable`), so the requests admitted can still
   meet theirs (the seeds: at a QPS spike, turn the late ones away). That prefill is priced
   by the cost model alone (a lower bound: decodes share every step) or, once the queue has
-  been backlogged for RATE_MIN_SPAN_S, at the prefill rate measured over that backlog
-  (`prefill_rate`), whichever is longer.
+  been backlogged for a while, at the prefill rate measured over that backlog
+  (pacer.sched.queue_flow), whichever is longer.
   The regime (`ttft infeasible`) is logged once per change, as the ITL one.
 - **budgets each step by ITL** (`step_limit`, from `prefill_budget`): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
@@ -56,9 +56,9 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -72,22 +72,19 @@ from pacer.sched.feasibility import (
     decodes_exceed,
 )
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
+from pacer.sched.queue_flow import QueueFlow
 from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import StepLimit, StepPlan
 
-__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DEFAULT_ADMISSION_MARGIN"]
+__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
-DEFAULT_ADMISSION_MARGIN = 1.25   # refuse an arrival whose predicted TTFT exceeds its target this many times
-ARRIVAL_WINDOW_S = 30.0   # the arrival rate of prompt tokens is measured over this window
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
 DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
-RATE_WINDOW_S = 10.0      # the prefill rate is measured over this much of the current backlog
-RATE_MIN_SPAN_S = 2.0     # ... once the backlog has lasted this long
 _INF = math.inf
 
 
@@ -122,11 +119,7 @@ class SloPolicy(Policy):
         self.feasibility = FeasibilityTracker()
         self.admission = FeasibilityTracker("ttft")
         self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
-        self._arrivals: deque[tuple[float, int]] = deque()   # (arrival time, prompt tokens), the window's
-        self._arrival_tokens = 0
-        self._seen_seq = -1       # arrivals up to this arrival_seq are in the window
-        self._prefill_done = 0    # prompt tokens computed (account), sampled at each backlogged step
-        self._backlog: deque[tuple[float, int]] = deque()
+        self.flow = QueueFlow()   # the measured arrival and prefill rates
         self._now = -_INF
 
     @classmethod
@@ -222,21 +215,17 @@ class SloPolicy(Policy):
         the predicted prefill ahead of them (feasible requests only: hopeless ones go behind)
         and their own, exceeds `admission_margin` times their TTFT target."""
         refused: list[Request] = []
-        ahead, tokens, newest = 0.0, 0, self._admitted_seq
-        rate = self.prefill_rate()
+        checked, newest = self._admitted_seq, self._admitted_seq
+        ahead, tokens, rate = 0.0, 0, self.flow.prefill_rate()
         for r in waiting:
+            newest = max(newest, r.arrival_seq)
             if r.request_id in skip or r.num_output_tokens or (r.slo is not None and self.is_hopeless(r, now)):
-                if r.arrival_seq > self._admitted_seq and r.request_id not in skip:
-                    newest = max(newest, r.arrival_seq)
-                continue
+                continue   # refused already, a resume, or behind every feasible request
             own = r.num_tokens - r.num_computed_tokens
             ahead += self.prefill_s(r)
             tokens += own
-            if r.arrival_seq <= self._admitted_seq:
-                continue
-            newest = max(newest, r.arrival_seq)
             ttft = None if r.slo is None else r.slo.ttft
-            if ttft is None or r.metrics.first_scheduled_time is not None:
+            if r.arrival_seq <= checked or ttft is None or r.metrics.first_scheduled_time is not None:
                 continue
             predicted = now - r.arrival_time + max(ahead, tokens / rate if rate else 0.0)
             if predicted > self.admission_margin * ttft:
@@ -278,8 +267,7 @@ class SloPolicy(Policy):
 
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._now = now
-        self._note_arrivals(queue, now)
-        self._note_backlog(queue, now)
+        self.flow.note(queue, queue.num_ready > 0, now)
         for r in queue:
             if r.slo is not None and self.is_hopeless(r, now):
                 r.metrics.deprioritized = True
@@ -359,60 +347,26 @@ class SloPolicy(Policy):
                 lo = mid + 1
         return lo
 
+    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
+        self.flow.account_prefill(num_prefill)
+
     def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
         """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
         tokens plus the highest, over the waiting and partial requests that can still make their
         TTFT (slack order), of the tokens up to and including each over DRAIN_DEADLINE_SHARE of
         the time to its deadline."""
-        items = sorted((r for r in (*partial, *waiting) if r.slo is not None and r.slo.ttft is not None
-                        and not r.num_output_tokens), key=self.latest_start)
         worst, tokens = 0.0, 0
-        for r in items:
-            left = r.arrival_time + r.slo.ttft - now if r.slo is not None and r.slo.ttft is not None else _INF
-            if self.latest_start(r) < now or left <= 0:
+        # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
+        for r in heapq.merge(partial, waiting, key=self.latest_start):
+            ttft = None if r.slo is None else r.slo.ttft
+            if ttft is None or r.num_output_tokens:
+                continue
+            left = r.arrival_time + ttft - now
+            if left <= 0 or self.latest_start(r) < now:
                 continue   # hopeless: it goes behind, the rate cannot save it
             tokens += r.num_tokens - r.num_computed_tokens
             worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
-        return worst + self.arrival_rate(now)
-
-    def arrival_rate(self, now: float) -> float:
-        """Prompt tokens per second that arrived over the last ARRIVAL_WINDOW_S (or since the first)."""
-        arrivals = self._arrivals
-        while arrivals and arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._arrival_tokens -= arrivals.popleft()[1]
-        if not arrivals:
-            return 0.0
-        return self._arrival_tokens / max(now - arrivals[0][0], 1.0)
-
-    def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
-        self._prefill_done += num_prefill
-
-    def prefill_rate(self) -> float | None:
-        """Prompt tokens computed per second over the last RATE_WINDOW_S of the current backlog
-        (None: not backlogged for RATE_MIN_SPAN_S yet, or nothing computed)."""
-        b = self._backlog
-        if len(b) < 2 or b[-1][0] - b[0][0] < RATE_MIN_SPAN_S or b[-1][1] <= b[0][1]:
-            return None
-        return (b[-1][1] - b[0][1]) / (b[-1][0] - b[0][0])
-
-    def _note_backlog(self, queue: WaitingQueue, now: float) -> None:
-        """Sample the prefill done at each step that starts with requests waiting; an empty queue
-        ends the backlog (its rate would count idle time)."""
-        if not queue.num_ready:
-            self._backlog.clear()
-            return
-        b = self._backlog
-        b.append((now, self._prefill_done))
-        while len(b) > 2 and b[1][0] <= now - RATE_WINDOW_S:
-            b.popleft()
-
-    def _note_arrivals(self, queue: WaitingQueue, now: float) -> None:
-        new = sorted((r.arrival_time, r.num_prompt_tokens, r.arrival_seq) for r in queue
-                     if r.arrival_seq > self._seen_seq and not r.num_output_tokens)
-        for at, tokens, seq in new:   # in arrival order: the window pops from the oldest
-            self._arrivals.append((at, tokens))
-            self._arrival_tokens += tokens
-            self._seen_seq = max(self._seen_seq, seq)
+        return worst + self.flow.arrival_rate(now)
 
     def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
         """`fit_chunk` bound to a step's time limit (None without one)."""
