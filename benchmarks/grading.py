@@ -17,14 +17,15 @@ import argparse
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from pacer.corpus import CORPUS
-from served import free_port, wait_until_up
 
 PEERS = Path(os.environ.get("PEERS_DIR", "/tmp/pacer-peers"))
 LM_EVAL = PEERS / "lmeval-venv" / "bin" / "lm_eval"
@@ -83,14 +84,29 @@ def _write_gen_task(folder: Path, sentences: list[str]) -> None:
         "metric_list:\n  - metric: exact_match\n    regexes_to_ignore: [\"^\\\\s+\", \"\\\\s+$\"]\n")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def start_server(flags: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+    port = _free_port()
     cmd = [sys.executable, "-m", "pacer.cli", "serve", "--port", str(port), "--served-model-name", "smollm2",
            "--num-threads", "2", *flags]
     proc = subprocess.Popen(cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_until_up(proc, url, log_path, 600)
-    return proc, url
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"pacer serve exited ({proc.returncode}); see {log_path}")
+        try:
+            urllib.request.urlopen(url + "/v1/models", timeout=2).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.5)   # a subprocess's start-up, not a test: polling its port is the only signal
+    proc.kill()
+    raise RuntimeError(f"pacer serve did not come up in 600 s; see {log_path}")
 
 
 def run_lm_eval(model: str, model_args: str, task_dir: Path, out_dir: Path, extra: list[str] = ()) -> dict:

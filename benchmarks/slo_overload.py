@@ -23,17 +23,18 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pacer.model.kernels import cpu_flags, kernel_isa
 from pacer.perf.profiles import calibration_path
-from served import free_port, wait_until_up
-from slo_common import loadavg
 
 TARGETS = ["chat:ttft=1s,itl=200ms", "rag:ttft=8s", "agent:ttft=3s,itl=300ms", "batch:e2e=120s"]
 CLASSES = ("chat", "rag", "agent", "batch")
@@ -44,6 +45,16 @@ def _slo_flags() -> list[str]:
     return [x for t in TARGETS for x in ("--slo", t)]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _loadavg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 @contextlib.contextmanager
 def server(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
            timeout_s: float = 900.0) -> Iterator[str]:
@@ -52,7 +63,17 @@ def server(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = No
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(proc, url, log, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{cmd[0]} did not come up in {timeout_s:.0f}s; see {log}") from None
+                time.sleep(1.0)
         yield url
     finally:
         proc.send_signal(2)
@@ -136,7 +157,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
     print(f"# slo_overload: CPU flags {','.join(flags)} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
-          f"load {loadavg()}, work {work}")
+          f"load {_loadavg()}, work {work}")
     if not args.no_sim and not calibration_path().exists():
         print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")
         subprocess.run([str(BIN / "pacer"), "sim", "calibrate", "--quick"], check=True, stdout=subprocess.DEVNULL)
@@ -145,7 +166,7 @@ def main() -> int:
     runs = [(r, seeds[0] + 10 * (len(rates) - 1 - i)) for i, r in enumerate(rates[:-1])]
     runs += [(rates[-1], s) for s in seeds]
     results: dict[tuple[str, float, int], dict[str, Any]] = {}
-    for name, cmd, env in engines(args, port := free_port()):
+    for name, cmd, env in engines(args, port := _free_port()):
         tag = name.replace(" ", "-")
         with server(cmd, port, work / f"{tag}.log", env) as url:
             # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
@@ -154,9 +175,9 @@ def main() -> int:
                 results[name, rate, seed] = bench(url, rate, seed, args.num_prompts,
                                                   work / f"{tag}-r{rate}-s{seed}.json",
                                                   args.vllm_model if name.startswith("vllm") else None)
-                print(f"# {name} rate {rate} seed {seed} done, load {loadavg()}", flush=True)
+                print(f"# {name} rate {rate} seed {seed} done, load {_loadavg()}", flush=True)
     for rate, seed in runs:
-        print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {loadavg()}")
+        print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {_loadavg()}")
         print(HEADER)
         for name, *_ in engines(args, 0):
             print(row(name, results[name, rate, seed]))
