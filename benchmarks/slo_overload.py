@@ -35,6 +35,7 @@ from typing import Any
 
 from pacer.model.kernels import cpu_flags, kernel_isa
 from pacer.perf.profiles import calibration_path
+from slo_common import loadavg
 
 TARGETS = ["chat:ttft=1s,itl=200ms", "rag:ttft=8s", "agent:ttft=3s,itl=300ms", "batch:e2e=120s"]
 CLASSES = ("chat", "rag", "agent", "batch")
@@ -49,10 +50,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _loadavg() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 @contextlib.contextmanager
@@ -157,7 +154,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
     print(f"# slo_overload: CPU flags {','.join(flags)} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
-          f"load {_loadavg()}, work {work}")
+          f"load {loadavg()}, work {work}")
     if not args.no_sim and not calibration_path().exists():
         print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")
         subprocess.run([str(BIN / "pacer"), "sim", "calibrate", "--quick"], check=True, stdout=subprocess.DEVNULL)
@@ -175,9 +172,9 @@ def main() -> int:
                 results[name, rate, seed] = bench(url, rate, seed, args.num_prompts,
                                                   work / f"{tag}-r{rate}-s{seed}.json",
                                                   args.vllm_model if name.startswith("vllm") else None)
-                print(f"# {name} rate {rate} seed {seed} done, load {_loadavg()}", flush=True)
+                print(f"# {name} rate {rate} seed {seed} done, load {loadavg()}", flush=True)
     for rate, seed in runs:
-        print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {_loadavg()}")
+        print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {loadavg()}")
         print(HEADER)
         for name, *_ in engines(args, 0):
             print(row(name, results[name, rate, seed]))
