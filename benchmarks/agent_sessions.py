@@ -9,10 +9,14 @@ independent requests on the same engine. Three KV policies, side by side in one 
 - ttl: pacer's ttl policy (LRU plus idle expiry at `cache_ttl`), without sessions.
 
 Real engine: the default model on CPU, KV sized to hold about a third of the agents' final
-histories. Then the simulator: its prediction of the same real run (cpu-local profile), and
-H200 + llama-3.1-8b with 256 agents (KV sized to a third of their histories the same way).
+histories, at most `--max-num-seqs` calls running at once (default 3: a 2-core server's batch;
+the rest wait in the queue, where their histories are what retention keeps). Then the
+simulator: its prediction of the same real run (cpu-local profile), the same run with the
+running batch unbounded (every returned agent admitted at once, so the running calls hold the
+KV and there is little left to retain), and H200 + llama-3.1-8b with 256 agents (KV sized to a
+third of their histories the same way).
 
-Run: PYTHONPATH=src python benchmarks/agent_sessions.py [--quick] [--skip-real]
+Run: PYTHONPATH=src python benchmarks/agent_sessions.py [--quick] [--skip-real] [--max-num-seqs 3]
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def table(title: str, results: dict[str, AgentLoopResult], extra: str = "") -> N
           f"expiries {stats.get('expiries')}, capped {stats.get('capped')}, demoted blocks {stats.get('demoted_blocks')}")
 
 
-def run_real(loop: AgentLoop) -> dict[str, AgentLoopResult]:
+def run_real(loop: AgentLoop, engine_kw: dict[str, Any]) -> dict[str, AgentLoopResult]:
     from pacer.engine import Engine
     from pacer.model.runner import executor_for
 
@@ -87,7 +91,7 @@ def run_real(loop: AgentLoop) -> dict[str, AgentLoopResult]:
     blocks = kv_blocks_for(loop)
     results = {}
     for name in POLICIES:
-        cfg = EngineConfig.from_kwargs(num_kv_blocks=blocks, **policy_kwargs(name, loop))
+        cfg = EngineConfig.from_kwargs(num_kv_blocks=blocks, **policy_kwargs(name, loop), **engine_kw)
         ex = executor_for(base.executor.model, cfg.cache, tokenizer=base.tokenizer)
         engine = Engine(cfg, ex, base.tokenizer, ex.num_blocks, base.max_model_len, base.eos_token_ids,
                         vocab_size=base.vocab_size)
@@ -97,14 +101,15 @@ def run_real(loop: AgentLoop) -> dict[str, AgentLoopResult]:
     return results
 
 
-def run_sim(loop: AgentLoop, hardware: str, model: str, blocks: int | None = None) -> dict[str, AgentLoopResult]:
+def run_sim(loop: AgentLoop, hardware: str, model: str, blocks: int | None = None,
+            engine_kw: dict[str, Any] | None = None) -> dict[str, AgentLoopResult]:
     from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine
 
     results = {}
     for name in POLICIES:
         kw = policy_kwargs(name, loop)
-        cfg = EngineConfig.from_kwargs(num_kv_blocks=blocks or kv_blocks_for(loop), **kw)
+        cfg = EngineConfig.from_kwargs(num_kv_blocks=blocks or kv_blocks_for(loop), **kw, **(engine_kw or {}))
         engine, _, _ = build_sim_engine(cfg, get_hardware(hardware), get_model(model), keep_records=False)
         results[name] = run_agent_loop(engine, loop, sessions=POLICIES[name][1])
     return results
@@ -115,20 +120,26 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer agents and turns (a smoke run)")
     ap.add_argument("--skip-real", action="store_true", help="only the simulated tables")
     ap.add_argument("--sim-agents", type=int, default=256, help="agents in the simulated H200 run")
+    ap.add_argument("--max-num-seqs", type=int, default=3,
+                    help="calls running at once in the real run and its prediction (default 3)")
     args = ap.parse_args()
     print(f"agent_sessions  {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  load {loadavg()}  "
           f"cpu flags {cpu_flags()}  cores {os.cpu_count()}")
-    real_loop = AgentLoop(num_agents=4 if args.quick else 6, turns=3 if args.quick else 5, system_len=96,
-                          task_len=64, tool_output_len=160, output_len=4, tool_latency=0.4,
-                          tool_latency_dist="exponential", chat_rate=1.0, chat_prompt_len=64, chat_output_len=4)
-    print(f"real workload: {real_loop.num_agents} agents x {real_loop.turns} calls, tool {real_loop.tool_latency}s "
-          f"({real_loop.tool_latency_dist}), final history {real_loop.max_history()} tokens, KV "
-          f"{kv_blocks_for(real_loop)} blocks (~1/3 of the histories), chat {real_loop.chat_rate}/s")
+    real_loop = AgentLoop(num_agents=6 if args.quick else 16, turns=3 if args.quick else 6, system_len=256,
+                          task_len=64, tool_output_len=64, output_len=4, tool_latency=0.5,
+                          tool_latency_dist="lognormal", chat_rate=0.5, chat_prompt_len=64, chat_output_len=4)
+    engine_kw = {"max_num_seqs": args.max_num_seqs}
+    print(f"real workload: {real_loop.num_agents} agents x {real_loop.turns} calls (shared system prompt "
+          f"{real_loop.system_len} tokens), tool {real_loop.tool_latency}s ({real_loop.tool_latency_dist}), final "
+          f"history {real_loop.max_history()} tokens, KV {kv_blocks_for(real_loop)} blocks (~1/3 of the histories), "
+          f"at most {args.max_num_seqs} calls running, chat {real_loop.chat_rate}/s")
     t = time.perf_counter()
-    predicted = run_sim(real_loop, "cpu-local", "smollm2-135m")
+    predicted = run_sim(real_loop, "cpu-local", "smollm2-135m", engine_kw=engine_kw)
     table("simulator's prediction of the real run (cpu-local, smollm2-135m)", predicted)
+    unbounded = run_sim(real_loop, "cpu-local", "smollm2-135m")
+    table("the same, simulated with the running batch unbounded (max_num_seqs 256)", unbounded)
     if not args.skip_real:
-        real = run_real(real_loop)
+        real = run_real(real_loop, engine_kw)
         table("real engine (smollm2-135m, CPU)", real, f"load {loadavg()}  cpu flags {cpu_flags()}")
     big = AgentLoop(num_agents=args.sim_agents, turns=4 if args.quick else 8, system_len=1024, task_len=512,
                     tool_output_len=1024, output_len=64, tool_latency=2.0, tool_latency_dist="lognormal",
