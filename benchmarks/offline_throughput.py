@@ -1,12 +1,14 @@
 """Offline throughput, side by side on the same weights and threads, in one run.
 
-  python benchmarks/offline_throughput.py [--quick] [--skip-hf] [--skip-vllm] [--dtypes float32,bfloat16]
-                                         [--repeats 3]
+  python benchmarks/offline_throughput.py [--quick] [--skip-hf] [--skip-vllm] [--skip-llamacpp]
+                                         [--dtypes float32,bfloat16] [--weights none,gguf] [--repeats 3]
 
 Prints, for workload W (../shared/peers/workload_w.json: 32 x 256-token prompts, 64 outputs)
-output tokens/s of pacer, HF transformers `generate` (one static batch) and vLLM-for-CPU (in
-its own venv as a subprocess, when ../shared/peers/setup.sh has built it under $PEERS_DIR),
-and pacer's ratios; then a varied-length workload (64 requests, prompts uniform 32..1024,
+output tokens/s of pacer (per weight format: `none` = the GGUF dequantized to float32, `gguf` =
+its Q4_1/Q8_0 blocks kept packed, float32 activations), HF transformers `generate` (one static
+batch), vLLM-for-CPU and llama.cpp on the same GGUF (each in its own venv as a subprocess, when
+../shared/peers/setup.sh has built it under $PEERS_DIR; llama.cpp through llama-cpp-python's
+multi-sequence batching, llamacpp_peer.py), and pacer's ratios; then a varied-length workload (64 requests, prompts uniform 32..1024,
 outputs uniform 16..256, greedy, ignore_eos) against HF static batching; batch-1 decode
 ms/token beside vLLM's (measured in this run by vllm_batch1.py, and the peers README's
 figure) and the memory-bandwidth floor; and pacer's per-step time split with
@@ -147,6 +149,29 @@ def run_vllm(dtype: str, quick: bool, repeats: int) -> tuple[float, list[float]]
     return float(res["output_tokens"]) / stat(runs), runs
 
 
+def run_llamacpp(threads: int, quick: bool, repeats: int, n: int) -> dict | None:
+    """llama.cpp on pacer's own GGUF: W (one multi-sequence batch) and batch-1 decode, its RESULT."""
+    py = PEERS_DIR / "llamacpp-venv" / "bin" / "python"
+    if not (py.is_file() and PEERS):
+        line(f"  llama.cpp: skipped (build it with: PEERS_DIR={PEERS_DIR} bash ../shared/peers/setup.sh llamacpp)")
+        return None
+    from pacer.model.loader import default_model_path
+    workload = PEERS / "workload_w.json"
+    if quick:
+        w = json.loads(workload.read_text())
+        w["prompts"] = w["prompts"][:8]
+        workload = pathlib.Path("/tmp/pacer_w_quick.json")
+        workload.write_text(json.dumps(w))
+    cmd = [str(py), str(HERE / "llamacpp_peer.py"), "--model", str(default_model_path()), "--threads", str(threads),
+           "--workload", str(workload), "--repeats", str(repeats), "--tokens", str(n)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    for out_line in proc.stdout.splitlines():
+        if out_line.startswith("RESULT "):
+            return dict(json.loads(out_line[len("RESULT "):]))
+    line(f"  llama.cpp: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    return None
+
+
 def batch1_ms(runs_one: list[float], runs_many: list[float], n: int) -> float:
     """Decode ms/token from timings of 1 and of 1 + n generated tokens (the prefill cancels)."""
     return 1000 * (stat(runs_many) - stat(runs_one)) / n
@@ -191,26 +216,47 @@ def step_split(llm: LLM, n_req: int = 64) -> str:
             f"(with input preparation {100 * book_prep:.1f}%)")
 
 
-def w_line(dtype: str, r: dict[str, tuple[float, list[float]] | None], repeats: int) -> str:
-    pacer, pacer_runs = r["pacer"] or (0.0, [])
-    parts = [f"pacer {pacer:.1f} ({runs_text(pacer_runs)})"]
-    if r.get("hf"):
-        hf, hf_runs = r["hf"] or (0.0, [])
-        parts.append(f"HF static {hf:.1f} ({runs_text(hf_runs)}; pacer/HF {pacer / hf:.2f}x)")
-    if r.get("vllm"):
-        vllm, vllm_runs = r["vllm"] or (0.0, [])
-        parts.append(f"vLLM {vllm:.1f} ({runs_text(vllm_runs)}; pacer/vLLM {pacer / vllm:.2f}x)")
-    elif dtype in VLLM_REFERENCE:
-        parts.append(f"vLLM (peers/README, not this run) {VLLM_REFERENCE[dtype][0]:.1f}")
-    return f"[W {dtype}] output tok/s, median of {repeats}: " + " | ".join(parts)
+def w_line(label: str, r: dict[str, tuple[float, list[float]] | None], repeats: int) -> str:
+    """One W line: every pacer weight format, then the peers, with pacer (first format)'s ratios."""
+    names = [k for k in r if k.startswith("pacer")]
+    pacer = (r[names[0]] or (0.0, []))[0]
+    parts = [f"{k} {v[0]:.1f} ({runs_text(v[1])})" for k in names if (v := r[k])]
+    if len(names) > 1 and (q := r[names[1]]) and pacer:
+        parts.append(f"{names[1]}/{names[0]} {q[0] / pacer:.2f}x")
+    for key, title in (("hf", "HF static"), ("vllm", "vLLM"), ("llamacpp", "llama.cpp Q4_1")):
+        if (v := r.get(key)):
+            parts.append(f"{title} {v[0]:.1f} ({runs_text(v[1])}; pacer/{title.split()[0]} {pacer / v[0]:.2f}x)")
+        elif key == "vllm" and label in VLLM_REFERENCE:
+            parts.append(f"vLLM (peers/README, not this run) {VLLM_REFERENCE[label][0]:.1f}")
+    return f"[W {label}] output tok/s, median of {repeats}: " + " | ".join(parts)
+
+
+def run_w(dtype: str, args: argparse.Namespace, w_prompts: list[list[int]], w_outs: list[int],
+          b1: dict[str, float]) -> dict[str, tuple[float, list[float]] | None]:
+    """Workload W (and batch-1 decode) on pacer in `dtype`, one run per weight format."""
+    r: dict[str, tuple[float, list[float]] | None] = {}
+    weights = args.weights.split(",") if dtype == "float32" else ["none"]
+    for wfmt in weights:
+        llm = LLM(dtype=dtype, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
+                  enable_prefix_caching=False, kv_cache_memory="2GiB", quantization=wfmt)
+        name = "pacer" if wfmt == "none" else f"pacer-{wfmt}"
+        r[name] = run_pacer(llm, w_prompts, w_outs, args.repeats)
+        b1[f"{dtype} {name}"] = batch1_decode_ms(llm, args.repeats, args.batch1_tokens)
+        if dtype == "float32" and wfmt == "none":
+            line("[step split] " + step_split(llm, 16 if args.quick else 64))
+        del llm
+    return r
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--weights", default="none,gguf", help="pacer's weight formats for float32 (none first)")
     ap.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--skip-varied", action="store_true")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine and workload (median reported)")
     ap.add_argument("--batch1-tokens", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -219,35 +265,44 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtypes, reps = args.dtypes.split(","), args.repeats
     line(f"# pacer offline throughput, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-         f"{reps} timed runs per engine (median), load average {os.getloadavg()[0]:.1f}")
+         f"{reps} timed runs per engine (median), cpu flags {cpu_flags()}, load average {loadavg()}")
     w_prompts, w_outs = load_w(args.quick)
     b1: dict[str, float] = {}
-    vllm_b1: dict[str, float | None] = {}
+    peer_b1: dict[str, float] = {}
     for dtype in dtypes:
-        llm = LLM(dtype=dtype, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_prefix_caching=False, kv_cache_memory="2GiB")
-        r: dict[str, tuple[float, list[float]] | None] = {"pacer": run_pacer(llm, w_prompts, w_outs, reps)}
-        b1[dtype] = batch1_decode_ms(llm, reps, args.batch1_tokens)
-        if dtype == "float32":
-            line("[step split] " + step_split(llm, 16 if args.quick else 64))
-        del llm
+        r = run_w(dtype, args, w_prompts, w_outs, b1)
         if not args.skip_hf and dtype == "float32":
             r["hf"] = run_hf_static(hf_model(torch.float32), w_prompts, w_outs, reps)
         if not args.skip_vllm:
             r["vllm"] = run_vllm(dtype, args.quick, reps)
-            vllm_b1[dtype] = run_vllm_batch1(dtype, reps, args.batch1_tokens)
-        line(w_line(dtype, r, reps))
-    for dtype in dtypes:
-        ref = VLLM_REFERENCE.get(dtype, (None, None))[1]
-        measured = vllm_b1.get(dtype)
-        vllm = (f"vLLM {measured:.1f} ms (vLLM/pacer {measured / b1[dtype]:.2f}x) | vLLM (peers/README) {ref} ms"
-                if measured else f"vLLM (peers/README, not this run) {ref} ms")
-        line(f"[batch-1 decode {dtype}] (t(1+{args.batch1_tokens}) - t(1)) / {args.batch1_tokens}, medians of "
-             f"{reps}: pacer {b1[dtype]:.1f} ms/token | {vllm} | memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms")
+            if (ms := run_vllm_batch1(dtype, reps, args.batch1_tokens)) is not None:
+                peer_b1[f"vLLM {dtype}"] = ms
+        if not args.skip_llamacpp and dtype == "float32" and (lc := run_llamacpp(args.threads, args.quick, reps,
+                                                                                args.batch1_tokens)):
+            r["llamacpp"] = (lc["output_tokens"] / stat(lc["runs_s"]), lc["runs_s"])
+            peer_b1["llama.cpp Q4_1"] = batch1_ms(lc["runs_one_s"], lc["runs_many_s"], args.batch1_tokens)
+        line(w_line(dtype, r, reps) + f" | load {loadavg()}")
+    batch1_lines(b1, peer_b1, args.batch1_tokens, reps)
+    if not args.skip_varied:
+        varied_line(args)
+    line(f"# load average at the end {loadavg()}")
+
+
+def batch1_lines(b1: dict[str, float], peers: dict[str, float], n: int, reps: int) -> None:
+    for name, ms in b1.items():
+        dtype = name.split()[0]
+        others = " | ".join(f"{k} {v:.1f} ms ({k.split()[0]}/pacer {v / ms:.2f}x)" for k, v in peers.items()
+                            if k.endswith(dtype) or k.startswith("llama.cpp"))
+        line(f"[batch-1 decode {name}] (t(1+{n}) - t(1)) / {n}, medians of {reps}: {ms:.1f} ms/token"
+             f"{' | ' + others if others else ''} | memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms (float weights)")
+
+
+def varied_line(args: argparse.Namespace) -> None:
+    reps = args.repeats
     n_var = 16 if args.quick else 64
     v_prompts, v_outs = varied_workload(n_var)
     llm = LLM(dtype="float32", max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=False, kv_cache_memory="4GiB")
+              enable_prefix_caching=False, kv_cache_memory="4GiB", quantization="none")
     pv, pv_runs = run_pacer(llm, v_prompts, v_outs, reps)
     del llm
     msg = (f"[varied {n_var} req, prompts 32..1024, outputs 16..256, float32] output tok/s, median of {reps}: "
@@ -255,8 +310,20 @@ def main() -> None:
     if not args.skip_hf:
         hv, hv_runs = run_hf_static(hf_model(torch.float32), v_prompts, v_outs, reps)
         msg += f" | HF static batch {hv:.1f} ({runs_text(hv_runs)}) | pacer/HF {pv / hv:.2f}x"
-    line(msg)
-    line(f"# load average at the end {os.getloadavg()[0]:.1f}")
+    line(msg + f" | load {loadavg()}")
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    return ",".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
+                    if f in flags.split()) or "none"
+
+
+def loadavg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
