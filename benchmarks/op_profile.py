@@ -8,9 +8,11 @@ AVX2`, ATen `ATEN_CPU_CAPABILITY=avx2`), standing in for an AVX2-only CPU. Time 
 wrapping the model's parts (the wrappers cost a few microseconds a call): linear projections,
 the LM head, attention, rope + KV write, RMSNorm (+ residual), SiLU-and-mul, the sampler, the
 rest of the forward (embedding, views), and what the engine step spends outside the executor
-(Python: scheduling, bookkeeping, detokenization).
+(Python: scheduling, bookkeeping, detokenization). Beside them, vLLM-CPU on the same workload
+(`vllm_op_profile.py` in its venv, when ../shared/peers/setup.sh has built it: torch.profiler's
+self time per op, put in the same parts; its torch.compile'd graph is a part of its own).
 
-Run: PYTHONPATH=src python benchmarks/op_profile.py [--threads 1]
+Run: PYTHONPATH=src python benchmarks/op_profile.py [--threads 1] [--skip-vllm]
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-PARTS = ("linear", "lm_head", "attention", "rope+kv write", "norm", "silu_and_mul", "sampler", "forward other",
-         "engine python")
+PARTS = ("linear", "lm_head", "attention", "rope+kv write", "norm", "silu_and_mul", "sampler", "compiled graph",
+         "forward other", "engine python")
+PEERS_DIR = os.environ.get("PEERS_DIR", "/tmp/pacer-peers")
 WORKLOADS = {"prefill-heavy": (8, 512, 1), "decode-heavy": (32, 16, 64)}   # (requests, prompt, output)
 ISAS = {"avx512": {}, "avx2": {"PACER_KERNEL_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                                "ATEN_CPU_CAPABILITY": "avx2"}}
@@ -83,9 +86,30 @@ def measure(workload: str, threads: int) -> dict[str, Any]:
             "tokens": n * (prompt_len + out_len)}
 
 
+def measure_vllm(workload: str, threads: int) -> dict[str, Any] | None:
+    """vLLM on the same workload (its venv, the HF copy of the weights), or None when not built."""
+    py, model = os.path.join(PEERS_DIR, "vllm-venv/bin/python"), os.path.join(PEERS_DIR, "smollm2-hf")
+    if not (os.path.isfile(py) and os.path.isfile(os.path.join(model, "config.json"))):
+        return None
+    n, prompt_len, out_len = WORKLOADS[workload]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
+           "VLLM_CPU_KVCACHE_SPACE": "2"}
+    cmd = [py, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_op_profile.py"), "--model", model,
+           "--requests", str(n), "--prompt", str(prompt_len), "--output", str(out_len), "--threads", str(threads)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    for out_line in proc.stdout.splitlines():
+        if out_line.startswith("RESULT "):
+            res = json.loads(out_line[len("RESULT "):])
+            res["kernel"] = "vllm"
+            return dict(res)
+    print(f"  vLLM: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-vllm", action="store_true", help="pacer's ISA levels only")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ISA"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -102,18 +126,30 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--child", workload, isa],
                                   env={**os.environ, **env}, capture_output=True, text=True, check=True)
             results[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not args.skip_vllm and (v := measure_vllm(workload, args.threads)) is not None:
+            results["vllm"] = v
         n, p, o = WORKLOADS[workload]
         print(f"\n{workload}: {n} requests x {p} prompt tokens, {o} output tokens (kernels: "
               + ", ".join(f"{isa} -> {r['kernel']}" for isa, r in results.items()) + ")")
-        print(f"{'part':<16}" + "".join(f"{isa + ' s':>12}{'share':>8}" for isa in results) + f"{'avx2/avx512':>13}")
+        print(f"{'part':<16}" + "".join(f"{isa + ' s':>12}{'share':>8}" for isa in results) + f"{'avx2/avx512':>13}"
+              + (f"{'vllm/avx512':>13}" if "vllm" in results else ""))
         for part in PARTS:
             row = f"{part:<16}"
             for r in results.values():
                 row += f"{r['parts'].get(part, 0.0):>12.3f}{r['parts'].get(part, 0.0) / r['total']:>8.1%}"
             a, b = results["avx512"]["parts"].get(part, 0.0), results["avx2"]["parts"].get(part, 0.0)
-            print(row + (f"{b / a:>12.2f}x" if a > 0 else ""))
+            row += f"{b / a:>12.2f}x" if a > 0 else f"{'':>13}"
+            if "vllm" in results and a > 0 and (v := results["vllm"]["parts"].get(part, 0.0)) > 0:
+                row += f"{v / a:>12.2f}x"
+            print(row)
         row = f"{'total':<16}" + "".join(f"{r['total']:>12.3f}{1:>8.0%}" for r in results.values())
-        print(row + f"{results['avx2']['total'] / results['avx512']['total']:>12.2f}x")
+        row += f"{results['avx2']['total'] / results['avx512']['total']:>12.2f}x"
+        if "vllm" in results:
+            row += f"{results['vllm']['total'] / results['avx512']['total']:>12.2f}x"
+            print(row + f"\nvLLM without the profiler: {results['vllm']['unprofiled']:.3f} s "
+                  f"(vllm/avx512 {results['vllm']['unprofiled'] / results['avx512']['total']:.2f}x); its costliest ops: " + ", ".join(f"{k} {v:.3f} s" for k, v in results["vllm"]["ops"][:6]))
+        else:
+            print(row)
     print(f"\nload {'/'.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 

@@ -35,8 +35,9 @@ from pacer.server.api.errors import APIError
 from pacer.server.api.gateway import add_router_endpoints, detokenize_body, tenant_from_headers, tokenize_body
 from pacer.server.api.limits import read_body
 from pacer.server.api.protocol import ParsedRequest, parse_chat, parse_completion
+from pacer.server.job import Job
 from pacer.server.responses import Chunks, completion_body, sse
-from pacer.server.service import Job, Service
+from pacer.server.service import Service
 
 __all__ = ["create_app"]
 

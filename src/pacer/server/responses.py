@@ -14,8 +14,8 @@ from pacer.engine import RequestOutput
 from pacer.server.api.echo import echo_logprobs, prompt_text, vllm_prompt_logprobs
 from pacer.server.api.logprobs import TokenText, chat_logprobs, completion_logprobs
 from pacer.server.api.request_metrics import metrics_body
+from pacer.server.job import Job
 from pacer.server.reasoning import ReasoningReader
-from pacer.server.service import Job
 from pacer.server.tools.stream import ToolDeltaStream
 
 __all__ = ["completion_body", "Chunks", "sse"]

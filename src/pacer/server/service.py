@@ -32,10 +32,10 @@ from pacer.server.api.limits import RequestLimits
 from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
-from pacer.server.reasoning import ReasoningSyntax, reasoning_message
+from pacer.server.job import Job
+from pacer.server.reasoning import ReasoningSyntax
 from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
 from pacer.server.tools.serving import ToolOptions, plan_tools
-from pacer.server.tools.stream import tool_message
 from pacer.telemetry.collectors import (
     KVTierCollector,
     PrefillDedupCollector,
@@ -47,7 +47,7 @@ from pacer.telemetry.collectors import (
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
 
-__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]   # RequestContext: pacer.server.requests
+__all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]   # Job: pacer.server.job; RequestContext: pacer.server.requests
 
 log = logging.getLogger("pacer.server")
 
@@ -73,46 +73,6 @@ class ServiceOptions:
     max_tenant_labels: int = 100
     # every response carries each choice's metrics (else only when the body asks: return_metrics)
     per_request_metrics: bool = False
-
-
-@dataclass(slots=True)
-class Job:
-    """One HTTP request: one engine request per prompt and choice (choice index
-    `prompt * n + j`), all feeding one queue of `(index, RequestOutput)` items or `APIError`s:
-    streamed, every output (a delta); otherwise only the finished ones."""
-
-    api_id: str
-    parsed: ParsedRequest
-    created: int
-    request_ids: list[str]
-    contexts: list[RequestContext]
-    queue: asyncio.Queue[Any]
-    finished: set[int] = field(default_factory=set)
-    tool_parser: Any = None     # pacer.server.tools.parsers.ToolParser reading the output's tool calls
-    return_metrics: bool = False   # the response carries each choice's metrics (api.request_metrics)
-    reasoning: Any = None       # pacer.server.reasoning.ReasoningSyntax splitting a chat output's thinking
-
-    @property
-    def done(self) -> bool:
-        return len(self.finished) == len(self.request_ids)
-
-    def chat_message(self, o: RequestOutput) -> tuple[dict[str, Any], str | None]:
-        """A finished chat choice's message: its thinking split off (reasoning parser), then its
-        tool calls read from the content after the thinking; and its finish_reason."""
-        text, finish = o.text, o.finish_reason
-        thinking: dict[str, Any] = {}
-        if self.reasoning is not None:
-            reasoning, text = reasoning_message(self.reasoning, o.text, o.prompt_token_ids)
-            thinking = {"reasoning_content": reasoning, "reasoning": reasoning}
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if self.tool_parser is not None:
-            message, finish = tool_message(self.tool_parser, text, finish)
-        if thinking and thinking["reasoning"] is not None and not message["content"]:
-            message["content"] = None   # vLLM: thinking without an answer has null content
-        return {**message, **thinking}, finish
-
-    def called_tool(self, o: RequestOutput) -> bool:
-        return self.chat_message(o)[1] == "tool_calls"
 
 
 class Service:
