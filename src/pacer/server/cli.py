@@ -50,7 +50,8 @@ def _cap_or_none(flag: str, kind: type) -> Any:
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    """The flags of one server: HTTP, request classes, prewarm, KV events, tools, keys and limits."""
+    """The flags of one server: HTTP, request classes, prewarm, KV events; then tools (add_tool_args),
+    keys and limits (add_access_args)."""
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -95,6 +96,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--enable-per-request-metrics", action="store_true",
                    help="every response carries each choice's metrics (queue wait, TTFT, ITL, TPOT, cached "
                         "tokens, SLO targets, slack at admission, met); else a body's return_metrics asks")
+    add_tool_args(p)
+    add_access_args(p)
+
+
+def add_tool_args(p: argparse.ArgumentParser) -> None:
+    """Tool calling and the chat template, under vLLM's flag names."""
     t = p.add_argument_group("tools and chat template (vLLM's flags)")
     t.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
@@ -109,7 +116,6 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
                    help='the chat template\'s extra variables for every request, e.g. \'{"enable_thinking": false}\' '
                         "(a request's chat_template_kwargs override them)")
-    add_access_args(p)
 
 
 def add_access_args(p: argparse.ArgumentParser) -> None:

@@ -113,7 +113,7 @@ def _print_report(report: Any, title: str) -> None:
 def _run_sim(args: argparse.Namespace) -> int:
     from pacer.config import EngineConfig
     from pacer.perf.profiles import get_hardware, get_model
-    from pacer.sim.simulator import build_sim_engine, simulate, utilisation_summary, write_chrome_trace
+    from pacer.sim.simulator import build_sim_engine, simulate, utilisation_summary
     from pacer.workload.budget import BudgetTally
     from pacer.workload.report import OVERALL, build_report, parse_slo
 
@@ -122,15 +122,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     config = EngineConfig.from_kwargs(**kwargs)
     slo = parse_slo(args.slo)
     if args.workload == "agent-loop":   # closed-loop agents: job completion time is the result
-        from pacer.workload.agents import loop_from_args, result_lines, run_agent_loop
-
-        engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization)
-        loop = loop_from_args(args)
-        print(f"pacer sim: {model.name} on {hw.name} x{args.tp}, {engine.snapshot().num_blocks} KV blocks")
-        sessions = config.cache.session_retention and not args.no_agent_sessions
-        for line in result_lines(loop, run_agent_loop(engine, loop, sessions=sessions)):
-            print(line)
-        return 0
+        return _run_agent_loop(args, config, hw, model)
     rates = parse_rates(args.request_rate, args.concurrency)
     if args.replicas != 1 or args.router != "least-loaded":
         from pacer.sim.cluster import run_cluster_cli
@@ -161,18 +153,39 @@ def _run_sim(args: argparse.Namespace) -> int:
             s = report.summary[OVERALL]
             print(f"rate {rate:g}: {s['output_tok_s']:.1f} out tok/s, ttft p99 {_ms(s['ttft_p99'])}, "
                   f"tpot p99 {_ms(s['tpot_p99'])}, goodput {s['goodput_req_s']:.2f} req/s")
-        suffix = "" if len(rates) == 1 else f".rate-{'closed' if rate is None else format(rate, 'g')}"
-        if args.out:
-            path = Path(args.out)
-            path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
-            report.save(path)
-            print(f"report saved to {path}")
-        if args.chrome_trace:
-            path = Path(args.chrome_trace)
-            path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
-            write_chrome_trace(result, path)
-            print(f"chrome trace saved to {path}")
+        _save(args, "" if len(rates) == 1 else f".rate-{'closed' if rate is None else format(rate, 'g')}",
+              report, result)
     return 0
+
+
+def _run_agent_loop(args: argparse.Namespace, config: Any, hw: Any, model: Any) -> int:
+    """`--workload agent-loop`: closed-loop agents on one simulated engine; prints their report."""
+    from pacer.sim.simulator import build_sim_engine
+    from pacer.workload.agents import loop_from_args, result_lines, run_agent_loop
+
+    engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization)
+    loop = loop_from_args(args)
+    print(f"pacer sim: {model.name} on {hw.name} x{args.tp}, {engine.snapshot().num_blocks} KV blocks")
+    sessions = config.cache.session_retention and not args.no_agent_sessions
+    for line in result_lines(loop, run_agent_loop(engine, loop, sessions=sessions)):
+        print(line)
+    return 0
+
+
+def _save(args: argparse.Namespace, suffix: str, report: Any, result: Any) -> None:
+    """The report (`--out`) and the Chrome trace (`--chrome-trace`) of one rate, named by `suffix`."""
+    from pacer.sim.simulator import write_chrome_trace
+
+    if args.out:
+        path = Path(args.out)
+        path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
+        report.save(path)
+        print(f"report saved to {path}")
+    if args.chrome_trace:
+        path = Path(args.chrome_trace)
+        path = path.with_name(path.stem + suffix + (path.suffix or ".json"))
+        write_chrome_trace(result, path)
+        print(f"chrome trace saved to {path}")
 
 
 def _ms(v: Any) -> str:
