@@ -180,10 +180,11 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = [(len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens, r)
-                       for r in sorted(self.running, key=self.policy.key)]   # (remaining tokens, request)
-            decodes, partial = [r for k, r in ordered if k == 1], [r for k, r in ordered if k > 1]
-            self._schedule_running(step, decodes)
+            ordered = sorted(self.running, key=self.policy.key)   # by remaining tokens: one (most), or more
+            decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
+            partial = [] if len(decodes) == len(ordered) else [
+                r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
+            self._schedule_decodes(step, decodes)
             limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
             if limit is not None:
                 step.limit(limit)
@@ -240,6 +241,24 @@ class Scheduler:
         last call (finished with FinishReason.ERROR: the engine reports them)."""
         failed, self._grammar_failures = self._grammar_failures, []
         return failed
+
+    def _schedule_decodes(self, step: StepPlan, decodes: list[Request]) -> None:
+        """`_schedule_running` for running requests with one token left (most rows of most steps,
+        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps it)."""
+        if self.policy.overrides("prefill_cap") or self._prefill_cap < 1:
+            self._schedule_running(step, decodes)
+            return
+        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
+        for req in decodes:
+            if req.status is not running or req.request_id in num_tokens:
+                continue  # preempted earlier in this step
+            if budget.tokens_left <= 0 or budget.seqs_left <= 0:
+                return
+            blocks = allocate(req, 1)   # else preempt for it (a failed allocation changed nothing)
+            if blocks is None:
+                blocks = self._allocate_or_preempt(step, req, 1)
+            if blocks is not None:
+                step.add(req, 1, blocks, is_new=False)
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -350,41 +369,7 @@ class Scheduler:
         step.preempted.append(req.request_id)
 
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
-        scheduled: list[ScheduledRequest] = []
-        num_prefill = num_decode = 0
-        # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped
-        requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
-        account = self.policy.account if self.policy.overrides("account") else None
-        charge, append = self.ledger.charge_row if self._charge_ledger else None, scheduled.append
-        for req_id, n in step.num_tokens.items():
-            req = requests[req_id]
-            start = req.num_computed_tokens
-            is_new = req_id in is_new_ids
-            drafts = step_drafts.get(req_id, ()) if step_drafts else ()
-            end = start + n - len(drafts)
-            num_prompt = len(req.prompt_token_ids)
-            is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
-            sp = req.sampling_params
-            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
-            outputs = req.output_token_ids
-            num_out = len(outputs)
-            append(ScheduledRequest(
-                req_id, outputs[start - num_prompt:end - num_prompt] if start >= num_prompt
-                else req.token_ids_slice(start, end), start, new_blocks[req_id], is_new,
-                end == num_prompt + num_out, is_prefill, num_out,
-                sp if is_new else None, prompt_history, output_history, drafts,
-                0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
-            ))
-            req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
-            if is_prefill:
-                num_prefill += n
-                req.metrics.prefill_tokens += n
-            else:
-                num_decode += n
-            if account is not None:
-                account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
-            if charge is not None:
-                charge(req.tenant, n, is_prefill, start if is_new else 0)
+        scheduled, num_prefill, num_decode = self._build_rows(step)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
@@ -401,6 +386,68 @@ class Scheduler:
         )
         self._step_id += 1
         return out
+
+    def _build_rows(self, step: StepPlan) -> tuple[list[ScheduledRequest], int, int]:
+        """The step's rows, each request's computed tokens advanced; (rows, prefill tokens, decode tokens)."""
+        scheduled: list[ScheduledRequest] = []
+        num_prefill = num_decode = 0
+        # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped;
+        # a plain decode row (one token, not new, no drafts) is built inline, the rest by _build_row
+        requests, is_new_ids, step_drafts, new_blocks = step.requests, step.is_new, step.drafts, step.new_blocks
+        account = self.policy.account if self.policy.overrides("account") else None
+        charge = self.ledger.charge_decode if self._charge_ledger else None   # charge_row's sums for a decode row
+        append = scheduled.append
+        for req_id, n in step.num_tokens.items():
+            req = requests[req_id]
+            start = req.num_computed_tokens
+            i = start - len(req.prompt_token_ids)   # its position among the outputs
+            if n != 1 or i < 0 or req_id in is_new_ids or (step_drafts and req_id in step_drafts):
+                row = self._build_row(step, req, n)
+                append(row)
+                if row.is_prefill:
+                    num_prefill += n
+                else:
+                    num_decode += n
+                continue
+            outputs = req.output_token_ids
+            num_out = len(outputs)
+            append(ScheduledRequest(req_id, outputs[i:i + 1], start, new_blocks[req_id], False, i + 1 == num_out,
+                                    False, num_out))
+            req.num_computed_tokens = start + 1
+            num_decode += 1
+            if account is not None:
+                account(req, 0, 0, 1)
+            if charge is not None:
+                charge(req.tenant, 1)
+        return scheduled, num_prefill, num_decode
+
+    def _build_row(self, step: StepPlan, req: Request, n: int) -> ScheduledRequest:
+        """One row of the step (any kind); advances the request's computed tokens and charges it."""
+        req_id, start = req.request_id, req.num_computed_tokens
+        is_new = req_id in step.is_new
+        drafts = step.drafts.get(req_id, ()) if step.drafts else ()
+        end = start + n - len(drafts)
+        num_prompt = len(req.prompt_token_ids)
+        is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
+        sp = req.sampling_params
+        prompt_history, output_history = req.penalty_history() if is_new else (None, None)
+        outputs = req.output_token_ids
+        num_out = len(outputs)
+        row = ScheduledRequest(
+            req_id, outputs[start - num_prompt:end - num_prompt] if start >= num_prompt
+            else req.token_ids_slice(start, end), start, step.new_blocks[req_id], is_new,
+            end == num_prompt + num_out, is_prefill, num_out,
+            sp if is_new else None, prompt_history, output_history, drafts,
+            0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
+        )
+        req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
+        if is_prefill:
+            req.metrics.prefill_tokens += n
+        if self.policy.overrides("account"):
+            self.policy.account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
+        if self._charge_ledger:
+            self.ledger.charge_row(req.tenant, n, is_prefill, start if is_new else 0)
+        return row
 
     # ------------------------------------------------------------------ results
 
