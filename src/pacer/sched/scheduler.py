@@ -392,16 +392,19 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         num_prefill = num_decode = 0
         # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped;
-        # a plain decode row (one token, not new, no drafts) is built inline, the rest by _build_row
+        # a plain decode row (one token, not new, no drafts) is built inline, the rest by _build_row;
+        # decode rows are charged to the ledger together, before any other row (the same sums, in order)
         requests, is_new_ids, step_drafts, new_blocks = step.requests, step.is_new, step.drafts, step.new_blocks
         account = self.policy.account if self.policy.overrides("account") else None
-        charge = self.ledger.charge_decode if self._charge_ledger else None   # charge_row's sums for a decode row
-        append = scheduled.append
+        decode_tenants: list[str] = []
+        append, charge = scheduled.append, decode_tenants.append if self._charge_ledger else None
         for req_id, n in step.num_tokens.items():
             req = requests[req_id]
             start = req.num_computed_tokens
             i = start - len(req.prompt_token_ids)   # its position among the outputs
             if n != 1 or i < 0 or req_id in is_new_ids or (step_drafts and req_id in step_drafts):
+                self.ledger.charge_decode_rows(decode_tenants)
+                decode_tenants.clear()
                 row = self._build_row(step, req, n)
                 append(row)
                 if row.is_prefill:
@@ -418,7 +421,8 @@ class Scheduler:
             if account is not None:
                 account(req, 0, 0, 1)
             if charge is not None:
-                charge(req.tenant, 1)
+                charge(req.tenant)
+        self.ledger.charge_decode_rows(decode_tenants)
         return scheduled, num_prefill, num_decode
 
     def _build_row(self, step: StepPlan, req: Request, n: int) -> ScheduledRequest:
@@ -464,6 +468,9 @@ class Scheduler:
         touched: list[tuple[Request, int]] = []
         get, results, running = self.requests.get, result.results, RequestStatus.RUNNING
         reasoning, max_len = self.reasoning, self.max_model_len
+        # whether any request thinks: it may stop during the loop (finished), never start; an
+        # untracked request's advance only hands its tokens back
+        tracking = reasoning.tracking
         for sr in output.scheduled:
             req = get(sr.request_id)
             if req is None or req.status is not running:
@@ -490,7 +497,7 @@ class Scheduler:
                     break
             constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
             answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:]) \
-                if kept and (constrained or reasoning.tracking) else ()
+                if kept and (constrained or tracking) else ()
             if answer and not req.is_finished and constrained:
                 reason = self.structured.advance(req.request_id, answer)
                 if reason is not None:
