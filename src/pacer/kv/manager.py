@@ -357,8 +357,9 @@ class KVCacheManager:
                 cached = len(old.block_ids) if old is not None else 0
                 if computed // bs > cached and len(table) > cached:   # min(full blocks, table) > cached
                     self._cache_progress(req)
-            if hit is None and computed + num_new_tokens <= len(table) * bs:
-                self.swap.plan_swap_in(rid, table)   # the common case: room in the blocks it holds
+            if hit is None and computed + num_new_tokens <= len(table) * bs:   # the common case: room in its blocks
+                if rid in self.swap.held_ids:   # else plan_swap_in has nothing to plan
+                    self.swap.plan_swap_in(rid, table)
                 return []
         groups = self.tenants.evict_groups(req.tenant)
         available = self.num_available_blocks(req.tenant)

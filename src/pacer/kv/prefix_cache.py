@@ -422,15 +422,18 @@ class PrefixCache:
         if self.events is not None:
             self.events.append(BlockRemovedEvent(tuple(node.hashes[-take:])))
             node.hashes = node.hashes[:-take]
+        group = node.group
         self.num_cached_blocks -= take
-        self._cached_by_group[node.group] -= take
-        self._move_evictable(node, -take)
+        self._cached_by_group[group] -= take
+        self.num_evictable_blocks -= take   # _move_evictable, inline: once per evicted leaf
+        self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) - take
         if not node.block_ids:
-            self._leaves.update(node, False)
+            leaves = self._leaves
+            leaves.update(node, False)
             parent = node.parent
             if parent is not None:
                 del parent.children[node.key]
-                self._leaves.update(parent, True)
+                leaves.update(parent, True)
         return dropped
 
     def expire(self) -> list[int]:

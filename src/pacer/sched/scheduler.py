@@ -472,15 +472,16 @@ class Scheduler:
         # untracked request's advance only hands its tokens back
         tracking = reasoning.tracking
         for sr in output.scheduled:
-            req = get(sr.request_id)
+            rid = sr.request_id
+            req = get(rid)
             if req is None or req.status is not running:
                 continue  # aborted or failed while the step ran
             if (metrics := req.metrics).preempted_at is not None:   # else on_step_end closes nothing
                 metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
-            tokens = results[sr.request_id].token_ids
-            if sr.draft_token_ids and self.spec is not None:
+            tokens, drafts = results[rid].token_ids, sr.draft_token_ids
+            if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
             kept = 0
             for token in tokens:
@@ -496,16 +497,21 @@ class Scheduler:
                     self.finish_request(req, reason)
                     break
             constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
-            answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:]) \
-                if kept and (constrained or tracking) else ()
-            if answer and not req.is_finished and constrained:
-                reason = self.structured.advance(req.request_id, answer)
-                if reason is not None:
-                    self.finish_request(req, reason)
+            if kept and (constrained or tracking):
+                self._advance_matchers(req, kept, constrained)
             touched.append((req, kept))
-            if sr.draft_token_ids and not req.is_finished:
+            if drafts and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
+
+    def _advance_matchers(self, req: Request, kept: int, constrained: bool) -> None:
+        """The tokens a request kept this step go through its thinking tracker, then (once its
+        thinking ended) its grammar's matcher, which may finish it."""
+        answer = self.reasoning.advance(req.request_id, req.output_token_ids[-kept:])
+        if answer and not req.is_finished and constrained:
+            reason = self.structured.advance(req.request_id, answer)
+            if reason is not None:
+                self.finish_request(req, reason)
 
     def drop_output_tail(self, req: Request, num_tokens: int) -> None:
         """Drop the newest `num_tokens` outputs of a request about to finish (a stop string
