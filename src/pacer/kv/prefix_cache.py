@@ -15,7 +15,9 @@ split when a match or insert diverges inside it.
 Lock counts propagate to the root, and evictable / protected block counts are kept
 incrementally (per eviction group too), so "how many blocks could I get?" is O(1).
 Eviction takes blocks from the tail of the best unlocked leaf under a small key function
-(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group. Session retention
+(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group. A key is read only
+for a candidate, so the touch of a locked path (a running request caching each block it
+completes) is kept pending on its deepest node and written to a node when it becomes one. Session retention
 (`pacer.kv.retention`) is a tier above the key: leaves a retention window covers go after every
 unretained leaf, and the TTL does not expire them while a window is open.
 """
@@ -36,9 +38,11 @@ from pacer.kv.events import (
 from pacer.kv.radix_node import (
     EVICTION_KEYS,
     PUBLIC,
+    WALK_TICKS,
     EvictableLeaves,
     PrefixMatch,
     RadixNode,
+    merge_touches,
     retention_tiered,
 )
 
@@ -74,7 +78,7 @@ class PrefixCache:
         self.ttl = ttl
         self._group_of = group_of or (lambda owner: PUBLIC)
         self._ids = itertools.count(1)
-        self._tick = 0   # the last tick handed out (a touch ticks each node it walks, in order)
+        self._walks = 0   # touches so far (a touch's ticks: see WALK_TICKS)
         self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
         self.root.lock_ref = 1  # never evicted, never a leaf candidate
         self._inflation = 0.0
@@ -221,7 +225,9 @@ class PrefixCache:
         handle = PrefixMatch(node, path + tuple(walked) if walked else path)
         if lock:   # a leaf created here is locked already: lock (or move start's lock to) the path above it
             self._lock_path(start, node if created is None else node.parent)
-        self._touch(node, tenant)
+            self._touch_locked(node, tenant)
+        else:
+            self._touch(node, tenant)
         return adopted, handle
 
     def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
@@ -300,17 +306,26 @@ class PrefixCache:
     def _touch(self, node: RadixNode, tenant: str) -> None:
         now = self._now()
         floor = self._inflation + self._weights.get(tenant, 1.0)
-        tick, push = self._tick, self._leaves.push
+        self._walks += 1
+        tick, push = self._walks * WALK_TICKS, self._leaves.push
         while node.parent is not None:
-            tick += 1
             node.last_access = now
             node.tick = tick
             if floor > node.priority:
                 node.priority = floor
             if node.is_leaf_candidate:
                 push(node)
+            tick += 1
             node = node.parent
-        self._tick = tick
+
+    def _touch_locked(self, node: RadixNode, tenant: str) -> None:
+        """`_touch` of a locked path (no eviction candidate on it, so nothing to re-key): kept on
+        its deepest node as pending, written to each node of the path when its key is first read
+        (`settle`, as it becomes a candidate; a removed node hands its pending touch up)."""
+        if node.parent is not None:
+            self._walks += 1
+            touch = (self._now(), self._walks * WALK_TICKS, self._inflation + self._weights.get(tenant, 1.0))
+            node.pending = merge_touches(node.pending, touch)
 
     # ------------------------------------------------------------------ lock / pin
 
@@ -433,6 +448,9 @@ class PrefixCache:
             parent = node.parent
             if parent is not None:
                 del parent.children[node.key]
+                if node.pending is not None:   # its touches reached its ancestors too, a tick higher per level
+                    when, tick, floor = node.pending
+                    parent.pending = merge_touches(parent.pending, (when, tick + 1, floor))
                 leaves.update(parent, True)
         return dropped
 
