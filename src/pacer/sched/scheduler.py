@@ -36,7 +36,7 @@ from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
-from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.sched.contract import ModelOutput, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
@@ -45,6 +45,7 @@ from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
+from pacer.sched.step_rows import build_rows
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
 __all__ = ["Scheduler"]
@@ -369,7 +370,8 @@ class Scheduler:
         step.preempted.append(req.request_id)
 
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
-        scheduled, num_prefill, num_decode = self._build_rows(step)
+        account = self.policy.account if self.policy.overrides("account") else None   # no-op hooks skipped
+        scheduled, num_prefill, num_decode = build_rows(step, account, self.ledger if self._charge_ledger else None)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
@@ -386,72 +388,6 @@ class Scheduler:
         )
         self._step_id += 1
         return out
-
-    def _build_rows(self, step: StepPlan) -> tuple[list[ScheduledRequest], int, int]:
-        """The step's rows, each request's computed tokens advanced; (rows, prefill tokens, decode tokens)."""
-        scheduled: list[ScheduledRequest] = []
-        num_prefill = num_decode = 0
-        # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped;
-        # a plain decode row (one token, not new, no drafts) is built inline, the rest by _build_row;
-        # decode rows are charged to the ledger together, before any other row (the same sums, in order)
-        requests, is_new_ids, step_drafts, new_blocks = step.requests, step.is_new, step.drafts, step.new_blocks
-        account = self.policy.account if self.policy.overrides("account") else None
-        decode_tenants: list[str] = []
-        append, charge = scheduled.append, decode_tenants.append if self._charge_ledger else None
-        for req_id, n in step.num_tokens.items():
-            req = requests[req_id]
-            start = req.num_computed_tokens
-            i = start - len(req.prompt_token_ids)   # its position among the outputs
-            if n != 1 or i < 0 or req_id in is_new_ids or (step_drafts and req_id in step_drafts):
-                self.ledger.charge_decode_rows(decode_tenants)
-                decode_tenants.clear()
-                row = self._build_row(step, req, n)
-                append(row)
-                if row.is_prefill:
-                    num_prefill += n
-                else:
-                    num_decode += n
-                continue
-            outputs = req.output_token_ids
-            num_out = len(outputs)
-            append(ScheduledRequest(req_id, outputs[i:i + 1], start, new_blocks[req_id], False, i + 1 == num_out,
-                                    False, num_out))
-            req.num_computed_tokens = start + 1
-            num_decode += 1
-            if account is not None:
-                account(req, 0, 0, 1)
-            if charge is not None:
-                charge(req.tenant)
-        self.ledger.charge_decode_rows(decode_tenants)
-        return scheduled, num_prefill, num_decode
-
-    def _build_row(self, step: StepPlan, req: Request, n: int) -> ScheduledRequest:
-        """One row of the step (any kind); advances the request's computed tokens and charges it."""
-        req_id, start = req.request_id, req.num_computed_tokens
-        is_new = req_id in step.is_new
-        drafts = step.drafts.get(req_id, ()) if step.drafts else ()
-        end = start + n - len(drafts)
-        num_prompt = len(req.prompt_token_ids)
-        is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
-        sp = req.sampling_params
-        prompt_history, output_history = req.penalty_history() if is_new else (None, None)
-        outputs = req.output_token_ids
-        num_out = len(outputs)
-        row = ScheduledRequest(
-            req_id, outputs[start - num_prompt:end - num_prompt] if start >= num_prompt
-            else req.token_ids_slice(start, end), start, step.new_blocks[req_id], is_new,
-            end == num_prompt + num_out, is_prefill, num_out,
-            sp if is_new else None, prompt_history, output_history, drafts,
-            0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
-        )
-        req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
-        if is_prefill:
-            req.metrics.prefill_tokens += n
-        if self.policy.overrides("account"):
-            self.policy.account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
-        if self._charge_ledger:
-            self.ledger.charge_row(req.tenant, n, is_prefill, start if is_new else 0)
-        return row
 
     # ------------------------------------------------------------------ results
 
