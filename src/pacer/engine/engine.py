@@ -342,8 +342,8 @@ class Engine(Constraints):
 
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
-        for res in result.results.values():   # a loop, not any(): every step asks it of every row
-            if res.error is not None:
+        for each in result.results.values():   # a loop, not any(): every step asks it of every row
+            if each.error is not None:
                 break
         else:
             return
