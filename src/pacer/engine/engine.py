@@ -208,7 +208,7 @@ class Engine(Constraints):
             elif request_id in self._live_ids:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._live_ids.add(request_id)
-        req = Request(request_id, list(prepared.prompt_token_ids), params,
+        req = Request(request_id, prepared.prompt_token_ids, params,   # Request copies the ids
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=prepared.priority, tenant=prepared.tenant, arrival_seq=next(self._seq),
                       eos_token_ids=self.eos_token_ids, request_class=prepared.request_class, slo=prepared.slo,
@@ -342,7 +342,10 @@ class Engine(Constraints):
 
     def _finish_failed(self, out: SchedulerOutput, result: ModelOutput, outputs: list[RequestOutput]) -> None:
         """Finish the requests the executor failed with FinishReason.ERROR; the others keep going."""
-        if not any(res.error is not None for res in result.results.values()):
+        for each in result.results.values():   # a loop, not any(): every step asks it of every row
+            if each.error is not None:
+                break
+        else:
             return
         for sr in out.scheduled:
             res = result.results.get(sr.request_id)

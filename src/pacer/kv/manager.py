@@ -350,13 +350,17 @@ class KVCacheManager:
         gets its CPU blocks scheduled for swap-in here."""
         rid, bs = req.request_id, self.block_size
         table = self.block_tables.get(rid)
-        if table:   # _cache_progress when a block may have completed (its own checks are the same)
-            old = self._handles.get(rid)
-            if min(req.num_computed_tokens // bs, len(table)) > (len(old.block_ids) if old else 0):
-                self._cache_progress(req)
-        if hit is None and table is not None and -(-(req.num_computed_tokens + num_new_tokens) // bs) <= len(table):
-            self.swap.plan_swap_in(rid, table)   # the common case: room in the blocks it holds
-            return []
+        if table is not None:
+            computed = req.num_computed_tokens
+            if table:   # _cache_progress when a block may have completed (its own checks are the same)
+                old = self._handles.get(rid)
+                cached = len(old.block_ids) if old is not None else 0
+                if computed // bs > cached and len(table) > cached:   # min(full blocks, table) > cached
+                    self._cache_progress(req)
+            if hit is None and computed + num_new_tokens <= len(table) * bs:   # the common case: room in its blocks
+                if rid in self.swap.held_ids:   # else plan_swap_in has nothing to plan
+                    self.swap.plan_swap_in(rid, table)
+                return []
         groups = self.tenants.evict_groups(req.tenant)
         available = self.num_available_blocks(req.tenant)
         computed, held = req.num_computed_tokens, len(self.block_tables.get(req.request_id, ()))

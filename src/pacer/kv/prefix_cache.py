@@ -15,7 +15,9 @@ split when a match or insert diverges inside it.
 Lock counts propagate to the root, and evictable / protected block counts are kept
 incrementally (per eviction group too), so "how many blocks could I get?" is O(1).
 Eviction takes blocks from the tail of the best unlocked leaf under a small key function
-(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group. Session retention
+(`lru`, `weighted-lru`, `ttl`), using a lazily invalidated heap per group. A key is read only
+for a candidate, so the touch of a locked path (a running request caching each block it
+completes) is kept pending on its deepest node and written to a node when it becomes one. Session retention
 (`pacer.kv.retention`) is a tier above the key: leaves a retention window covers go after every
 unretained leaf, and the TTL does not expire them while a window is open.
 """
@@ -36,9 +38,11 @@ from pacer.kv.events import (
 from pacer.kv.radix_node import (
     EVICTION_KEYS,
     PUBLIC,
+    WALK_TICKS,
     EvictableLeaves,
     PrefixMatch,
     RadixNode,
+    merge_touches,
     retention_tiered,
 )
 
@@ -74,7 +78,7 @@ class PrefixCache:
         self.ttl = ttl
         self._group_of = group_of or (lambda owner: PUBLIC)
         self._ids = itertools.count(1)
-        self._ticks = itertools.count(1)
+        self._walks = 0   # touches so far (a touch's ticks: see WALK_TICKS)
         self.root = RadixNode(0, None, PUBLIC, PUBLIC, [], [])
         self.root.lock_ref = 1  # never evicted, never a leaf candidate
         self._inflation = 0.0
@@ -195,39 +199,44 @@ class PrefixCache:
         n = min(len(token_ids) // bs, len(block_ids))
         if owners is None:
             owners = (owner,) if owner == PUBLIC else (owner, PUBLIC)
-        node, done, adopted = self.root, 0, []
-        path: list[int] = []   # the blocks of the path walked (a locked start's path is its blocks)
+        node, done, adopted, created = self.root, 0, [], None
+        path: tuple[int, ...] = ()   # the blocks of the path walked (a locked start's path is its blocks)
+        walked: list[int] = []       # and below the start
         if start is not None and start.num_blocks <= n:
-            node, done = start.node, start.num_blocks
-            path.extend(start.block_ids)
+            node, done, path = start.node, start.num_blocks, start.block_ids
         while done < n:
             pos = done * bs
-            child = self._child(node, owners, token_ids[pos:pos + bs])
-            if child is None:
-                child = self._add_child(node, owner, list(token_ids[pos:n * bs]), list(block_ids[done:n]))
+            first = token_ids[pos:pos + bs]
+            key_tokens = tuple(first)
+            child = self._child_by_key(node, owners, key_tokens)
+            if child is None:   # a new leaf of the rest (locked at once when the handle is to be)
+                tokens = first if n - done == 1 else list(token_ids[pos:n * bs])
+                created = self._add_child(node, owner, list(tokens), list(block_ids[done:n]), key_tokens, lock)
                 adopted = list(block_ids[done:n])
-                path.extend(adopted)
-                node = child
+                walked.extend(adopted)
+                node = created
                 break
             k = self._common_blocks(child, token_ids, pos, n - done)
             if k < len(child.block_ids):
                 child = self._split(child, k)
-            path.extend(child.block_ids)
+            walked.extend(child.block_ids)
             done += k
             node = child
-        handle = PrefixMatch(node, tuple(path))
-        if lock:
-            if start is not None:
-                self.relock(start, handle)
-            else:
-                self.lock(handle)
-        self._touch(node, tenant)
+        handle = PrefixMatch(node, path + tuple(walked) if walked else path)
+        if lock:   # a leaf created here is locked already: lock (or move start's lock to) the path above it
+            self._lock_path(start, node if created is None else node.parent)
+            self._touch_locked(node, tenant)
+        else:
+            self._touch(node, tenant)
         return adopted, handle
 
     def _child(self, node: RadixNode, owners: Sequence[str], first: Sequence[int]) -> RadixNode | None:
-        key_tokens = tuple(first)
+        return self._child_by_key(node, owners, tuple(first))
+
+    def _child_by_key(self, node: RadixNode, owners: Sequence[str], key_tokens: tuple[int, ...]) -> RadixNode | None:
+        children = node.children
         for owner in owners:
-            child = node.children.get((owner, key_tokens))
+            child = children.get((owner, key_tokens))
             if child is not None:
                 return child
         return None
@@ -248,19 +257,27 @@ class PrefixCache:
             node = node.parent
         return [b for part in reversed(parts) for b in part]
 
-    def _add_child(self, parent: RadixNode, owner: str, tokens: list[int], block_ids: list[int]) -> RadixNode:
-        """A new leaf under `parent`; the caller (insert) touches it next, which keys it for eviction."""
+    def _add_child(self, parent: RadixNode, owner: str, tokens: list[int], block_ids: list[int],
+                   key_tokens: tuple[int, ...] | None = None, locked: bool = False) -> RadixNode:
+        """A new leaf under `parent` (`key_tokens`: its first block's tokens, when the caller has them);
+        the caller (insert) touches it next, which keys it for eviction. `locked`: it comes with one
+        lock, as `lock` on it would leave it (held, never an eviction candidate); the caller locks
+        the path above it."""
         group = self._group_of(owner)
         child = RadixNode(next(self._ids), parent, owner, group, tokens, block_ids)
-        child.key = (owner, tuple(tokens[:self.block_size]))
+        child.key = (owner, tuple(tokens[:self.block_size]) if key_tokens is None else key_tokens)
         parent.children[child.key] = child
         self._leaves.update(parent, False)
         n = len(block_ids)
         self.num_cached_blocks += n
-        self.num_evictable_blocks += n
         self._cached_by_group[group] = self._cached_by_group.get(group, 0) + n
-        self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
-        self._leaves.update(child, True, push=False)   # insert's _touch keys it next
+        if locked:
+            child.lock_ref = 1
+            self._evictable_by_group.setdefault(group, 0)
+        else:
+            self.num_evictable_blocks += n
+            self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) + n
+            self._leaves.update(child, True, push=False)   # insert's _touch keys it next
         if self.events is not None:
             self.events.record_stored(child, self.block_size)
         return child
@@ -289,15 +306,26 @@ class PrefixCache:
     def _touch(self, node: RadixNode, tenant: str) -> None:
         now = self._now()
         floor = self._inflation + self._weights.get(tenant, 1.0)
-        ticks, push = self._ticks, self._leaves.push
+        self._walks += 1
+        tick, push = self._walks * WALK_TICKS, self._leaves.push
         while node.parent is not None:
             node.last_access = now
-            node.tick = next(ticks)
+            node.tick = tick
             if floor > node.priority:
                 node.priority = floor
             if node.is_leaf_candidate:
                 push(node)
+            tick += 1
             node = node.parent
+
+    def _touch_locked(self, node: RadixNode, tenant: str) -> None:
+        """`_touch` of a locked path (no eviction candidate on it, so nothing to re-key): kept on
+        its deepest node as pending, written to each node of the path when its key is first read
+        (`settle`, as it becomes a candidate; a removed node hands its pending touch up)."""
+        if node.parent is not None:
+            self._walks += 1
+            touch = (self._now(), self._walks * WALK_TICKS, self._inflation + self._weights.get(tenant, 1.0))
+            node.pending = merge_touches(node.pending, touch)
 
     # ------------------------------------------------------------------ lock / pin
 
@@ -319,10 +347,17 @@ class PrefixCache:
         """Move a lock from `old` to `new`: the same as `lock(new)` then `unlock(old)`, but when
         old's node is on new's path (a request's lock moving down as its blocks are cached) only
         the nodes below it are walked: those above stay locked, as the pair would leave them."""
+        self._lock_path(old, new.node)
+
+    def _lock_path(self, old: PrefixMatch | None, node: RadixNode | None) -> None:
+        """Lock the path from `node` up (`relock` from `old`'s node, when given)."""
+        if old is None:
+            self._lock_up_to(node, None)
+            return
         stop = old.node if old.node.parent is not None else None
-        if stop is None or self._lock_up_to(new.node, stop) is not stop:
+        if stop is None or self._lock_up_to(node, stop) is not stop:
             if stop is None:
-                self.lock(new)
+                self._lock_up_to(node, None)
             self.unlock(old)
 
     def evictable_on_path(self, handle: PrefixMatch, groups: Sequence[str] | None = None) -> int:
@@ -402,15 +437,21 @@ class PrefixCache:
         if self.events is not None:
             self.events.append(BlockRemovedEvent(tuple(node.hashes[-take:])))
             node.hashes = node.hashes[:-take]
+        group = node.group
         self.num_cached_blocks -= take
-        self._cached_by_group[node.group] -= take
-        self._move_evictable(node, -take)
+        self._cached_by_group[group] -= take
+        self.num_evictable_blocks -= take   # _move_evictable, inline: once per evicted leaf
+        self._evictable_by_group[group] = self._evictable_by_group.get(group, 0) - take
         if not node.block_ids:
-            self._leaves.update(node, False)
+            leaves = self._leaves
+            leaves.update(node, False)
             parent = node.parent
             if parent is not None:
                 del parent.children[node.key]
-                self._leaves.update(parent, True)
+                if node.pending is not None:   # its touches reached its ancestors too, a tick higher per level
+                    when, tick, floor = node.pending
+                    parent.pending = merge_touches(parent.pending, (when, tick + 1, floor))
+                leaves.update(parent, True)
         return dropped
 
     def expire(self) -> list[int]:

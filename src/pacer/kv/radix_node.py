@@ -7,12 +7,16 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RadixNode", "PrefixMatch", "PUBLIC", "EVICTION_KEYS", "Key", "TieredKey", "EvictableLeaves",
-           "retention_tiered"]
+__all__ = ["RadixNode", "PrefixMatch", "PUBLIC", "EVICTION_KEYS", "Key", "TieredKey", "Touch", "EvictableLeaves",
+           "retention_tiered", "merge_touches", "settle", "WALK_TICKS"]
 
 Key = tuple[float, int]
+Touch = tuple[float, int, float]   # (when, tick, priority floor) of a touch
 TieredKey = tuple[int, float, float]   # (retained?, key): retained leaves go after every unretained one
 PUBLIC = ""  # owner of nodes every tenant may match (shared mode, public prewarmed prefixes)
+# ticks per touch: a touch's walk from a node up to the root ticks its nodes walk * WALK_TICKS + 0, 1,
+# 2, ... (deeper first), so ticks order as one counter over every node walked would (no path is deeper)
+WALK_TICKS = 1 << 32
 
 
 class RadixNode:
@@ -20,7 +24,7 @@ class RadixNode:
 
     __slots__ = ("id", "parent", "owner", "group", "key", "tokens", "block_ids", "children", "lock_ref",
                  "last_access", "tick", "priority", "version", "is_leaf_candidate", "hashes", "retain_ref",
-                 "next_use")
+                 "next_use", "pending")
 
     def __init__(self, node_id: int, parent: RadixNode | None, owner: str, group: str,
                  tokens: list[int], block_ids: list[int]) -> None:
@@ -41,6 +45,9 @@ class RadixNode:
         self.hashes: list[int] = []     # block identities (pacer.kv.events), kept only when events are on
         self.retain_ref = 0             # open session retention windows over this node (pacer.kv.retention)
         self.next_use = 0.0             # while retained: when its session is expected back (the soonest window's)
+        # a touch of a locked path not yet written to it: (when, tick here, priority floor) for this
+        # node and, a tick higher per level, its ancestors (`PrefixCache.touch_locked`, `settle`)
+        self.pending: Touch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,25 @@ class PrefixMatch:
     @property
     def num_blocks(self) -> int:
         return len(self.block_ids)
+
+
+def merge_touches(a: Touch | None, b: Touch) -> Touch:
+    """The later of two touches (by tick) with the higher of their floors: what both, written in
+    turn, leave on a node."""
+    if a is None:
+        return b
+    later = a if a[1] > b[1] else b
+    return (later[0], later[1], a[2] if a[2] > b[2] else b[2])
+
+
+def settle(node: RadixNode) -> None:
+    """Write the node's pending touch to it (its eviction key is about to be read)."""
+    p = node.pending
+    if p is not None:
+        if p[1] > node.tick:
+            node.last_access, node.tick = p[0], p[1]
+        if p[2] > node.priority:
+            node.priority = p[2]
 
 
 def _lru_key(node: RadixNode) -> Key:
@@ -100,6 +126,7 @@ class EvictableLeaves:
         node.is_leaf_candidate = on
         leaves = self._leaves.setdefault(node.group, set())
         if on:
+            settle(node)   # a candidate's key is read: touches of it while it was locked are written now
             leaves.add(node)
             if push:
                 self.push(node)

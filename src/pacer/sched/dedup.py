@@ -94,10 +94,9 @@ class InflightPrefills:
     def _chain(self, req: Request) -> list[int]:
         hashes = self._hashes.get(req.request_id)
         if hashes is None:
-            bs, prompt = self.block_size, req.prompt_token_ids
             hashes, h = [], 0
-            for j in range(len(prompt) // bs):
-                h = hash((h, tuple(prompt[j * bs:(j + 1) * bs])))
+            for block in zip(*[iter(req.prompt_token_ids)] * self.block_size):   # its full blocks, as tuples
+                h = hash((h, block))
                 hashes.append(h)
             self._hashes[req.request_id] = hashes
         return hashes

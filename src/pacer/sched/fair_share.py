@@ -147,6 +147,14 @@ class ServiceLedger:
         self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
         return cost
 
+    def charge_decode_rows(self, tenants: Iterable[str]) -> None:
+        """`charge_decode(tenant, 1)` for each of `tenants` in turn (a step's one-token decode rows),
+        the same sums in the same order."""
+        cost, raw, normalized, weights = self.costs.decode * 1, self._raw, self._normalized, self.weights
+        for tenant in tenants:
+            raw[tenant] = raw.get(tenant, 0.0) + cost
+            normalized[tenant] = normalized.get(tenant, 0.0) + cost / weights.get(tenant, 1.0)
+
     def charge_decode(self, tenant: str, num_decode: int) -> float:
         """`charge(tenant, num_decode=num_decode)`, the same sums (0 * the other costs adds
         nothing), without the checks: a running request's decode tokens, every step."""

@@ -36,7 +36,7 @@ from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import FinishReason, Request, RequestStatus, check_context_length
-from pacer.sched.contract import ModelOutput, ScheduledRequest, SchedulerOutput
+from pacer.sched.contract import ModelOutput, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
@@ -45,6 +45,7 @@ from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
+from pacer.sched.step_rows import build_rows
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
 __all__ = ["Scheduler"]
@@ -180,10 +181,11 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = [(len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens, r)
-                       for r in sorted(self.running, key=self.policy.key)]   # (remaining tokens, request)
-            decodes, partial = [r for k, r in ordered if k == 1], [r for k, r in ordered if k > 1]
-            self._schedule_running(step, decodes)
+            ordered = sorted(self.running, key=self.policy.key)   # by remaining tokens: one (most), or more
+            decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
+            partial = [] if len(decodes) == len(ordered) else [
+                r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
+            self._schedule_decodes(step, decodes)
             limit = self.policy.step_limit(step, decodes, partial, self.waiting, now)
             if limit is not None:
                 step.limit(limit)
@@ -240,6 +242,24 @@ class Scheduler:
         last call (finished with FinishReason.ERROR: the engine reports them)."""
         failed, self._grammar_failures = self._grammar_failures, []
         return failed
+
+    def _schedule_decodes(self, step: StepPlan, decodes: list[Request]) -> None:
+        """`_schedule_running` for running requests with one token left (most rows of most steps,
+        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps it)."""
+        if self.policy.overrides("prefill_cap") or self._prefill_cap < 1:
+            self._schedule_running(step, decodes)
+            return
+        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
+        for req in decodes:
+            if req.status is not running or req.request_id in num_tokens:
+                continue  # preempted earlier in this step
+            if budget.tokens_left <= 0 or budget.seqs_left <= 0:
+                return
+            blocks = allocate(req, 1)   # else preempt for it (a failed allocation changed nothing)
+            if blocks is None:
+                blocks = self._allocate_or_preempt(step, req, 1)
+            if blocks is not None:
+                step.add(req, 1, blocks, is_new=False)
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -350,41 +370,8 @@ class Scheduler:
         step.preempted.append(req.request_id)
 
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
-        scheduled: list[ScheduledRequest] = []
-        num_prefill = num_decode = 0
-        # every request of every step (the simulator's hot path): names bound once, no-op hooks skipped
-        requests, is_new_ids, step_drafts, new_blocks = self.requests, step.is_new, step.drafts, step.new_blocks
-        account = self.policy.account if self.policy.overrides("account") else None
-        charge, append = self.ledger.charge_row if self._charge_ledger else None, scheduled.append
-        for req_id, n in step.num_tokens.items():
-            req = requests[req_id]
-            start = req.num_computed_tokens
-            is_new = req_id in is_new_ids
-            drafts = step_drafts.get(req_id, ()) if step_drafts else ()
-            end = start + n - len(drafts)
-            num_prompt = len(req.prompt_token_ids)
-            is_prefill = (is_new and not drafts) or end - start > 1 or start < num_prompt
-            sp = req.sampling_params
-            prompt_history, output_history = req.penalty_history() if is_new else (None, None)
-            outputs = req.output_token_ids
-            num_out = len(outputs)
-            append(ScheduledRequest(
-                req_id, outputs[start - num_prompt:end - num_prompt] if start >= num_prompt
-                else req.token_ids_slice(start, end), start, new_blocks[req_id], is_new,
-                end == num_prompt + num_out, is_prefill, num_out,
-                sp if is_new else None, prompt_history, output_history, drafts,
-                0 if sp.prompt_logprobs is None else req.prompt_logits_rows(start, end),
-            ))
-            req.num_computed_tokens = start + n   # drafts included: update_from_output rolls back
-            if is_prefill:
-                num_prefill += n
-                req.metrics.prefill_tokens += n
-            else:
-                num_decode += n
-            if account is not None:
-                account(req, n if is_prefill else 0, start if is_new else 0, 0 if is_prefill else n)
-            if charge is not None:
-                charge(req.tenant, n, is_prefill, start if is_new else 0)
+        account = self.policy.account if self.policy.overrides("account") else None   # no-op hooks skipped
+        scheduled, num_prefill, num_decode = build_rows(step, account, self.ledger if self._charge_ledger else None)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
         # the masks are computed while the executor prepares and runs the forward; a grammar
@@ -417,16 +404,20 @@ class Scheduler:
         touched: list[tuple[Request, int]] = []
         get, results, running = self.requests.get, result.results, RequestStatus.RUNNING
         reasoning, max_len = self.reasoning, self.max_model_len
+        # whether any request thinks: it may stop during the loop (finished), never start; an
+        # untracked request's advance only hands its tokens back
+        tracking = reasoning.tracking
         for sr in output.scheduled:
-            req = get(sr.request_id)
+            rid = sr.request_id
+            req = get(rid)
             if req is None or req.status is not running:
                 continue  # aborted or failed while the step ran
             if (metrics := req.metrics).preempted_at is not None:   # else on_step_end closes nothing
                 metrics.on_step_end(now, req.num_computed_tokens)
             if not sr.sample:
                 continue
-            tokens = results[sr.request_id].token_ids
-            if sr.draft_token_ids and self.spec is not None:
+            tokens, drafts = results[rid].token_ids, sr.draft_token_ids
+            if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
             kept = 0
             for token in tokens:
@@ -442,16 +433,21 @@ class Scheduler:
                     self.finish_request(req, reason)
                     break
             constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
-            answer = reasoning.advance(req.request_id, req.output_token_ids[-kept:]) \
-                if kept and (constrained or reasoning.tracking) else ()
-            if answer and not req.is_finished and constrained:
-                reason = self.structured.advance(req.request_id, answer)
-                if reason is not None:
-                    self.finish_request(req, reason)
+            if kept and (constrained or tracking):
+                self._advance_matchers(req, kept, constrained)
             touched.append((req, kept))
-            if sr.draft_token_ids and not req.is_finished:
+            if drafts and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
+
+    def _advance_matchers(self, req: Request, kept: int, constrained: bool) -> None:
+        """The tokens a request kept this step go through its thinking tracker, then (once its
+        thinking ended) its grammar's matcher, which may finish it."""
+        answer = self.reasoning.advance(req.request_id, req.output_token_ids[-kept:])
+        if answer and not req.is_finished and constrained:
+            reason = self.structured.advance(req.request_id, answer)
+            if reason is not None:
+                self.finish_request(req, reason)
 
     def drop_output_tail(self, req: Request, num_tokens: int) -> None:
         """Drop the newest `num_tokens` outputs of a request about to finish (a stop string

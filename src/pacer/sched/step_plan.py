@@ -51,10 +51,9 @@ class StepPlan:
         self.drafts: dict[str, list[int]] = {}    # request id -> drafted tokens to verify (speculation)
         self.token_budget = budget.tokens_left
         self.budget_reason = "max_num_batched_tokens"
-        # request id -> (tokens, start, samples, prompt_logprobs' logits rows)
-        self.rows: dict[str, tuple[int, int, bool, int]] = {}
+        self.requests: dict[str, Request] = {}   # request id -> the request (the same order as num_tokens)
         self.chunk_fit: ChunkFit | None = None              # slo: keeps each added chunk within the step's time
-        self._shape: StepShape | None = None   # of `rows`: built on the first fit, then kept as rows are added
+        self._shape: StepShape | None = None   # of the rows: built on the first fit, then kept as rows are added
 
     def limit(self, limit: StepLimit) -> None:
         """Apply a policy's cap on the rest of the step."""
@@ -67,8 +66,9 @@ class StepPlan:
         """The step decided so far, as counts (drafts excluded)."""
         if self._shape is None:   # first asked, or after an undo
             self._shape = StepShape()
-            for row in self.rows.values():
-                self._shape = self._shape.with_chunk(*row)
+            for rid, req in self.requests.items():   # a row's start and length as added (drafts come later)
+                n = self.num_tokens[rid] - len(self.drafts.get(rid, ()))
+                self._shape = self._shape.with_chunk(*_row(req, n, req.num_computed_tokens))
         return self._shape
 
     def fit(self, req: Request, n: int, start: int) -> int:
@@ -81,13 +81,11 @@ class StepPlan:
         return self.chunk_fit(shape, n, start, n >= req.num_tokens - start, first)
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
-        rid, start = req.request_id, req.num_computed_tokens
+        rid = req.request_id
         self.num_tokens[rid] = n
-        logits_rows = 0 if req.sampling_params.prompt_logprobs is None else req.prompt_logits_rows(start, start + n)
-        row = self.rows[rid] = (n, start, n >= len(req.prompt_token_ids) + len(req.output_token_ids) - start,
-                                logits_rows)
+        self.requests[rid] = req
         if self._shape is not None:
-            self._shape = self._shape.with_chunk(*row)
+            self._shape = self._shape.with_chunk(*_row(req, n, req.num_computed_tokens))
         self.new_blocks[rid] = blocks
         if is_new:
             self.is_new.add(rid)
@@ -96,10 +94,16 @@ class StepPlan:
 
     def undo(self, req: Request) -> None:
         n = self.num_tokens.pop(req.request_id, None)
-        if self.rows.pop(req.request_id, None) is not None:
+        if self.requests.pop(req.request_id, None) is not None:
             self._shape = None
         if n is not None:
             self.new_blocks.pop(req.request_id)
             self.is_new.discard(req.request_id)
             self.budget.tokens_left += n
             self.budget.seqs_left += 1
+
+
+def _row(req: Request, n: int, start: int) -> tuple[int, int, bool, int]:
+    """A row's (tokens, start, whether it samples, prompt_logprobs' logits rows) for the step's shape."""
+    logits_rows = 0 if req.sampling_params.prompt_logprobs is None else req.prompt_logits_rows(start, start + n)
+    return n, start, n >= len(req.prompt_token_ids) + len(req.output_token_ids) - start, logits_rows

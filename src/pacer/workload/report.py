@@ -16,7 +16,9 @@ completed and met every SLO of their class; a request's ITL SLO is checked on th
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +86,7 @@ class RequestRecord(Latencies):
         return cls(request_id=request_id, request_class=request_class, status=status,
                    arrival_time=metrics.arrival_time - t0, first_scheduled_time=rel(metrics.first_scheduled_time),
                    first_token_time=rel(metrics.first_token_time), finish_time=rel(metrics.finish_time),
-                   token_times=[t - t0 for t in metrics.token_times], prompt_tokens=metrics.prompt_tokens,
+                   token_times=list(map(operator.sub, metrics.token_times, itertools.repeat(t0))), prompt_tokens=metrics.prompt_tokens,
                    output_tokens=len(metrics.token_times), cached_tokens=metrics.cached_tokens,
                    prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions,
                    preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft,

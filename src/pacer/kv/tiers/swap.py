@@ -27,6 +27,7 @@ class CpuSwapTier:
         self.pool: BlockPool | SwapSlots | None = (
             SwapSlots(host_tier) if host_tier is not None else BlockPool(num_blocks) if num_blocks > 0 else None)
         self._swapped: dict[str, list[int]] = {}       # request id -> CPU slots holding its KV
+        self.held_ids = self._swapped.keys()            # a live view: `rid in held_ids` is `holds(rid)`, no call
         self._pending_in: dict[str, SwapPairs] = {}     # swap-ins decided this step: (cpu, device)
         self._pending_out: SwapPairs = []               # swap-outs decided this step: (device, cpu)
 
