@@ -24,8 +24,16 @@ def _gguf_blocks(fmt: str, n: int, k: int, seed: int = 0) -> Q.QuantWeight:
 
 
 def _weights() -> list[Q.QuantWeight]:
+    """Every format; 100 rows: groups of 16 with a partial last one (and a partial AVX2 half)."""
     torch.manual_seed(0)
-    return [_gguf_blocks(f, 96, 160) for f in ("Q4_0", "Q4_1", "Q8_0")] + [Q.quantize_int8(torch.randn(96, 160))]
+    return [_gguf_blocks(f, 100, 160) for f in ("Q4_0", "Q4_1", "Q8_0")] + [Q.quantize_int8(torch.randn(100, 160))]
+
+
+def _needs(isa: str) -> None:
+    if not Q.available_isas():
+        pytest.skip("the quantized-linear kernel cannot be built here (no compiler)")
+    if isa not in Q.available_isas():
+        pytest.skip(f"this CPU does not run the {isa} path")
 
 
 def test_gguf_repack_matches_gguf_dequantize() -> None:
@@ -49,23 +57,52 @@ def test_int8_weight_only_is_close_to_float() -> None:
     assert err < 1 / 127
 
 
+@pytest.mark.parametrize("rows", [1, 3, 32, 257])   # GEMV, a small batch, a decode batch, a prefill chunk
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512vnni"])
-def test_kernel_matches_dequantize_then_matmul(isa: str) -> None:
-    if not Q.available_isas():
-        pytest.skip("the quantized-linear kernel cannot be built here (no compiler)")
-    if isa not in Q.available_isas():
-        pytest.skip(f"this CPU does not run the {isa} path")
+def test_kernel_matches_dequantize_then_matmul(isa: str, rows: int) -> None:
+    _needs(isa)
     for w in _weights():
         ref_w = Q.dequantize(w)
-        for rows in (1, 3, 17):   # GEMV, a small batch, and the dequantize-then-BLAS rows
-            x = torch.randn(rows, 160)
-            ref = F.linear(x, ref_w)
-            y = Q.QuantLinear(w, act="float", isa=isa)(x)
-            torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
-            yq = Q.QuantLinear(w, act="int8", isa=isa)(x)
-            assert float((yq - ref).abs().max()) < 0.03 * float(ref.abs().max()), (w.fmt, rows, isa)
-            # the integer sums are exact: every path gives the scalar path's result to float rounding
-            torch.testing.assert_close(yq, Q.QuantLinear(w, act="int8", isa="scalar")(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(rows, 160)
+        ref = F.linear(x, ref_w)
+        y = Q.QuantLinear(w, act="float", isa=isa)(x)
+        torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+        lin = Q.QuantLinear(w, act="int8", isa=isa)
+        assert lin.path.endswith("/tiled") == (isa != "scalar")
+        yq = lin(x)
+        assert float((yq - ref).abs().max()) < 0.03 * float(ref.abs().max()), (w.fmt, rows, isa)
+        # the integer sums are exact: every path gives the scalar path's result to float rounding
+        torch.testing.assert_close(yq, Q.QuantLinear(w, act="int8", isa="scalar")(x), rtol=1e-5,
+                                   atol=1e-5 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_float_panels_cover_every_row(isa: str) -> None:
+    """Panels smaller than N (the last one partial) put every row's product in its place."""
+    _needs(isa)
+    k = Q._kernel()
+    for w in _weights():
+        x = torch.randn(40, 160)
+        y = k.quant_linear_panel(x, w.qs, w.d, w.m, w.bits, Q.ISAS.index(isa), 48)
+        torch.testing.assert_close(y, F.linear(x, Q.dequantize(w)), rtol=1e-4, atol=1e-4)
+
+
+def test_tiled_layout_holds_each_value_once() -> None:
+    """Group 0, block 0, quad j of the tiled 4-bit layout holds row r's values 4j..4j+3 (low
+    nibbles) and 4(j+4).. (high), and the 8-bit layout q + 128: read back against the plain blocks."""
+    for w in _weights()[1:3]:
+        qt, dt, mt = Q.tile_weight(w)
+        g, nb = -(-100 // 16), 160 // 32
+        q = torch.cat([w.qs & 15, w.qs >> 4], -1) if w.bits == 4 else (w.qs.view(torch.int8).int() + 128).byte()
+        if w.bits == 4:
+            t = qt.reshape(g, nb, 4, 16, 4)
+            got = torch.cat([t & 15, t >> 4], dim=2)           # [g, nb, 8, 16, 4]
+        else:
+            got = qt.reshape(g, nb, 8, 16, 4)
+        got = got.permute(0, 3, 1, 2, 4).reshape(g * 16, nb, 32)[:100]
+        assert torch.equal(got, q)
+        assert torch.equal(dt.reshape(g, nb, 16).transpose(1, 2).reshape(-1, nb)[:100], w.d)
+        assert mt.numel() == (dt.numel() if w.bits == 4 else 0)
 
 
 def test_torch_path_and_forced_path_by_env(monkeypatch: pytest.MonkeyPatch) -> None:

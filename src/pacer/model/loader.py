@@ -84,11 +84,13 @@ def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkp
 
 
 def resolve_quantization(quantization: str, path: str | None, device: str, dtype: torch.dtype) -> str:
-    """`ModelConfig.quantization` made concrete: auto is none for now (measured on the 2-core
-    machine: the packed path decodes one sequence faster, but batched decode and prefill dequantize
-    each weight per call and run slower than float32 through oneDNN until a blocked int8 GEMM
-    lands); gguf and int8 are asked for explicitly. An explicit choice that cannot run is an error
-    naming the field."""
+    """`ModelConfig.quantization` made concrete: auto is none for now. Measured on the 2-core
+    machine (docs/measurements/quantized.md): with int8 activations the tiled kernels beat float32
+    everywhere (batch-1 4.0x, 32 sequences 1.7x, prefill 1.75x at load ~3), but the default
+    activations are float, whose many-row path (dequantized panels through BLAS) stays at ~0.7x
+    float32 for 32 sequences and prefill, so a GGUF run packed by default would slow batched
+    work; and int8 activations change every output (KL 2.6e-3). gguf and int8 are asked for
+    explicitly. An explicit choice that cannot run is an error naming the field."""
     is_gguf = str(path or default_model_path()).endswith(".gguf")
     native = device == "cpu" and dtype == torch.float32
     if quantization == "auto":

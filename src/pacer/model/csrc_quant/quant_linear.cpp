@@ -8,7 +8,8 @@
 // act=0 (float activations): each output row is dequantized into a thread-local buffer and dotted
 //   with every token; the result is the dequantized float32 path's up to summation order.
 // act=1 (int8 activations): each token is quantized per block of 32 to int8 with a float scale, and
-//   blocks are integer dot products (AVX2 maddubs, AVX-512 VNNI dpbusd), as llama.cpp does.
+//   blocks are integer dot products, as llama.cpp does. Here the scalar reference only; the SIMD
+//   paths (AVX2 maddubs, AVX-512 VNNI dpbusd) run over the tiled layout (quant_tiled.h).
 // Compiled without -march: each ISA variant carries its own target attribute and the path is picked
 // at run time from the CPU's features (or forced by the caller).
 #include <torch/extension.h>
@@ -20,23 +21,25 @@
 #include <string>
 #include <vector>
 
+#include "quant_tiled.h"
+
+torch::Tensor quant_linear_tiled(torch::Tensor x, torch::Tensor qt, torch::Tensor dt, torch::Tensor mt, int64_t bits,
+                                 int64_t N, int64_t isa);
+
 namespace {
 
-constexpr int QK = 32;
+using pacer_quant::QK;
 enum Isa { SCALAR = 0, AVX2 = 1, AVX512VNNI = 2 };
 
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-bool has_avx512vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
+bool has_avx2() { return pacer_quant::cpu_has_avx2(); }
+bool has_avx512vnni() { return pacer_quant::cpu_has_avx512vnni(); }
 bool supported(int isa) { return isa == SCALAR || (isa == AVX2 && has_avx2()) || (isa == AVX512VNNI && has_avx512vnni()); }
 
 struct Args {
   const float* x;        // [T, K] (act=0)
   const int8_t* xq;      // [T, K] (act=1)
   const float* xd;       // [T, nb] per-block activation scales (act=1)
-  const float* xs;       // [T, nb] per-block activation sums (act=1, bits=4)
+  const float* xs;       // [T, nb] per-block xd * sum of the int8 activations (act=1, bits=4)
   const uint8_t* qs;
   const float* d;
   const float* m;
@@ -135,54 +138,6 @@ __attribute__((target("avx2,fma"))) float dot_avx2(const float* w, const float* 
   return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-__attribute__((target("avx2,fma"))) float row_int8_avx2(const Args& a, int64_t n, int64_t t) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  float macc = 0.f;
-  for (int64_t b = 0; b < a.nb; ++b) {
-    __m256i w = load_block(a, n, b);
-    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * a.K + b * QK));
-    if (a.bits == 8) {  // signed x signed: |w| (unsigned) times x carrying w's sign
-      x = _mm256_sign_epi8(x, w);
-      w = _mm256_sign_epi8(w, w);
-    }
-    const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
-    const __m256 scale = _mm256_set1_ps(a.d[n * a.nb + b] * a.xd[t * a.nb + b]);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc);
-    if (a.bits == 4) macc += a.m[n * a.nb + b] * a.xs[t * a.nb + b];
-  }
-  return hsum8(acc) + macc;
-}
-
-// ------------------------------------------------------------------ AVX-512 VNNI (256-bit dpbusd)
-
-#define PACER_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
-
-PACER_VNNI inline __m256 block_vnni(const Args& a, int64_t n, int64_t t, int64_t b) {
-  __m256i w = load_block(a, n, b);
-  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * a.K + b * QK));
-  if (a.bits == 8) {
-    x = _mm256_sign_epi8(x, w);
-    w = _mm256_abs_epi8(w);
-  }
-  const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(a.d[n * a.nb + b] * a.xd[t * a.nb + b]));
-}
-
-PACER_VNNI float row_int8_vnni(const Args& a, int64_t n, int64_t t) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  float macc = 0.f;
-  int64_t b = 0;
-  for (; b + 2 <= a.nb; b += 2) {
-    acc0 = _mm256_add_ps(acc0, block_vnni(a, n, t, b));
-    acc1 = _mm256_add_ps(acc1, block_vnni(a, n, t, b + 1));
-  }
-  for (; b < a.nb; ++b) acc0 = _mm256_add_ps(acc0, block_vnni(a, n, t, b));
-  if (a.bits == 4)
-    for (int64_t bb = 0; bb < a.nb; ++bb) macc += a.m[n * a.nb + bb] * a.xs[t * a.nb + bb];
-  return hsum8(_mm256_add_ps(acc0, acc1)) + macc;
-}
-
 // ------------------------------------------------------------------ drivers
 
 void run_float(const Args& a, int isa) {
@@ -202,35 +157,11 @@ void run_float(const Args& a, int isa) {
   }
 }
 
-void run_int8(const Args& a, int isa) {
+void run_int8_scalar(const Args& a) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < a.N; ++n) {
-    for (int64_t t = 0; t < a.T; ++t) {
-      float v = isa == AVX512VNNI ? row_int8_vnni(a, n, t) : isa == AVX2 ? row_int8_avx2(a, n, t) : row_int8_scalar(a, n, t);
-      a.y[t * a.N + n] = v;
-    }
-  }
+  for (int64_t n = 0; n < a.N; ++n)
+    for (int64_t t = 0; t < a.T; ++t) a.y[t * a.N + n] = row_int8_scalar(a, n, t);
 }
-
-// Per token and block of 32: int8 values, scale max|x|/127, and the block's float sum.
-void quantize_activations(const float* x, int64_t T, int64_t K, int8_t* xq, float* xd, float* xs) {
-  const int64_t nb = K / QK;
-#pragma omp parallel for schedule(static) if (T * K > 65536)
-  for (int64_t i = 0; i < T * nb; ++i) {
-    const float* v = x + i * QK;
-    float amax = 0.f, sum = 0.f;
-    for (int j = 0; j < QK; ++j) {
-      amax = std::max(amax, std::fabs(v[j]));
-      sum += v[j];
-    }
-    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-    for (int j = 0; j < QK; ++j) xq[i * QK + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-    xd[i] = d;
-    xs[i] = sum;
-  }
-}
-
-}  // namespace
 
 int best_isa() { return has_avx512vnni() ? AVX512VNNI : has_avx2() ? AVX2 : SCALAR; }
 
@@ -246,6 +177,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [T, K]");
   TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
   TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float) or 1 (int8)");
+  TORCH_CHECK(act == 0 || isa == SCALAR, "int8 activations run here on the scalar path only (SIMD: quant_linear_tiled)");
   TORCH_CHECK(isa >= 0 && isa <= 2 && supported(static_cast<int>(isa)), "isa ", isa, " is not supported on this CPU");
   const int64_t T = x.size(0), K = x.size(1), N = qs.size(0);
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32");
@@ -264,36 +196,72 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
   }
   std::vector<int8_t> xq(T * K);
   std::vector<float> xd(T * nb), xs(T * nb);
-  quantize_activations(a.x, T, K, xq.data(), xd.data(), xs.data());
+  std::vector<int32_t> xi(T * nb);
+  pacer_quant::quantize_activations(a.x, T, K, xq.data(), xd.data(), xs.data(), xi.data());
   a.xq = xq.data();
   a.xd = xd.data();
   a.xs = xs.data();
-  run_int8(a, static_cast<int>(isa));
+  run_int8_scalar(a);
   return y;
 }
 
-torch::Tensor quant_dequantize(torch::Tensor qs, torch::Tensor d, torch::Tensor m, int64_t bits, int64_t isa) {
+void check_packed(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m, int64_t bits, int64_t isa) {
   TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
   TORCH_CHECK(isa >= 0 && isa <= 2 && supported(static_cast<int>(isa)), "isa ", isa, " is not supported on this CPU");
-  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous() && qs.dim() == 3, "qs must be contiguous uint8 [N, K/32, B]");
+  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous() && qs.dim() == 3 && qs.size(2) == (bits == 4 ? 16 : 32),
+              "qs must be contiguous uint8 [N, K/32, 16 or 32]");
   TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() && d.numel() == qs.size(0) * qs.size(1), "d must be float32 [N, K/32]");
   TORCH_CHECK(bits == 8 || (m.scalar_type() == torch::kFloat32 && m.is_contiguous() && m.numel() == d.numel()), "m must be float32 [N, K/32]");
+}
+
+// Rows [n0, n0 + rows) of the float32 weight into out [rows, K].
+void dequant_rows(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m, int64_t bits, int64_t isa,
+                  int64_t n0, int64_t rows, float* out) {
   const int64_t N = qs.size(0), nb = qs.size(1), K = nb * QK;
-  auto w = torch::empty({N, K}, d.options());
   Args a{nullptr, nullptr, nullptr, nullptr, qs.data_ptr<uint8_t>(), d.data_ptr<float>(),
          bits == 4 ? m.data_ptr<float>() : nullptr, nullptr, 0, N, K, nb, static_cast<int>(bits)};
-  float* out = w.data_ptr<float>();
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    if (isa == SCALAR) dequant_row_scalar(a, n, out + n * K);
-    else dequant_row_avx2(a, n, out + n * K);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (isa == SCALAR) dequant_row_scalar(a, n0 + i, out + i * K);
+    else dequant_row_avx2(a, n0 + i, out + i * K);
   }
+}
+
+}  // namespace
+
+torch::Tensor quant_dequantize(torch::Tensor qs, torch::Tensor d, torch::Tensor m, int64_t bits, int64_t isa) {
+  check_packed(qs, d, m, bits, isa);
+  auto w = torch::empty({qs.size(0), qs.size(1) * QK}, d.options());
+  dequant_rows(qs, d, m, bits, isa, 0, qs.size(0), w.data_ptr<float>());
   return w;
+}
+
+// Float activations, many tokens: dequantize `panel` rows at a time into a buffer that stays in
+// cache and multiply it by BLAS into rows of y^T, so the float32 weight is never written whole.
+torch::Tensor quant_linear_panel(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m, int64_t bits,
+                                 int64_t isa, int64_t panel) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [T, K]");
+  check_packed(qs, d, m, bits, isa);
+  TORCH_CHECK(x.size(1) == qs.size(1) * QK, "x has ", x.size(1), " features, the weight ", qs.size(1) * QK);
+  TORCH_CHECK(panel > 0, "panel must be positive");
+  const int64_t N = qs.size(0), K = x.size(1);
+  auto yt = torch::empty({N, x.size(0)}, x.options());
+  auto w = torch::empty({std::min(panel, N), K}, x.options());
+  const auto xt = x.t();
+  for (int64_t n0 = 0; n0 < N; n0 += panel) {
+    const int64_t rows = std::min(panel, N - n0);
+    dequant_rows(qs, d, m, bits, isa, n0, rows, w.data_ptr<float>());
+    auto out = yt.narrow(0, n0, rows);
+    at::mm_out(out, w.narrow(0, 0, rows), xt);
+  }
+  return yt.t().contiguous();
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("quant_dequantize", &quant_dequantize, "the float32 [N, K] weight of packed 4/8-bit blocks");
   mod.def("quant_linear", &quant_linear, "y = x @ dequant(W).T over packed 4/8-bit blocks of 32");
+  mod.def("quant_linear_tiled", &quant_linear_tiled, "y = x @ dequant(W).T, int8 activations, tiled layout");
+  mod.def("quant_linear_panel", &quant_linear_panel, "y = x @ dequant(W).T, float activations, panels of rows and BLAS");
   mod.def("best_isa", &best_isa, "the fastest path this CPU runs: 0 scalar, 1 avx2, 2 avx512vnni");
   mod.def("cpu_isas", &cpu_isas, "the paths this CPU can run");
 }
