@@ -5,7 +5,7 @@
 
 Prints, for workload W (../shared/peers/workload_w.json: 32 x 256-token prompts, 64 outputs)
 output tokens/s of pacer (per weight format: `none` = the GGUF dequantized to float32, `gguf` =
-its Q4_1/Q8_0 blocks kept packed, float32 activations), HF transformers `generate` (one static
+its Q4_1/Q8_0 blocks kept packed, float32 activations; `gguf+int8` = packed, int8 activations), HF transformers `generate` (one static
 batch), vLLM-for-CPU and llama.cpp on the same GGUF (each in its own venv as a subprocess, when
 ../shared/peers/setup.sh has built it under $PEERS_DIR; llama.cpp through llama-cpp-python's
 multi-sequence batching, llamacpp_peer.py), and pacer's ratios; then a varied-length workload (64 requests, prompts uniform 32..1024,
@@ -221,8 +221,9 @@ def w_line(label: str, r: dict[str, tuple[float, list[float]] | None], repeats: 
     names = [k for k in r if k.startswith("pacer")]
     pacer = (r[names[0]] or (0.0, []))[0]
     parts = [f"{k} {v[0]:.1f} ({runs_text(v[1])})" for k in names if (v := r[k])]
-    if len(names) > 1 and (q := r[names[1]]) and pacer:
-        parts.append(f"{names[1]}/{names[0]} {q[0] / pacer:.2f}x")
+    for other in names[1:]:
+        if (q := r[other]) and pacer:
+            parts.append(f"{other}/{names[0]} {q[0] / pacer:.2f}x")
     for key, title in (("hf", "HF static"), ("vllm", "vLLM"), ("llamacpp", "llama.cpp Q4_1")):
         if (v := r.get(key)):
             parts.append(f"{title} {v[0]:.1f} ({runs_text(v[1])}; pacer/{title.split()[0]} {pacer / v[0]:.2f}x)")
@@ -237,8 +238,10 @@ def run_w(dtype: str, args: argparse.Namespace, w_prompts: list[list[int]], w_ou
     r: dict[str, tuple[float, list[float]] | None] = {}
     weights = args.weights.split(",") if dtype == "float32" else ["none"]
     for wfmt in weights:
+        quant, _, act = wfmt.partition("+")   # e.g. gguf+int8: packed weights, int8 activations
         llm = LLM(dtype=dtype, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_prefix_caching=False, kv_cache_memory="2GiB", quantization=wfmt)
+                  enable_prefix_caching=False, kv_cache_memory="2GiB", quantization=quant,
+                  quant_activations=act or "float")
         name = "pacer" if wfmt == "none" else f"pacer-{wfmt}"
         r[name] = run_pacer(llm, w_prompts, w_outs, args.repeats)
         b1[f"{dtype} {name}"] = batch1_decode_ms(llm, args.repeats, args.batch1_tokens)
@@ -251,7 +254,8 @@ def run_w(dtype: str, args: argparse.Namespace, w_prompts: list[list[int]], w_ou
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--weights", default="none,gguf", help="pacer's weight formats for float32 (none first)")
+    ap.add_argument("--weights", default="none,gguf,gguf+int8",
+                    help="pacer's weight formats for float32, none first (gguf+int8: int8 activations)")
     ap.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-vllm", action="store_true")

@@ -48,10 +48,11 @@ def test_constrained_neighbours_leave_greedy_tokens_unchanged(base):
 
 def test_waiting_for_grammar_holds_no_slot_and_no_kv_and_fails_alone(base):
     engine = make(base, num_kv_blocks=64)
-    manager = StructuredOutputManager(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, timeout=1.5,
+    manager = StructuredOutputManager(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, timeout=60,
                                       num_workers=1, compiler="tests.structured.slow_compiler:compile_spec")
     engine.install_structured_outputs(manager)
-    manager.request(StructuredOutputsParams(choice=["warm"])).result(60)   # worker started
+    manager.request(StructuredOutputsParams(choice=["warm"])).result(60)   # worker started (a loaded machine
+    manager.timeout = 1.5   # may take seconds to start it: the short timeout is for the slow grammar only)
     free = engine.kv.pool.num_free_blocks
     slow = engine.add_request("Hi", SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
         json={"title": "slow", "type": "object"})))
