@@ -135,13 +135,19 @@ def _vllm(script: pathlib.Path, dtype: str, *extra: str) -> dict | None:
     return None
 
 
-def run_vllm(dtype: str, quick: bool, repeats: int) -> tuple[float, list[float]] | None:
+def w_file(quick: bool) -> pathlib.Path:
+    """Workload W's JSON for the peers (its first 8 prompts with --quick)."""
     workload = PEERS / "workload_w.json"
     if quick:
         w = json.loads(workload.read_text())
         w["prompts"] = w["prompts"][:8]
         workload = pathlib.Path("/tmp/pacer_w_quick.json")
         workload.write_text(json.dumps(w))
+    return workload
+
+
+def run_vllm(dtype: str, quick: bool, repeats: int) -> tuple[float, list[float]] | None:
+    workload = w_file(quick)
     res = _vllm(PEERS / "vllm_offline.py", dtype, "--workload", str(workload), "--repeats", str(repeats))
     if res is None:
         return None
@@ -156,12 +162,7 @@ def run_llamacpp(threads: int, quick: bool, repeats: int, n: int) -> dict | None
         line(f"  llama.cpp: skipped (build it with: PEERS_DIR={PEERS_DIR} bash ../shared/peers/setup.sh llamacpp)")
         return None
     from pacer.model.loader import default_model_path
-    workload = PEERS / "workload_w.json"
-    if quick:
-        w = json.loads(workload.read_text())
-        w["prompts"] = w["prompts"][:8]
-        workload = pathlib.Path("/tmp/pacer_w_quick.json")
-        workload.write_text(json.dumps(w))
+    workload = w_file(quick)
     cmd = [str(py), str(HERE / "llamacpp_peer.py"), "--model", str(default_model_path()), "--threads", str(threads),
            "--workload", str(workload), "--repeats", str(repeats), "--tokens", str(n)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pacer.clock import VirtualClock
 from pacer.kv.prefix_cache import PrefixCache
 from pacer.kv.radix_node import WALK_TICKS, PrefixMatch, RadixNode
+from tests.kv.test_relock_properties import prompts_strategy  # six requests over a shared base
 
 BS = 2
 ops_strategy = st.lists(
@@ -27,11 +28,6 @@ ops_strategy = st.lists(
     ),
     min_size=4, max_size=60,
 )
-prompts_strategy = st.tuples(
-    st.lists(st.integers(0, 1), min_size=8, max_size=24),
-    st.lists(st.tuples(st.integers(0, 24), st.lists(st.integers(0, 1), min_size=0, max_size=12)), min_size=6,
-             max_size=6),
-).map(lambda t: [t[0][:cut] + own for cut, own in t[1]])
 
 
 class _Side:
