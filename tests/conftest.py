@@ -22,9 +22,12 @@ from pacer.model.runner import executor_for
 @pytest.fixture(scope="session")
 def base() -> Iterator[Engine]:
     """The default model, loaded once per test process (each xdist worker); `make` builds engines
-    over it and `llm_over` offline APIs, so tests that only read the weights never load them again."""
+    over it and `llm_over` offline APIs, so tests that only read the weights never load them again.
+    Its weights are the dequantized float32 reference (`quantization="none"`), the path the HF
+    parity checks compare; the packed default (`auto`: the GGUF's blocks, int8 activations) has
+    its own tests in tests/model/test_quant_model.py."""
     threads = torch.get_num_threads()
-    yield Engine.from_kwargs(num_kv_blocks=256, num_threads=1)   # small batches: 1 thread is fastest
+    yield Engine.from_kwargs(num_kv_blocks=256, num_threads=1, quantization="none")   # 1 thread: small batches
     torch.set_num_threads(threads)
 
 

@@ -70,7 +70,8 @@ def default_hf():
 def test_default_model_log_softmax_at_every_position(default_hf, backend):
     hf32, hf64, prompts = default_hf
     llm = LLM(max_num_batched_tokens=32, num_kv_blocks=12, block_size=16, attention_backend=backend,
-              linear_backend="auto" if backend == "cpp" else "torch", enable_prefix_caching=False, num_threads=1)
+              linear_backend="auto" if backend == "cpp" else "torch", enable_prefix_caching=False, num_threads=1,
+              quantization="none")   # HF runs the dequantized float32 weights
     log, outs = run_captured(llm, prompts, MAX_NEW)
     assert llm.engine.scheduler.num_preemptions > 0 and log.num_mixed_steps > 0
     recomputed = sum(len(rows) - len({p for p, _ in rows}) for rows in log.rows.values())
@@ -80,7 +81,8 @@ def test_default_model_log_softmax_at_every_position(default_hf, backend):
 
 def test_api_logprobs_are_hfs_log_softmax(default_hf):
     hf32, hf64, prompts = default_hf
-    llm = LLM(max_num_batched_tokens=32, num_kv_blocks=64, enable_prefix_caching=False, num_threads=1)
+    llm = LLM(max_num_batched_tokens=32, num_kv_blocks=64, enable_prefix_caching=False, num_threads=1,
+              quantization="none")
     outs = llm.generate(prompts[:3], SamplingParams(max_tokens=8, temperature=0.8, seed=5, logprobs=5,
                                                     ignore_eos=True))
     seqs = [o.prompt_token_ids + o.token_ids for o in outs]

@@ -58,7 +58,8 @@ def test_default_model_matches_hf_with_chunking_and_preemption(default_expected,
     # "torch": the reference paths for both, as on a build without either.
     prompts, expected = default_expected
     llm = LLM(max_num_batched_tokens=32, num_kv_blocks=12, block_size=16, attention_backend=backend,
-              linear_backend="auto" if backend == "cpp" else "torch", enable_prefix_caching=False)
+              linear_backend="auto" if backend == "cpp" else "torch", enable_prefix_caching=False,
+              quantization="none")   # HF runs the dequantized float32 weights
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"
@@ -68,7 +69,7 @@ def test_default_model_matches_hf_with_chunking_and_preemption(default_expected,
 
 
 def test_default_model_chat_answer_and_text(hf_default):
-    llm = LLM()
+    llm = LLM(quantization="none")
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(max_tokens=24, temperature=0))[0]
     ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])

@@ -46,14 +46,16 @@ class ModelConfig:
         default="auto",
         metadata={"help": "auto | none | gguf | int8: weights kept quantized (CPU, float32): a GGUF's "
                           "Q4_0/Q4_1/Q8_0 blocks as shipped, int8 weight-only from float weights, or none "
-                          "(dequantized float32, the reference; auto is none: batched work wins only with "
-                          "int8 activations, see docs/measurements/quantized.md)."},
+                          "(dequantized float32, the reference the quality checks compare against). auto: "
+                          "gguf for a .gguf file on a CPU the packed kernels run with SIMD (AVX2, AVX-512 "
+                          "VNNI), none otherwise."},
     )
     quant_activations: str = field(
-        default="float",
-        metadata={"help": "float | int8: activations of quantized linears, float (the float32 path's "
+        default="auto",
+        metadata={"help": "auto | float | int8: activations of quantized linears, float (the float32 path's "
                           "results) or int8 per token and block of 32 (integer dot products over a tiled copy "
-                          "of the blocks: faster at every batch size, KL ~3e-3 from float32)."},
+                          "of the blocks, as llama.cpp: faster at every batch size, KL ~3e-3 from float32). "
+                          "auto: int8 where a SIMD kernel runs the packed weights, float otherwise."},
     )
 
     def validate(self) -> None:
@@ -65,7 +67,7 @@ class ModelConfig:
         choice("attention_backend", self.attention_backend, ("auto", "cpp", "torch"))
         choice("linear_backend", self.linear_backend, ("auto", "onednn", "torch"))
         choice("quantization", self.quantization, QUANTIZATIONS)
-        choice("quant_activations", self.quant_activations, ("float", "int8"))
+        choice("quant_activations", self.quant_activations, ("auto", "float", "int8"))
 
 
 @dataclass(slots=True)

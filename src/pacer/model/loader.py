@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
     "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
-    "resolve_quantization", "quantize_checkpoint",
+    "resolve_quantization", "resolve_quant_activations", "quantize_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,23 +85,43 @@ def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkp
 
 
 def resolve_quantization(quantization: str, path: str | None, device: str, dtype: torch.dtype) -> str:
-    """`ModelConfig.quantization` made concrete: auto is none for now. Measured on the 2-core
-    machine (docs/measurements/quantized.md): with int8 activations the tiled kernels beat float32
-    everywhere (batch-1 4.0x, 32 sequences 1.7x, prefill 1.75x at load ~3), but the default
-    activations are float, whose many-row path (dequantized panels through BLAS) stays at ~0.7x
-    float32 for 32 sequences and prefill, so a GGUF run packed by default would slow batched
-    work; and int8 activations change every output (KL 2.6e-3). gguf and int8 are asked for
-    explicitly. An explicit choice that cannot run is an error naming the field."""
+    """`ModelConfig.quantization` made concrete. auto: a GGUF runs as shipped (its packed blocks,
+    `gguf`) where the packed kernels have a SIMD path (AVX2 or AVX-512 VNNI) and the run is CPU
+    float32, as vLLM's and llama.cpp's GGUF loaders do; otherwise (an HF checkpoint, bfloat16, a
+    GPU, a CPU or build without the kernels) `none`, the dequantized float32 reference. An explicit
+    choice that cannot run is an error naming the field."""
     is_gguf = str(path or default_model_path()).endswith(".gguf")
     native = device == "cpu" and dtype == torch.float32
     if quantization == "auto":
-        return "none"
+        return "gguf" if is_gguf and native and simd_quant_kernels() else "none"
     if quantization != "none" and not native:
         raise ValueError(f"quantization={quantization!r} runs on device='cpu' with dtype float32 only "
                          f"(got device={device!r}, dtype={str(dtype).removeprefix('torch.')}); use quantization='none'")
     if quantization == "gguf" and not is_gguf:
         raise ValueError(f"quantization='gguf' needs a .gguf model file, got {path!r}; use 'int8' for HF checkpoints")
     return quantization
+
+
+def resolve_quant_activations(quant_activations: str, quantization: str) -> str:
+    """`ModelConfig.quant_activations` made concrete for a resolved `quantization`. auto: int8 per
+    token and block of 32 (llama.cpp's q8 activations) where weights are packed and a SIMD kernel
+    runs them: faster than float32 at every batch size (docs/measurements/quantized.md: batch-1
+    4.0x, 32 sequences 1.7x, prefill 1.75x; KL 2.6e-3, greedy agreement 96.5% over 64 tokens);
+    float otherwise."""
+    if quant_activations != "auto":
+        return quant_activations
+    return "int8" if quantization != "none" and simd_quant_kernels() else "float"
+
+
+def simd_quant_kernels() -> bool:
+    """Whether the packed-weight kernels built here and this CPU runs one of their SIMD paths
+    (`PACER_QUANT_ISA=scalar|torch` forces the reference paths, so auto keeps float32)."""
+    from pacer.model.quant import available_isas
+
+    forced = os.environ.get("PACER_QUANT_ISA", "auto")
+    isas = available_isas()
+    return forced in ("auto", *isas) and forced not in ("scalar", "torch") and any(
+        i in isas for i in ("avx2", "avx512vnni"))
 
 
 def quantize_checkpoint(ckpt: Checkpoint, quantization: str) -> None:

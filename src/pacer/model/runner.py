@@ -14,7 +14,13 @@ from pacer.config import DTYPES, CacheConfig, EngineConfig
 from pacer.model.executor import ModelExecutor
 from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
-from pacer.model.loader import Checkpoint, load_checkpoint, quantize_checkpoint, resolve_quantization
+from pacer.model.loader import (
+    Checkpoint,
+    load_checkpoint,
+    quantize_checkpoint,
+    resolve_quant_activations,
+    resolve_quantization,
+)
 
 __all__ = ["build_model_executor", "executor_for", "resolve_dtype", "kv_capacity_line"]
 
@@ -66,11 +72,12 @@ def build_model_executor(config: EngineConfig) -> tuple[ModelExecutor, Checkpoin
         torch.set_num_threads(mc.num_threads)
     dtype = resolve_dtype(mc.dtype, mc.device)
     quantization = resolve_quantization(mc.quantization, mc.model, mc.device, dtype)
+    activations = resolve_quant_activations(mc.quant_activations, quantization)
     ckpt = load_checkpoint(mc.model)
     quantize_checkpoint(ckpt, quantization)
     model = LlamaModel(ckpt.arch, ckpt.tensors, dtype=dtype, device=mc.device,
                        attention_backend=mc.attention_backend, linear_backend=mc.linear_backend,
-                       quantized=ckpt.quantized, quant_activations=mc.quant_activations)
+                       quantized=ckpt.quantized, quant_activations=activations)
     log.info("weights: %s", model.weights_line())
     ckpt.tensors, ckpt.quantized = {}, {}  # the model holds its own (fused) copies
     executor = executor_for(model, config.cache, seed=mc.seed, tokenizer=ckpt.tokenizer)

@@ -151,6 +151,7 @@ def calibrate(engine_kwargs: dict[str, Any], model: ModelProfile, *, quick: bool
     engine_stats = FitStats(preds, walls)
     calib: dict[str, Any] = {
         "model": model.name, "dtype": dtype, "coefficients": coef,
+        "weights": executor.model.weights_line(),   # what was timed: the packed default or float32
         "engine_overhead": {"per_step_s": a, "per_seq_s": b},
         "fit": stats.as_dict(), "engine_fit": engine_stats.as_dict(),
         "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
