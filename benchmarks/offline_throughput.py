@@ -30,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -303,19 +304,36 @@ def batch1_lines(b1: dict[str, float], peers: dict[str, float], n: int, reps: in
 
 
 def varied_line(args: argparse.Namespace) -> None:
+    """The varied-length workload on pacer (each weight format of `--weights`), HF static batching
+    and vLLM float32 (the same prompts and exact output lengths through vllm_offline.py)."""
     reps = args.repeats
     n_var = 16 if args.quick else 64
     v_prompts, v_outs = varied_workload(n_var)
-    llm = LLM(dtype="float32", max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=False, kv_cache_memory="4GiB", quantization="none")
-    pv, pv_runs = run_pacer(llm, v_prompts, v_outs, reps)
-    del llm
-    msg = (f"[varied {n_var} req, prompts 32..1024, outputs 16..256, float32] output tok/s, median of {reps}: "
-           f"pacer {pv:.1f} ({runs_text(pv_runs)})")
+    parts = []
+    pv = 0.0
+    for wfmt in args.weights.split(","):
+        quant, _, act = wfmt.partition("+")
+        llm = LLM(dtype="float32", max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
+                  enable_prefix_caching=False, kv_cache_memory="4GiB", quantization=quant,
+                  quant_activations=act or "float")
+        tok_s, runs = run_pacer(llm, v_prompts, v_outs, reps)
+        del llm
+        name = "pacer" if wfmt == "none" else f"pacer-{wfmt}"
+        pv = pv or tok_s
+        parts.append(f"{name} {tok_s:.1f} ({runs_text(runs)})" + (f"; {name}/pacer {tok_s / pv:.2f}x" if pv != tok_s else ""))
     if not args.skip_hf:
         hv, hv_runs = run_hf_static(hf_model(torch.float32), v_prompts, v_outs, reps)
-        msg += f" | HF static batch {hv:.1f} ({runs_text(hv_runs)}) | pacer/HF {pv / hv:.2f}x"
-    line(msg + f" | load {loadavg()}")
+        parts.append(f"HF static batch {hv:.1f} ({runs_text(hv_runs)}; pacer/HF {pv / hv:.2f}x)")
+    if not args.skip_vllm:
+        path = pathlib.Path(tempfile.gettempdir()) / f"pacer_varied_{n_var}.json"
+        path.write_text(json.dumps({"prompts": v_prompts, "output_lens": v_outs}))
+        res = _vllm(PEERS / "vllm_offline.py", "float32", "--workload", str(path), "--repeats", str(reps))
+        if res is not None:
+            vruns = [float(t) for t in res["runs_s"]]
+            vv = float(res["output_tokens"]) / stat(vruns)
+            parts.append(f"vLLM {vv:.1f} ({runs_text(vruns)}; pacer/vLLM {pv / vv:.2f}x)")
+    line(f"[varied {n_var} req, prompts 32..1024, outputs 16..256] output tok/s, "
+         f"median of {reps}: " + " | ".join(parts) + f" | load {loadavg()}")
 
 
 def cpu_flags() -> str:

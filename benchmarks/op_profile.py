@@ -54,7 +54,7 @@ def measure(workload: str, threads: int) -> dict[str, Any]:
     from pacer.request import SamplingParams
 
     n, prompt_len, out_len = WORKLOADS[workload]
-    llm = LLM(num_threads=threads, enable_prefix_caching=False)
+    llm = LLM(num_threads=threads, enable_prefix_caching=False, quantization="none")   # the float32 path
     model = llm.engine.executor.model
     prompts = [[1000 + (i * 131 + j * 7) % 20000 for j in range(prompt_len)] for i in range(n)]
     params = SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0)
