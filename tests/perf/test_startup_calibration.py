@@ -51,11 +51,12 @@ def test_refit_moves_each_regime_toward_the_measured_times() -> None:
     assert cm.scale["decode"] < 3.0 * 1.5
 
 
-def test_key_names_machine_model_dtype_threads_and_base() -> None:
+def test_key_names_machine_model_dtype_threads_base_and_weights() -> None:
     kw = {"device": "cpu", "model": "smollm2-135m", "dtype": "float32", "threads": 1, "base": "fit-a"}
     keys = {calibration_key(**kw), calibration_key(**{**kw, "threads": 2}), calibration_key(**{**kw, "base": "b"}),
-            calibration_key(**{**kw, "dtype": "bfloat16"})}
-    assert len(keys) == 4 and all("/" not in k for k in keys)
+            calibration_key(**{**kw, "dtype": "bfloat16"}),
+            calibration_key(**kw, weights="projections Q4_1,Q8_0 (avx2/int8/tiled): 111.5 MB read per decode step")}
+    assert len(keys) == 5 and all("/" not in k for k in keys)
     assert calibration_key(**kw) == calibration_key(**kw)
 
 

@@ -98,8 +98,9 @@ def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None =
     threads = config.model.num_threads or _torch_threads()
     cm = SchedulerCostModel(make_cost_model(hw, model, dtype, 1, config.cache.block_size), refit=True)
     calib = hw.calibration or {}
+    weights = _weights_line(executor)
     if on_cpu and calibration_path().is_file() and (calib.get("model"), calib.get("dtype"), calib.get("threads")) \
-            == (model.name, dtype, threads):
+            == (model.name, dtype, threads) and (weights is None or calib.get("weights") == weights):
         log.info("scheduling_policy=slo: predicting step times with %s (%s), refitted online", cm.base.name,
                  calibration_path())
         return cm
@@ -109,7 +110,7 @@ def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None =
                     "with %s, refitted online from measured steps; %s", model.name, dtype, threads, cm.base.name, how)
         return cm
     key = calibration_key(device=config.model.device, model=model.name, dtype=dtype, threads=threads,
-                          base=cm.base.name)
+                          base=cm.base.name, weights=weights or "")
     entry = calibrate_at_startup(cm, executor, key=key, block_size=config.cache.block_size, num_blocks=num_blocks)
     scales = ", ".join(f"{k} x{v:.2f}" for k, v in cm.scale.items())
     if entry["cached"]:
@@ -120,6 +121,13 @@ def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None =
                     "in %.1fs: %s of %s, cached at %s, refitted online while serving; %s", model.name, dtype,
                     threads, len(entry["samples"]), entry["seconds"], scales, cm.base.name, entry["path"], how)
     return cm
+
+
+def _weights_line(executor: Executor | None) -> str | None:
+    """What the executor's projections run (float32 or packed blocks, the kernel path), so a fit
+    made for one is not used for the other; None when it cannot tell (no executor, a fake)."""
+    line = getattr(getattr(executor, "model", None), "weights_line", None)
+    return line() if callable(line) else None
 
 
 def _model_profile(config: EngineConfig, arch: Any) -> ModelProfile:

@@ -45,10 +45,11 @@ STARTUP_GRID: tuple[GridPoint, ...] = (
 _SCALE_LIMITS = (0.02, 50.0)
 
 
-def calibration_key(*, device: str, model: str, dtype: str, threads: int, base: str) -> str:
-    """A file-name-safe key: machine, device, model, dtype, threads and the base fit's name."""
+def calibration_key(*, device: str, model: str, dtype: str, threads: int, base: str, weights: str = "") -> str:
+    """A file-name-safe key: machine, device, model, dtype, threads, the base fit's name and the
+    weights the executor runs (its weights line: float32 or packed, which kernel path)."""
     machine = f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cpus"
-    raw = f"{machine}|{device}|{model}|{dtype}|{threads}t|{base}"
+    raw = f"{machine}|{device}|{model}|{dtype}|{threads}t|{base}" + (f"|{weights}" if weights else "")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(model).name}-{dtype}-{threads}t-{device}")[:80]
     return f"{slug}-{hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()}"
 
