@@ -14,7 +14,7 @@ from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
 from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker
 from pacer.sched.policy import WaitingQueue
-from pacer.sched.slo_policy import DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
+from pacer.sched.slo_policy import BACKLOG_RATE_SHARE, DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -123,3 +123,31 @@ def _long_prompt_with_impossible_itl() -> tuple[list, dict]:
     from tests.sched.test_slo_policy import _long_prompt_with_chats
 
     return _long_prompt_with_chats("slo", "1us", FixedCostModel(5e-3, 1e-4))
+
+
+@settings(max_examples=80, deadline=None)
+@given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(0, 48),
+       context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
+       backlog=st.integers(1, 20_000))
+def test_a_hopeless_backlog_keeps_prefill_near_its_best_rate(
+        per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
+        tokens_left: int, backlog: int) -> None:
+    """Hopeless requests waiting (a backlog fcfs would drain at its full budget): whatever the ITL
+    targets, the step's predicted prefill rate is at least BACKLOG_RATE_SHARE of the best the
+    step could run (all of the budget, or the whole backlog when smaller)."""
+    cost = FixedCostModel(per_step, per_token)
+    policy = SloPolicy(cost, 4096, 512)
+    now = 100.0
+    late = Request("late", [7] * backlog, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
+    queue = WaitingQueue(policy)
+    queue.add(late)
+    queue.refresh(now)
+    decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
+    head = Request("head", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=10.0))
+    shape = StepShape()
+    for r in decodes:
+        shape = shape.with_decode(r.num_tokens)
+    n = policy.prefill_budget(decodes, head, tokens_left, now).tokens
+    best_n = min(tokens_left, max(backlog, MIN_PREFILL_TOKENS))
+    best = best_n / cost.predict_step_s(shape.with_chunk(best_n, 0))
+    assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= BACKLOG_RATE_SHARE * best * (1 - 1e-9)

@@ -67,27 +67,38 @@ def test_an_impossible_itl_target_never_starves_prefill() -> None:
     assert not any("(floor)" in s.budget_reason for s in steps)
 
 
-def _slack_case(shed: bool) -> tuple[list[str], dict]:
+def _slack_case(shed: bool, urgent_ttft_ms: int = 500, hopeless_len: int = 100) -> tuple[list[str], dict]:
     eng, ex = make_engine(scheduling_policy="slo", shed_hopeless=shed, max_num_seqs=1, num_blocks=200,
                           cost_model=FixedCostModel(1e-3, 1e-4))
     p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     eng.add_request(list(range(1, 101)), p, request_id="relaxed", slo={"ttft_ms": 5000})
     eng.add_request(list(range(1, 101)), p, request_id="none")
-    eng.add_request(list(range(2, 102)), p, request_id="hopeless", slo={"ttft_ms": 1})   # prefill ~11 ms
-    eng.add_request(list(range(3, 103)), p, request_id="urgent", slo={"ttft_ms": 500})
+    eng.add_request([2 + i % 900 for i in range(hopeless_len)], p, request_id="hopeless", slo={"ttft_ms": 1})
+    eng.add_request(list(range(3, 103)), p, request_id="urgent", slo={"ttft_ms": urgent_ttft_ms})
     finals = run(eng, ex)
     order = sorted((o.metrics.first_scheduled_time, o.request_id) for o in finals.values()
                    if o.metrics.first_scheduled_time is not None)
     return [rid for _, rid in order], finals
 
 
-def test_least_slack_first_and_hopeless_behind_the_feasible() -> None:
-    order, finals = _slack_case(shed=False)
-    assert order == ["urgent", "relaxed", "none", "hopeless"]
+def test_least_slack_first_and_hopeless_behind_the_feasible_it_would_make_late() -> None:
+    # the hopeless prompt (~26 ms of prefill) does not fit twice in urgent's ~29 ms of slack; it
+    # does in relaxed's ~5 s, so it goes between them
+    order, finals = _slack_case(shed=False, urgent_ttft_ms=40, hopeless_len=250)
+    assert order == ["urgent", "hopeless", "relaxed", "none"]
     assert finals["hopeless"].metrics.deprioritized and not finals["urgent"].metrics.deprioritized
     assert finals["urgent"].metrics.slack_at_admission is not None
-    assert 0.45 < finals["urgent"].metrics.slack_at_admission < 0.5
-    assert finals["urgent"].metrics.ttft_deadline == finals["urgent"].metrics.arrival_time + 0.5
+    assert 0.02 < finals["urgent"].metrics.slack_at_admission < 0.04
+    assert finals["urgent"].metrics.ttft_deadline == finals["urgent"].metrics.arrival_time + 0.04
+
+
+def test_a_hopeless_request_steals_the_slack_the_feasible_ones_spare() -> None:
+    # ~11 ms of prefill, twice of it well inside urgent's ~0.49 s: served first, urgent still on time
+    order, finals = _slack_case(shed=False)
+    assert order == ["hopeless", "urgent", "relaxed", "none"]
+    assert finals["hopeless"].metrics.deprioritized
+    urgent = finals["urgent"].metrics
+    assert urgent.first_token_time is not None and urgent.first_token_time <= urgent.ttft_deadline
 
 
 def test_shed_hopeless_refuses_before_any_compute() -> None:

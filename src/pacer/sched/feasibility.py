@@ -19,10 +19,11 @@ import logging
 
 from pacer.sched.step_cost import StepCostModel, StepShape
 
-__all__ = ["FEASIBLE", "ITL_INFEASIBLE", "TTFT_DRAIN", "TTFT_INFEASIBLE", "FeasibilityTracker", "decodes_exceed"]
+__all__ = ["BACKLOG", "FEASIBLE", "ITL_INFEASIBLE", "TTFT_DRAIN", "TTFT_INFEASIBLE", "FeasibilityTracker", "decodes_exceed"]
 
 FEASIBLE = "feasible"
 ITL_INFEASIBLE = "itl infeasible"
+BACKLOG = "backlog"   # budget_reason: hopeless requests wait; prefill kept near its best rate (throughput)
 TTFT_DRAIN = "ttft drain"   # budget_reason: the queue's TTFTs needed more prefill than the ITL budget gave
 TTFT_INFEASIBLE = "ttft infeasible"   # the queue's predicted prefill makes arrivals miss their TTFT
 

@@ -273,6 +273,17 @@ class WaitingQueue:
         self._drop_arrival(req)
         return req   # ready: _head never picks another
 
+    def take(self, req: Request) -> None:
+        """Remove `req`, the request `peek` returned: the head unless admitting it changed the
+        policy's choice (its cached prefix counted as computed changes its predicted prefill,
+        and a slack-based head may move), then wherever it sits."""
+        i = self._head()
+        if self._items[i][1] is req:
+            del self._items[i]
+            self._drop_arrival(req)
+        elif not self.remove(req):
+            raise ValueError(f"{req.request_id} is not waiting")
+
     def remove(self, req: Request) -> bool:
         for i, (_, r) in enumerate(self._items):
             if r is req:

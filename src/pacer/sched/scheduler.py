@@ -333,7 +333,7 @@ class Scheduler:
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
                 req.num_cached_tokens = req.metrics.cached_tokens = computed
                 req.metrics.cached_tokens_host = len(hit.promoted) * self.kv.block_size   # of them, promoted
-            self.waiting.pop()
+            self.waiting.take(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             if req.metrics.first_scheduled_time is None:

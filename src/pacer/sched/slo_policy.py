@@ -13,7 +13,12 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
 - **deprioritises hopeless** requests: one whose latest start has passed goes behind every
   request that can still make it (the queue serves from the first feasible key), or, with
   `shed_hopeless`, is refused before it costs anything (`shed`: the scheduler finishes it as
-  shed).
+  shed). Behind, but not idle: when the feasible queue has slack to spare (each of its
+  requests could start later than the prefill ahead of it makes it start), the most overdue
+  hopeless request whose prefill fits twice in that spare goes first (slack stealing, `head_index`):
+  a missed chat still gets its answer soon, and no feasible request is made late by it. Without
+  it, past saturation every short hopeless prompt waited behind every long feasible one, and
+  chat TTFT p50 fell behind fcfs's.
 - **refuses at admission what the queue already makes late** (`admission_margin`): a new
   request whose predicted TTFT, the time it has waited plus the prefill of every feasible
   request ahead of it in slack order and its own, exceeds `admission_margin` times its TTFT
@@ -64,6 +69,7 @@ from dataclasses import dataclass
 
 from pacer.request import Request
 from pacer.sched.feasibility import (
+    BACKLOG,
     FEASIBLE,
     ITL_INFEASIBLE,
     TTFT_DRAIN,
@@ -85,6 +91,9 @@ ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest conf
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
 DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
+BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
+STEAL_SAFETY = 2.0        # a hopeless request goes first when twice its prefill fits in the queue's spare slack
+STEAL_SCAN = 64           # feasible requests the spare slack is judged over
 _INF = math.inf
 
 
@@ -121,6 +130,8 @@ class SloPolicy(Policy):
         self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
         self.flow = QueueFlow()   # the measured arrival and prefill rates
         self._now = -_INF
+        self._backlog = 0   # prompt tokens of the hopeless requests waiting (refresh)
+        self._rate: float | None = None   # the measured prefill rate, fixed for a step (refresh)
 
     @classmethod
     def from_context(cls, context: PolicyContext | None) -> Policy:
@@ -197,7 +208,18 @@ class SloPolicy(Policy):
         return (self.next_deadline(r), r.arrival_time, r.arrival_seq)
 
     def is_hopeless(self, r: Request, now: float) -> bool:
-        return not r.num_output_tokens and self.latest_start(r) < now
+        """Never scheduled yet and cannot make its target even if served now: by the cost model
+        (its latest start has passed) or, while the queue is backlogged, by its own prompt at the
+        measured prefill rate (the cost model prices a step without the decodes that share it)."""
+        if r.num_output_tokens:
+            return False
+        if self.latest_start(r) < now:
+            return True
+        ttft = None if r.slo is None else r.slo.ttft
+        rate = self._rate   # a step's snapshot: the queue's head may not change between peek and pop
+        if ttft is None or not rate:
+            return False
+        return r.arrival_time + ttft - (r.num_tokens - r.num_computed_tokens) / rate < now
 
     def shed(self, waiting: Iterable[Request], now: float) -> list[Request]:
         """The never-scheduled requests to refuse now: with `shed_hopeless`, those with a target
@@ -241,14 +263,46 @@ class SloPolicy(Policy):
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         """Least slack among those that can still make it, an overdue resume (owed its next
-        token) first; hopeless ones only when nothing feasible waits."""
+        token) first; a hopeless one when nothing feasible waits, or when its prefill fits in the
+        slack the feasible queue has to spare (`spare_s`): the most overdue that fits, served
+        before the feasible ones without making any of them late (slack stealing)."""
         if not items:
             return 0
         i = bisect_left(items, now, key=lambda item: item[0][0])
         for j in range(i):
             if items[j][1].num_output_tokens:
                 return j
-        return 0 if i == len(items) else i
+        first = i   # the first feasible: past those late at the measured rate (a bounded look)
+        while first < min(len(items), i + STEAL_SCAN) and self.is_hopeless(items[first][1], now):
+            first += 1
+        if first == len(items):
+            return 0
+        if i == 0:
+            return first
+        spare = self.spare_s(items, first, now)
+        for j in range(i):
+            if STEAL_SAFETY * self.queued_prefill_s(items[j][1]) <= spare:
+                return j
+        return first
+
+    def spare_s(self, items: list[tuple[Key, Request]], first: int, now: float) -> float:
+        """Seconds of prefill the feasible queue (`items[first:]`, in slack order) can let pass
+        before its first request and every one after still start by their latest start: the least
+        over the first STEAL_SCAN of latest start - now - the predicted prefill ahead of it."""
+        spare, ahead = _INF, 0.0
+        for key, r in items[first:first + STEAL_SCAN]:
+            if not math.isfinite(key[0]):
+                break
+            spare = min(spare, key[0] - now - ahead)
+            ahead += self.queued_prefill_s(r)
+        return spare
+
+    def queued_prefill_s(self, r: Request) -> float:
+        """A waiting request's prefill as the queue will see it: the cost model's prediction or,
+        while the queue is backlogged, its tokens at the measured prefill rate, the longer."""
+        rate = self._rate
+        own = self.prefill_s(r)
+        return max(own, (r.num_tokens - r.num_computed_tokens) / rate) if rate else own
 
     def serves_before(self, waiting: Request, partial: Request) -> bool:
         return not self.is_hopeless(waiting, self._now) and self.key(waiting) < self.key(partial)
@@ -268,9 +322,12 @@ class SloPolicy(Policy):
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._now = now
         self.flow.note(queue, queue.num_ready > 0, now)
+        self._rate = self.flow.prefill_rate()
+        self._backlog = 0
         for r in queue:
             if r.slo is not None and self.is_hopeless(r, now):
                 r.metrics.deprioritized = True
+                self._backlog += r.num_tokens - r.num_computed_tokens
             elif r.metrics.slack_at_admission is None and r.slo is not None:
                 ls = self.latest_start(r)
                 if math.isfinite(ls):
@@ -311,7 +368,7 @@ class SloPolicy(Policy):
             if need is None:
                 return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
             rate = need()
-            n = self._drain_tokens(shape, start, tokens_left, rate)
+            n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
             what = "throughput" if n == tokens_left else "drain"
             return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} ({what}: the queue needs {rate:.0f} tok/s)")
         self.feasibility.observe(FEASIBLE)
@@ -324,7 +381,23 @@ class SloPolicy(Policy):
             drain = self._drain_tokens(shape, start, tokens_left, rate)
             if drain > n:
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
+        backlog = self._backlog_tokens(shape, start, tokens_left)
+        if backlog > n:
+            return StepBudget(backlog, f"{BACKLOG}: {self._backlog} hopeless prompt tokens wait, more than {reason} allows")
         return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
+
+    def _backlog_tokens(self, shape: StepShape, start: int, tokens_left: int) -> int:
+        """With hopeless requests waiting (a backlog no target can save, which fcfs would be
+        draining at its full budget), the fewest prefill tokens whose predicted rate is
+        BACKLOG_RATE_SHARE of the step's best (all of `tokens_left`): past saturation the
+        decodes' ITL may not cost the queue its throughput, only the step's fixed cost is
+        spared; 0 without a backlog."""
+        if not self._backlog or tokens_left <= MIN_PREFILL_TOKENS:
+            return 0
+        predict = self.cost_model.predict_step_s
+        best = tokens_left / predict(shape.with_chunk(tokens_left, start))
+        return self._drain_tokens(shape, start, min(tokens_left, max(self._backlog, MIN_PREFILL_TOKENS)),
+                                  BACKLOG_RATE_SHARE * best / DRAIN_SAFETY)
 
     def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
         """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
