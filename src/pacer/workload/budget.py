@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from pacer.sched.feasibility import ITL_INFEASIBLE, TTFT_DRAIN
+from pacer.sched.feasibility import BACKLOG, ITL_INFEASIBLE, TTFT_DRAIN
 
 __all__ = ["BudgetTally", "describe_budget"]
 
@@ -39,6 +39,7 @@ class BudgetTally:
         self.num_by_arrival = 0     # steps kept within a share of the tightest TTFT (for arrivals)
         self.num_infeasible = 0     # steps whose decodes alone exceeded the limit (sized by the queue's need)
         self.num_drain = 0          # steps the queue's TTFTs sized above what the ITL target allowed
+        self.num_backlog = 0        # steps a hopeless backlog sized above it (prefill near its best rate)
         self.budgets: list[int] = []
         self.owners: Counter[str] = Counter()
 
@@ -46,6 +47,10 @@ class BudgetTally:
         self.num_steps += 1
         reason = step.budget_reason or ""
         self.num_infeasible += reason.startswith(ITL_INFEASIBLE)
+        if reason.startswith(BACKLOG):
+            self.num_backlog += 1
+            self.budgets.append(int(step.token_budget))
+            return
         if reason.startswith(TTFT_DRAIN):
             self.num_drain += 1
             self.budgets.append(int(step.token_budget))
@@ -72,6 +77,7 @@ class BudgetTally:
         return {"num_steps": self.num_steps, "num_set_by_itl": self.num_by_target, "num_at_floor": self.num_at_floor,
                 "num_set_by_arrival": self.num_by_arrival,
                 "num_itl_infeasible": self.num_infeasible, "num_ttft_drain": self.num_drain,
+                "num_backlog": self.num_backlog,
                 "budget_min": min(b) if b else None, "budget_median": statistics.median(b) if b else None,
                 "top_owners": dict(self.owners.most_common(3))}
 
@@ -81,11 +87,12 @@ def describe_budget(d: Mapping[str, Any]) -> str | None:
     by_itl, by_arrival = (d.get("num_set_by_itl", 0), d.get("num_set_by_arrival", 0)) if d else (0, 0)
     infeasible = d.get("num_itl_infeasible", 0) if d else 0
     drain = d.get("num_ttft_drain", 0) if d else 0
-    if not by_itl and not by_arrival and not drain:
+    backlog = d.get("num_backlog", 0) if d else 0
+    if not by_itl and not by_arrival and not drain and not backlog:
         return (f"step budget: the decodes alone exceeded the ITL target in {infeasible} of {d['num_steps']} "
                 "steps (sized by the queue's prefill need)") if infeasible else None
     line = (f"step budget: an ITL target set it in {by_itl} of {d['num_steps']} steps, the tightest TTFT (for "
-            f"arrivals) in {by_arrival}, the queue's TTFTs above the ITL's in {drain} (median "
+            f"arrivals) in {by_arrival}, the queue's TTFTs above the ITL's in {drain}, a hopeless backlog in {backlog} (median "
             f"{d['budget_median']:g} tokens, min {d['budget_min']}, {d['num_at_floor']} at the prefill floor; "
             f"{infeasible} infeasible, sized by the queue's prefill need)")
     owners = ", ".join(f"{k} ({v})" for k, v in d.get("top_owners", {}).items())
