@@ -11,7 +11,7 @@ import pytest
 from pacer.config import EngineConfig
 from pacer.engine import Engine
 from pacer.model.runner import executor_for
-from pacer.perf.cost_model import make_cost_model
+from pacer.perf.cost_model import LINEAR_FEATURES, LinearCostModel, make_cost_model
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.perf.startup_calibration import STARTUP_GRID, calibrate_at_startup, calibration_key
 from pacer.perf.step_model import SchedulerCostModel
@@ -107,3 +107,28 @@ def test_the_simulator_can_advance_with_the_real_engines_corrections() -> None:
         assert sim.step_cost(f).time_s == pytest.approx(k * cm.base.step_cost(f).time_s)
         assert sim.step_cost(f).time_s == pytest.approx(cm.predict_step_s(shape))
     assert "decode 2.00" in sim.name and "prefill 3.00" in sim.name
+
+
+def test_a_noisy_saved_fit_is_not_planned_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `pacer sim calibrate` fit made on a busy machine (engine steps missed by 45%) is not the
+    slo policy's base: the shipped fit is, scaled at start-up; a quiet one (3%) is used as saved."""
+    from pacer.engine.build import step_cost_model
+    from pacer.perf.default_calibration import DEFAULT_CPU_CALIBRATION
+    from pacer.perf.profiles import fit_is_trusted
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PACER_CACHE_DIR", str(tmp_path / "cache"))
+    saved = {**DEFAULT_CPU_CALIBRATION, "coefficients": {**DEFAULT_CPU_CALIBRATION["coefficients"], "const": 0.5}}
+    path = tmp_path / ".cache" / "pacer" / "sim" / "cpu-local.json"
+    path.parent.mkdir(parents=True)
+    cfg = EngineConfig.from_kwargs(scheduling_policy="slo", num_threads=1)
+
+    def base_const(err: float) -> float:
+        path.write_text(json.dumps({**saved, "engine_fit": {"median_rel_err": err}}))
+        base = step_cost_model(cfg, None).base
+        assert isinstance(base, LinearCostModel)
+        return base.coef[LINEAR_FEATURES.index("const")]
+
+    assert not fit_is_trusted({"engine_fit": {"median_rel_err": 0.45}}) and fit_is_trusted({})
+    assert base_const(0.03) == 0.5
+    assert base_const(0.45) == DEFAULT_CPU_CALIBRATION["coefficients"]["const"]

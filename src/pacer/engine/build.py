@@ -11,6 +11,7 @@ and cost model (and `kv_tiers(config, executor)` when they want the disk tier).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +22,15 @@ from pacer.config.cache import parse_memory_size
 from pacer.engine.tier_hooks import KVTierFactory
 from pacer.kv.tiers.disk import DiskTier
 from pacer.perf.cost_model import make_cost_model
-from pacer.perf.profiles import ModelProfile, calibration_path, get_hardware, get_model, model_from_hf_config
+from pacer.perf.default_calibration import DEFAULT_CPU_CALIBRATION
+from pacer.perf.profiles import (
+    ModelProfile,
+    calibration_path,
+    fit_is_trusted,
+    get_hardware,
+    get_model,
+    model_from_hf_config,
+)
 from pacer.perf.startup_calibration import calibrate_at_startup, calibration_key
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.sched.contract import Executor
@@ -93,13 +102,20 @@ def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None =
     model = _model_profile(config, arch)
     on_cpu = config.model.device == "cpu"
     hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
+    if on_cpu and not fit_is_trusted(hw.calibration):   # a noisy saved fit: the shipped one, scaled at start-up
+        log.warning("scheduling_policy=slo: the saved calibration %s is noisy (engine steps' median error "
+                    "%.0f%%); predicting with pacer's shipped fit, scaled at start-up; run `pacer sim calibrate` "
+                    "again on a quiet machine", calibration_path(),
+                    100 * (hw.calibration or {})["engine_fit"]["median_rel_err"])
+        hw = dataclasses.replace(hw, calibration=DEFAULT_CPU_CALIBRATION)
     dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
         "bfloat16" if config.model.dtype == "auto" else config.model.dtype)
     threads = config.model.num_threads or _torch_threads()
     cm = SchedulerCostModel(make_cost_model(hw, model, dtype, 1, config.cache.block_size), refit=True)
     calib = hw.calibration or {}
     weights = _weights_line(executor)
-    if on_cpu and calibration_path().is_file() and (calib.get("model"), calib.get("dtype"), calib.get("threads")) \
+    if on_cpu and calib is not DEFAULT_CPU_CALIBRATION and calibration_path().is_file() \
+            and (calib.get("model"), calib.get("dtype"), calib.get("threads")) \
             == (model.name, dtype, threads) and (weights is None or calib.get("weights") == weights):
         log.info("scheduling_policy=slo: predicting step times with %s (%s), refitted online", cm.base.name,
                  calibration_path())

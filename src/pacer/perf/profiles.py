@@ -175,6 +175,17 @@ _CPU_LOCAL = HardwareProfile(
 )
 
 
+TRUSTED_FIT_ERROR = 0.15   # a saved fit whose engine steps' median error is above this is not trusted
+
+
+def fit_is_trusted(calib: dict[str, Any] | None) -> bool:
+    """Whether a saved `pacer sim calibrate` fit is fit to predict this machine's steps: its
+    engine steps' median relative error within TRUSTED_FIT_ERROR (a fit made on a busy machine
+    misses by 25-45% here, and a scheduler planning with it misjudges every target)."""
+    err = ((calib or {}).get("engine_fit") or {}).get("median_rel_err")
+    return err is None or float(err) <= TRUSTED_FIT_ERROR
+
+
 def calibration_path() -> Path:
     return Path.home() / ".cache" / "pacer" / "sim" / "cpu-local.json"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ def _ms(v: Any) -> str:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from pacer.perf.profiles import calibration_path, get_model
+    from pacer.perf.profiles import TRUSTED_FIT_ERROR, calibration_path, fit_is_trusted, get_model
     from pacer.sim.calibrate import calibrate
 
     out = Path(args.calibration_out) if args.calibration_out else calibration_path()
@@ -204,6 +205,11 @@ def _run_calibrate(args: argparse.Namespace) -> int:
           f"p90 {fit['p90_rel_err'] * 100:.1f}%; engine steps: median {eng['median_rel_err'] * 100:.1f}%")
     print("coefficients: " + json.dumps({k: float(f"{v:.4g}") for k, v in calib["coefficients"].items()}))
     print(f"calibration saved to {out}")
+    if not fit_is_trusted(calib):
+        a, b, c = os.getloadavg()
+        print(f"warning: the fit is noisy (engine steps' median error {eng['median_rel_err'] * 100:.0f}% > "
+              f"{TRUSTED_FIT_ERROR * 100:.0f}%; load average {a:.1f}/{b:.1f}/{c:.1f}): the slo policy will not plan "
+              f"with it (it scales pacer's shipped fit at start-up instead); calibrate again on a quiet machine")
     return 0
 
 
