@@ -32,6 +32,7 @@ import math
 from bisect import insort
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
@@ -45,6 +46,7 @@ __all__ = ["Key", "Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPol
            "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
 
 Key = tuple[float, ...]
+_ARRIVAL_KEY: Callable[[Request], Key] = attrgetter("metrics.arrival_time", "arrival_seq")   # Policy.key's tuple
 DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none is given
 LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
 
@@ -86,6 +88,11 @@ class Policy:
 
     def key(self, r: Request) -> Key:
         return (r.arrival_time, r.arrival_seq)
+
+    def sort_key(self) -> Callable[[Request], Key]:
+        """`key` as the function to sort by: the base's own tuples built in C (the running
+        requests are sorted every step), an overriding policy's `key` as it is."""
+        return self.key if self.overrides("key") else _ARRIVAL_KEY
 
     def victim_key(self, r: Request) -> Key:
         """Preemption order among running requests: the largest goes first."""

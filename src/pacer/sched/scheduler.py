@@ -181,7 +181,7 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = sorted(self.running, key=self.policy.key)   # by remaining tokens: one (most), or more
+            ordered = sorted(self.running, key=self.policy.sort_key())   # by remaining tokens: one (most), or more
             decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
             partial = [] if len(decodes) == len(ordered) else [
                 r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
@@ -196,7 +196,7 @@ class Scheduler:
         else:
             self._schedule_waiting(step, chunked=False)
             if not step.num_tokens:
-                self._schedule_running(step, sorted(self.running, key=self.policy.key))
+                self._schedule_running(step, sorted(self.running, key=self.policy.sort_key()))
         if self.spec is not None:
             self._plan_drafts(step, self.spec)
         return self._build_output(step)
@@ -245,21 +245,40 @@ class Scheduler:
 
     def _schedule_decodes(self, step: StepPlan, decodes: list[Request]) -> None:
         """`_schedule_running` for running requests with one token left (most rows of most steps,
-        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps it)."""
+        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps
+        it). Until a preemption changes who runs, each takes one token and one seat, so the run of
+        those with room in their blocks goes to the KV manager and the plan in one call each."""
         if self.policy.overrides("prefill_cap") or self._prefill_cap < 1:
             self._schedule_running(step, decodes)
             return
-        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
-        for req in decodes:
-            if req.status is not running or req.request_id in num_tokens:
-                continue  # preempted earlier in this step
-            if budget.tokens_left <= 0 or budget.seqs_left <= 0:
+        budget, i, n = step.budget, 0, len(decodes)
+        while i < n and not step.preempted:   # every one RUNNING and not in the plan yet
+            stop = min(n, i + min(budget.tokens_left, budget.seqs_left))
+            if stop <= i:
                 return
-            blocks = allocate(req, 1)   # else preempt for it (a failed allocation changed nothing)
-            if blocks is None:
-                blocks = self._allocate_or_preempt(step, req, 1)
-            if blocks is not None:
-                step.add(req, 1, blocks, is_new=False)
+            j = self.kv.allocate_decodes(decodes, i, stop)
+            step.add_decodes(decodes, i, j)
+            if j == stop:
+                i = j
+                continue
+            self._schedule_decode(step, decodes[j])   # it needs a block
+            i = j + 1
+        for k in range(i, n):
+            if not self._schedule_decode(step, decodes[k]):
+                return
+
+    def _schedule_decode(self, step: StepPlan, req: Request) -> bool:
+        """One decode row (allocating, else preempting for it); False: the budget is spent."""
+        if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
+            return True   # preempted earlier in this step
+        if step.budget.tokens_left <= 0 or step.budget.seqs_left <= 0:
+            return False
+        blocks = self.kv.allocate_slots(req, 1)   # else preempt for it (a failed allocation changed nothing)
+        if blocks is None:
+            blocks = self._allocate_or_preempt(step, req, 1)
+        if blocks is not None:
+            step.add(req, 1, blocks, is_new=False)
+        return True
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
