@@ -82,6 +82,7 @@ class Scheduler:
         self._grammar_failures: list[tuple[str, str]] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self._stop_floor: dict[str, int] = {}   # request id -> its first_possible_stop (stop_on is skipped below it)
         self._finished_since_step: list[str] = []
         self._step_id = 0
         self.num_preemptions = 0
@@ -107,6 +108,7 @@ class Scheduler:
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
                              self.kv.capacity_tokens)
         self.requests[req.request_id] = req
+        self._stop_floor[req.request_id] = req.first_possible_stop(self.max_model_len)
         self.reasoning.add(req)
         req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
         self.waiting.add(req, ready)
@@ -148,6 +150,7 @@ class Scheduler:
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
         del self.requests[req.request_id]
+        self._stop_floor.pop(req.request_id, None)
 
     @property
     def num_waiting(self) -> int:   # those waiting for their grammar included
@@ -425,7 +428,7 @@ class Scheduler:
         reasoning, max_len = self.reasoning, self.max_model_len
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
-        tracking = reasoning.tracking
+        tracking, stop_floor = reasoning.tracking, self._stop_floor
         for sr in output.scheduled:
             rid = sr.request_id
             req = get(rid)
@@ -438,14 +441,14 @@ class Scheduler:
             tokens, drafts = results[rid].token_ids, sr.draft_token_ids
             if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
-            kept = 0
+            kept, outputs, floor = 0, req.output_token_ids, stop_floor.get(rid, 0)
             for token in tokens:
                 kept += 1
-                req.output_token_ids.append(token)
+                outputs.append(token)
                 metrics.token_times.append(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
-                reason = req.stop_on(token, max_len)
+                reason = req.stop_on(token, max_len) if len(outputs) >= floor else None
                 if reason is not None:
                     # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
