@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~5x
 class BatchFeatures:
     num_tokens: int = 0
     num_seqs: int = 0
@@ -71,7 +71,7 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~5x
 class StepCost:
     time_s: float
     linear_s: float        # projections + MLP + LM head

@@ -45,7 +45,7 @@ from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
-from pacer.sched.step_rows import build_rows
+from pacer.sched.step_rows import SamplingIds, build_rows
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
 __all__ = ["Scheduler"]
@@ -399,8 +399,8 @@ class Scheduler:
         # the masks are computed while the executor prepares and runs the forward; a grammar
         # starts once its request's thinking ended, and a spent thinking budget forces the end tag
         masks = None
-        if scheduled:
-            sampling = [sr.request_id for sr in scheduled if sr.sample]
+        if scheduled:   # the ids are listed only if a runtime asks (most steps constrain nothing)
+            sampling = SamplingIds(scheduled)
             masks = self.reasoning.masks(sampling, self.structured.masks(self.reasoning.not_thinking(sampling)))
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
