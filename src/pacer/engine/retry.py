@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from pacer.request import Request
 from pacer.sched.contract import Executor, ModelOutput, RequestResult, SchedulerOutput
@@ -28,9 +29,9 @@ def execute_each(executor: Executor, out: SchedulerOutput, requests: Mapping[str
             results[sr.request_id] = RequestResult(error="its step failed with KV swaps in flight")
             continue
         prompt_history, output_history = req.penalty_history()
-        alone = sr._replace(is_new=True, block_ids=list(block_table(sr.request_id)),
-                            sampling_params=req.sampling_params, prompt_token_ids=prompt_history,
-                            output_token_ids=output_history)
+        alone = replace(sr, is_new=True, block_ids=list(block_table(sr.request_id)),
+                        sampling_params=req.sampling_params, prompt_token_ids=prompt_history,
+                        output_token_ids=output_history)
         single = SchedulerOutput(step_id=out.step_id, scheduled=[alone],
                                  num_prefill_tokens=sr.num_tokens if sr.is_prefill else 0,
                                  num_decode_tokens=0 if sr.is_prefill else sr.num_tokens,

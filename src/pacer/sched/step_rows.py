@@ -16,7 +16,6 @@ from pacer.sched.step_plan import StepPlan
 
 __all__ = ["build_rows", "build_row", "Account", "SamplingIds"]
 
-new_row = tuple.__new__   # new_row(ScheduledRequest, all its fields): a row without the named tuple's __new__
 Account = Callable[[Request, int, int, int], None]   # a policy's `account` (request, prefill, cached, decode)
 
 
@@ -47,8 +46,8 @@ def build_rows(step: StepPlan, account: Account | None, ledger: ServiceLedger | 
             continue
         outputs = req.output_token_ids
         num_out = len(outputs)
-        append(new_row(ScheduledRequest, (req_id, outputs[i:i + 1], start, new_blocks[req_id], False,
-                                          i + 1 == num_out, False, num_out, None, None, None, (), 0)))
+        append(ScheduledRequest(req_id, outputs[i:i + 1], start, new_blocks[req_id], False, i + 1 == num_out,
+                                False, num_out))
         req.num_computed_tokens = start + 1
         num_decode += 1
         if account is not None:

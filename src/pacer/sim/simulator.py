@@ -11,6 +11,7 @@ report. What the reports say of the engine comes from its `StepStats` and `snaps
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import time
@@ -157,9 +158,18 @@ def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
     """Outputs are forced to the trace's lengths (a simulator samples no real tokens); a
     request's `structured_outputs`, when it has one, is kept (its compile and masks are priced), and
     so is its `thinking_token_budget` (the scheduler's predicted length)."""
+    structured = getattr(r, "structured_outputs", None)
+    budget = getattr(r, "thinking_token_budget", None)
+    if structured is None:   # the params are frozen: requests of one length share them, checked once
+        return r.prompt_token_ids, _plain_params(r.output_tokens, budget)
     return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0,
-                                              structured_outputs=getattr(r, "structured_outputs", None),
-                                              thinking_token_budget=getattr(r, "thinking_token_budget", None))
+                                              structured_outputs=structured, thinking_token_budget=budget)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_params(max_tokens: int, thinking_token_budget: int | None) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                          thinking_token_budget=thinking_token_budget)
 
 
 def utilisation_summary(steps: Sequence[StepStats], costs: Mapping[int, StepCost]) -> list[str]:
