@@ -101,6 +101,7 @@ class Engine(Constraints):
         self._live_ids: set[str] = set()
         self._id_lock = threading.Lock()
         self._tracked: dict[str, TrackedRequest] = {}
+        self._num_stateful = 0   # of them, those not `stateless` (a delta not built would change them)
         self.step_stats: deque[StepStats] = deque(maxlen=10_000)
         self.stats_listeners: list[Callable[[StepStats], None]] = []       # after every step that ran
         self.schedule_listeners: list[Callable[[SchedulerOutput], None]] = []  # each step's plan, before it runs
@@ -260,6 +261,7 @@ class Engine(Constraints):
                 self.kv.retention.answered(item.tenant, item.session)
                 continue
             self._tracked[item.tracked.req.request_id] = item.tracked
+            self._num_stateful += not item.tracked.stateless
             if item.grammar is None:
                 self.scheduler.add_request(item.tracked.req)
             else:   # WAITING_FOR_GRAMMAR until its compile finishes (the scheduler sees to it)
@@ -310,10 +312,7 @@ class Engine(Constraints):
                 self._tracked[rid].put_prompt_logprobs(first, entries)
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
-        quiet, tracked, finished = self.finished_outputs_only, self._tracked, RequestStatus.FINISHED
-        for req, num_new in updated:   # quiet: a running delta building which changes nothing is skipped
-            if not (quiet and req.status is not finished and tracked[req.request_id].stateless):
-                outputs.append(self._emit(req, num_new, result.results[req.request_id]))
+        self._emit_updated(updated, result, outputs)
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
             tier.after_step()
@@ -356,6 +355,20 @@ class Engine(Constraints):
             self.scheduler.finish_request(req, FinishReason.ERROR)
             outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
 
+    def _emit_updated(self, updated: list[tuple[Request, int]], result: ModelOutput,
+                      outputs: list[RequestOutput]) -> None:
+        """The outputs of the requests that gained tokens; with `finished_outputs_only`, a running
+        delta whose building changes nothing (a stateless request's) is skipped."""
+        quiet, tracked, finished, results = self.finished_outputs_only, self._tracked, RequestStatus.FINISHED, result.results
+        if quiet and not self._num_stateful:   # every running delta skipped: the finished ones only
+            for req, num_new in updated:
+                if req.status is finished:
+                    outputs.append(self._emit(req, num_new, results[req.request_id]))
+            return
+        for req, num_new in updated:
+            if not (quiet and req.status is not finished and tracked[req.request_id].stateless):
+                outputs.append(self._emit(req, num_new, results[req.request_id]))
+
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         """The output of a request that gained `num_new` tokens this step: what they add (a delta)."""
         tracked = self._tracked[req.request_id]
@@ -375,7 +388,8 @@ class Engine(Constraints):
         """A finished request's last output (its step's delta and its whole output); forgets it."""
         out = tracked.finish(new_ids, new_text, new_logprobs)
         rid = tracked.req.request_id
-        self._tracked.pop(rid, None)
+        if self._tracked.pop(rid, None) is not None:
+            self._num_stateful -= not tracked.stateless
         with self._id_lock:
             self._live_ids.discard(rid)
         return out
