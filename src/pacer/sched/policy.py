@@ -43,10 +43,10 @@ from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["Key", "Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
-           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
+           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE", "ARRIVAL_KEY"]
 
 Key = tuple[float, ...]
-_ARRIVAL_KEY: Callable[[Request], Key] = attrgetter("metrics.arrival_time", "arrival_seq")   # Policy.key's tuple
+ARRIVAL_KEY: Callable[[Request], Key] = attrgetter("metrics.arrival_time", "arrival_seq")   # Policy.key's tuple
 DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none is given
 LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
 
@@ -92,7 +92,7 @@ class Policy:
     def sort_key(self) -> Callable[[Request], Key]:
         """`key` as the function to sort by: the base's own tuples built in C (the running
         requests are sorted every step), an overriding policy's `key` as it is."""
-        return self.key if self.overrides("key") else _ARRIVAL_KEY
+        return self.key if self.overrides("key") else ARRIVAL_KEY
 
     def victim_key(self, r: Request) -> Key:
         """Preemption order among running requests: the largest goes first."""

@@ -39,7 +39,7 @@ from pacer.request import FinishReason, Request, RequestStatus, check_context_le
 from pacer.sched.contract import ModelOutput, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
-from pacer.sched.policy import PolicyContext, WaitingQueue
+from pacer.sched.policy import ARRIVAL_KEY, PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
@@ -81,6 +81,8 @@ class Scheduler:
         self._shed_since_step: list[str] = []
         self._grammar_failures: list[tuple[str, str]] = []
         self.running: list[Request] = []
+        self._order_of: list[Request] = []   # `running` when `_ordered` was sorted (by arrival)
+        self._ordered: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._stop_floor: dict[str, int] = {}   # request id -> its first_possible_stop (stop_on is skipped below it)
         self._finished_since_step: list[str] = []
@@ -184,7 +186,7 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = sorted(self.running, key=self.policy.sort_key())   # by remaining tokens: one (most), or more
+            ordered = self._running_in_order()   # by remaining tokens: one (most), or more
             decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
             partial = [] if len(decodes) == len(ordered) else [
                 r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
@@ -203,6 +205,18 @@ class Scheduler:
         if self.spec is not None:
             self._plan_drafts(step, self.spec)
         return self._build_output(step)
+
+    def _running_in_order(self) -> list[Request]:
+        """The running requests sorted by the policy key. Arrival keys never change, so while the
+        same requests run (most steps) the last step's order is the order (`sorted` of the same
+        requests by the same keys, without reading them)."""
+        key = self.policy.sort_key()
+        if key is ARRIVAL_KEY and self.running == self._order_of:   # the same requests, in the same order
+            return self._ordered
+        ordered = sorted(self.running, key=key)
+        if key is ARRIVAL_KEY:
+            self._order_of, self._ordered = list(self.running), ordered
+        return ordered
 
     def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
