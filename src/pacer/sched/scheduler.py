@@ -32,6 +32,8 @@ advances the matchers. A reasoning model's grammar starts after its thinking, an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
@@ -455,19 +457,18 @@ class Scheduler:
             tokens, drafts = results[rid].token_ids, sr.draft_token_ids
             if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
-            kept, outputs, floor = 0, req.output_token_ids, stop_floor.get(rid, 0)
-            for token in tokens:
-                kept += 1
-                outputs.append(token)
+            if len(tokens) == 1:   # every row without drafts: the loop below, for one token
+                outputs = req.output_token_ids
+                outputs.append(tokens[0])
                 metrics.token_times.append(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
-                reason = req.stop_on(token, max_len) if len(outputs) >= floor else None
-                if reason is not None:
-                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
+                kept = 1
+                if len(outputs) >= stop_floor.get(rid, 0) and (reason := req.stop_on(tokens[0], max_len)) is not None:
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
-                    break
+            else:
+                kept = self._append_tokens(req, tokens, now, stop_floor.get(rid, 0))
             constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
             if kept and (constrained or tracking):
                 self._advance_matchers(req, kept, constrained)
@@ -475,6 +476,24 @@ class Scheduler:
             if drafts and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
+
+    def _append_tokens(self, req: Request, tokens: Sequence[int], now: float, floor: int) -> int:
+        """Append a step's sampled tokens to `req` (stamped `now`), up to and including one it stops at
+        (it is finished there; `floor`: its first possible stop); returns how many it kept."""
+        kept, outputs, metrics = 0, req.output_token_ids, req.metrics
+        for token in tokens:
+            kept += 1
+            outputs.append(token)
+            metrics.token_times.append(now)
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            reason = req.stop_on(token, self.max_model_len) if len(outputs) >= floor else None
+            if reason is not None:
+                # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+                self.finish_request(req, reason)
+                break
+        return kept
 
     def _advance_matchers(self, req: Request, kept: int, constrained: bool) -> None:
         """The tokens a request kept this step go through its thinking tracker, then (once its
