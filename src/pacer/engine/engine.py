@@ -312,7 +312,10 @@ class Engine(Constraints):
                 self._tracked[rid].put_prompt_logprobs(first, entries)
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
-        self._emit_updated(updated, result, outputs)
+        emit_all, all_stateless, tracked = not self.finished_outputs_only, not self._num_stateful, self._tracked
+        for req, num_new in updated:   # quiet: a running delta whose building changes nothing is skipped
+            if emit_all or req.status is RequestStatus.FINISHED or not (all_stateless or tracked[req.request_id].stateless):
+                outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host
             tier.after_step()
@@ -354,20 +357,6 @@ class Engine(Constraints):
             req.num_computed_tokens = sr.start_position   # this step's KV is unreliable: never cache it
             self.scheduler.finish_request(req, FinishReason.ERROR)
             outputs.append(self._finish_output(self._tracked[sr.request_id], [], ""))
-
-    def _emit_updated(self, updated: list[tuple[Request, int]], result: ModelOutput,
-                      outputs: list[RequestOutput]) -> None:
-        """The outputs of the requests that gained tokens; with `finished_outputs_only`, a running
-        delta whose building changes nothing (a stateless request's) is skipped."""
-        quiet, tracked, finished, results = self.finished_outputs_only, self._tracked, RequestStatus.FINISHED, result.results
-        if quiet and not self._num_stateful:   # every running delta skipped: the finished ones only
-            for req, num_new in updated:
-                if req.status is finished:
-                    outputs.append(self._emit(req, num_new, results[req.request_id]))
-            return
-        for req, num_new in updated:
-            if not (quiet and req.status is not finished and tracked[req.request_id].stateless):
-                outputs.append(self._emit(req, num_new, results[req.request_id]))
 
     def _emit(self, req: Request, num_new: int, result: RequestResult) -> RequestOutput:
         """The output of a request that gained `num_new` tokens this step: what they add (a delta)."""

@@ -43,7 +43,7 @@ from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["Key", "Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
-           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE", "ARRIVAL_KEY"]
+           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE", "ARRIVAL_KEY", "RunningOrder"]
 
 Key = tuple[float, ...]
 ARRIVAL_KEY: Callable[[Request], Key] = attrgetter("metrics.arrival_time", "arrival_seq")   # Policy.key's tuple
@@ -186,6 +186,23 @@ class LpmPolicy(Policy):
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._fcfs = len(queue) > LPM_MAX_QUEUE
         queue.rekey()
+
+
+class RunningOrder:
+    """The running requests sorted by a policy's sort key. Arrival keys never change, so while the
+    same requests run (most steps) the last sort is the answer, without reading a key."""
+
+    def __init__(self) -> None:
+        self._of: list[Request] = []       # the running requests when `_sorted` was sorted by arrival
+        self._sorted: list[Request] = []
+
+    def sorted(self, running: list[Request], key: Callable[[Request], Key]) -> list[Request]:
+        if key is ARRIVAL_KEY and running == self._of:   # the same requests, in the same order
+            return self._sorted
+        ordered = sorted(running, key=key)
+        if key is ARRIVAL_KEY:
+            self._of, self._sorted = list(running), ordered
+        return ordered
 
 
 class WaitingQueue:

@@ -32,8 +32,6 @@ advances the matchers. A reasoning model's grammar starts after its thinking, an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pacer.clock import Clock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
@@ -41,7 +39,7 @@ from pacer.request import FinishReason, Request, RequestStatus, check_context_le
 from pacer.sched.contract import ModelOutput, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
-from pacer.sched.policy import ARRIVAL_KEY, PolicyContext, WaitingQueue
+from pacer.sched.policy import PolicyContext, RunningOrder, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
@@ -83,8 +81,7 @@ class Scheduler:
         self._shed_since_step: list[str] = []
         self._grammar_failures: list[tuple[str, str]] = []
         self.running: list[Request] = []
-        self._order_of: list[Request] = []   # `running` when `_ordered` was sorted (by arrival)
-        self._ordered: list[Request] = []
+        self._running_order = RunningOrder()
         self.requests: dict[str, Request] = {}
         self._stop_floor: dict[str, int] = {}   # request id -> its first_possible_stop (stop_on is skipped below it)
         self._finished_since_step: list[str] = []
@@ -188,7 +185,7 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = self._running_in_order()   # by remaining tokens: one (most), or more
+            ordered = self._running_order.sorted(self.running, self.policy.sort_key())   # by remaining: one (most), or more
             decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
             partial = [] if len(decodes) == len(ordered) else [
                 r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
@@ -207,18 +204,6 @@ class Scheduler:
         if self.spec is not None:
             self._plan_drafts(step, self.spec)
         return self._build_output(step)
-
-    def _running_in_order(self) -> list[Request]:
-        """The running requests sorted by the policy key. Arrival keys never change, so while the
-        same requests run (most steps) the last step's order is the order (`sorted` of the same
-        requests by the same keys, without reading them)."""
-        key = self.policy.sort_key()
-        if key is ARRIVAL_KEY and self.running == self._order_of:   # the same requests, in the same order
-            return self._ordered
-        ordered = sorted(self.running, key=key)
-        if key is ARRIVAL_KEY:
-            self._order_of, self._ordered = list(self.running), ordered
-        return ordered
 
     def _plan_drafts(self, step: StepPlan, spec: SpecDecoder) -> None:
         """Drafts for this step's decodes, out of what the budget has left (never preempting)."""
@@ -264,9 +249,9 @@ class Scheduler:
 
     def _schedule_decodes(self, step: StepPlan, decodes: list[Request]) -> None:
         """`_schedule_running` for running requests with one token left (most rows of most steps,
-        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps
-        it). Until a preemption changes who runs, each takes one token and one seat, so the run of
-        those with room in their blocks goes to the KV manager and the plan in one call each."""
+        chunked): until a preemption each takes one token and one seat (n is 1, unless the policy
+        caps it), so the run of those with room in their blocks goes to the KV manager and the plan
+        in one call each, and the first that needs a block through `_schedule_running`."""
         if self.policy.overrides("prefill_cap") or self._prefill_cap < 1:
             self._schedule_running(step, decodes)
             return
@@ -277,27 +262,9 @@ class Scheduler:
                 return
             j = self.kv.allocate_decodes(decodes, i, stop)
             step.add_decodes(decodes, i, j)
-            if j == stop:
-                i = j
-                continue
-            self._schedule_decode(step, decodes[j])   # it needs a block
+            self._schedule_running(step, decodes[j:j + 1])   # none when j is n; returns at once when the budget is spent
             i = j + 1
-        for k in range(i, n):
-            if not self._schedule_decode(step, decodes[k]):
-                return
-
-    def _schedule_decode(self, step: StepPlan, req: Request) -> bool:
-        """One decode row (allocating, else preempting for it); False: the budget is spent."""
-        if req.status is not RequestStatus.RUNNING or req.request_id in step.num_tokens:
-            return True   # preempted earlier in this step
-        if step.budget.tokens_left <= 0 or step.budget.seqs_left <= 0:
-            return False
-        blocks = self.kv.allocate_slots(req, 1)   # else preempt for it (a failed allocation changed nothing)
-        if blocks is None:
-            blocks = self._allocate_or_preempt(step, req, 1)
-        if blocks is not None:
-            step.add(req, 1, blocks, is_new=False)
-        return True
+        self._schedule_running(step, decodes[i:])
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -457,18 +424,19 @@ class Scheduler:
             tokens, drafts = results[rid].token_ids, sr.draft_token_ids
             if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
-            if len(tokens) == 1:   # every row without drafts: the loop below, for one token
-                outputs = req.output_token_ids
-                outputs.append(tokens[0])
+            kept, outputs, floor = 0, req.output_token_ids, stop_floor.get(rid, 0)
+            for token in tokens:
+                kept += 1
+                outputs.append(token)
                 metrics.token_times.append(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
-                kept = 1
-                if len(outputs) >= stop_floor.get(rid, 0) and (reason := req.stop_on(tokens[0], max_len)) is not None:
+                reason = req.stop_on(token, max_len) if len(outputs) >= floor else None
+                if reason is not None:
+                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
                     self.finish_request(req, reason)
-            else:
-                kept = self._append_tokens(req, tokens, now, stop_floor.get(rid, 0))
+                    break
             constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
             if kept and (constrained or tracking):
                 self._advance_matchers(req, kept, constrained)
@@ -476,24 +444,6 @@ class Scheduler:
             if drafts and not req.is_finished:
                 self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
         return touched
-
-    def _append_tokens(self, req: Request, tokens: Sequence[int], now: float, floor: int) -> int:
-        """Append a step's sampled tokens to `req` (stamped `now`), up to and including one it stops at
-        (it is finished there; `floor`: its first possible stop); returns how many it kept."""
-        kept, outputs, metrics = 0, req.output_token_ids, req.metrics
-        for token in tokens:
-            kept += 1
-            outputs.append(token)
-            metrics.token_times.append(now)
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            reason = req.stop_on(token, self.max_model_len) if len(outputs) >= floor else None
-            if reason is not None:
-                # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
-                self.finish_request(req, reason)
-                break
-        return kept
 
     def _advance_matchers(self, req: Request, kept: int, constrained: bool) -> None:
         """The tokens a request kept this step go through its thinking tracker, then (once its

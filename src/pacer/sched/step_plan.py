@@ -94,11 +94,8 @@ class StepPlan:
 
     def add_decodes(self, reqs: list[Request], start: int, stop: int) -> None:
         """`add(req, 1, [], is_new=False)` for each of `reqs[start:stop]`, in order (a run of
-        decode rows that needed no new block)."""
-        if self._shape is not None:
-            for i in range(start, stop):
-                self.add(reqs[i], 1, [], is_new=False)
-            return
+        decode rows that needed no new block); the shape, if built, is built again when next asked."""
+        self._shape = None
         num_tokens, requests, new_blocks = self.num_tokens, self.requests, self.new_blocks
         for i in range(start, stop):
             req = reqs[i]
