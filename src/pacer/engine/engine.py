@@ -313,8 +313,9 @@ class Engine(Constraints):
         self._finish_failed(sched_out, result, outputs)
         updated = self.scheduler.update_from_output(sched_out, result)
         emit_all, all_stateless, tracked = not self.finished_outputs_only, not self._num_stateful, self._tracked
+        finished = RequestStatus.FINISHED   # a local: an enum member read off its class costs ~70 ns
         for req, num_new in updated:   # quiet: a running delta whose building changes nothing is skipped
-            if emit_all or req.status is RequestStatus.FINISHED or not (all_stateless or tracked[req.request_id].stateless):
+            if emit_all or req.status is finished or not (all_stateless or tracked[req.request_id].stateless):
                 outputs.append(self._emit(req, num_new, result.results[req.request_id]))
         t3 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier writes the blocks this step copied to the host

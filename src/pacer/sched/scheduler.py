@@ -262,9 +262,11 @@ class Scheduler:
                 return
             j = self.kv.allocate_decodes(decodes, i, stop)
             step.add_decodes(decodes, i, j)
-            self._schedule_running(step, decodes[j:j + 1])   # none when j is n; returns at once when the budget is spent
+            if j < stop:   # it needs a block (else the budget is spent, or every decode is in)
+                self._schedule_running(step, decodes[j:j + 1])
             i = j + 1
-        self._schedule_running(step, decodes[i:])
+        if i < n:   # after a preemption: one by one, as `_schedule_running` takes them
+            self._schedule_running(step, decodes[i:])
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
