@@ -335,6 +335,15 @@ class Request:
             return FinishReason.LENGTH
         return None
 
+    def first_possible_stop(self, max_model_len: int) -> int:
+        """The fewest outputs at which `stop_on` may give a reason: with fewer it gives None,
+        whatever the token (its params and prompt do not change, so a caller may keep this)."""
+        sp = self.sampling_params
+        bound = min(sp.max_tokens, max_model_len - len(self.prompt_token_ids))
+        if sp.stop_token_ids or (not sp.ignore_eos and self.eos_token_ids):
+            bound = min(bound, sp.min_tokens)
+        return bound
+
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

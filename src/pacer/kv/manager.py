@@ -28,7 +28,7 @@ it when it commits its hit, counting the tokens the window kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -382,6 +382,27 @@ class KVCacheManager:
         table.extend(new_blocks)
         self.swap.plan_swap_in(req.request_id, table)
         return new_blocks
+
+    def allocate_decodes(self, reqs: Sequence[Request], start: int, stop: int) -> int:
+        """`allocate_slots(req, 1)` for `reqs[start:stop]` in turn while each has room for the token
+        in its blocks (each one's effects as there: its completed blocks cached, a swap-in planned;
+        each gets no new block); returns the index of the first that has no room (`stop`: none), left
+        untouched for `allocate_slots`. One loop for a step's run of decode rows, not a call each."""
+        tables, handles, bs, held = self.block_tables, self._handles, self.block_size, self.swap.held_ids
+        for i in range(start, stop):
+            req = reqs[i]
+            rid = req.request_id
+            table = tables.get(rid)
+            computed = req.num_computed_tokens
+            if not table or computed >= len(table) * bs:   # none yet, or its blocks are full
+                return i
+            old = handles.get(rid)
+            cached = len(old.block_ids) if old is not None else 0
+            if computed // bs > cached and len(table) > cached:   # as in allocate_slots
+                self._cache_progress(req)
+            if rid in held:
+                self.swap.plan_swap_in(rid, table)
+        return stop
 
     def trim_to_computed(self, req: Request) -> None:
         """After verifying drafts: free the blocks past those holding the request's computed

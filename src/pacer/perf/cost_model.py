@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~5x
 class BatchFeatures:
     num_tokens: int = 0
     num_seqs: int = 0
@@ -47,20 +47,21 @@ class BatchFeatures:
 
 def batch_features(out: SchedulerOutput) -> BatchFeatures:
     num_single = single_kv = single_max = chunks = pairs = chunk_kv = sampled = 0
-    for sr in out.scheduled:
-        n = len(sr.token_ids) + len(sr.draft_token_ids)   # drafts: verified in the same forward
+    for sr in out.scheduled:   # every row of every step: each field read once
+        drafts = sr.draft_token_ids
+        n = len(sr.token_ids) + len(drafts) if drafts else len(sr.token_ids)   # drafts: verified in the same forward
         s = sr.start_position
         if n == 1:
             num_single += 1
             single_kv += s + 1
-            if s + 1 > single_max:
+            if s >= single_max:   # s + 1 > single_max
                 single_max = s + 1
         else:
             chunks += 1
             pairs += n * s + n * (n + 1) // 2
             chunk_kv += s + n
         if sr.sample:
-            sampled += 1 + len(sr.draft_token_ids)   # every drafted position goes through the LM head
+            sampled += 1 + len(drafts) if drafts else 1   # every drafted position goes through the LM head
         sampled += sr.prompt_logits_rows             # prompt_logprobs: a logits row per prompt token scored
     return BatchFeatures(
         num_tokens=out.num_prefill_tokens + out.num_decode_tokens, num_seqs=len(out.scheduled),
@@ -71,7 +72,7 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~5x
 class StepCost:
     time_s: float
     linear_s: float        # projections + MLP + LM head

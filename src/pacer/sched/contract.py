@@ -64,7 +64,7 @@ class ScheduledRequest:
         return len(self.token_ids)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~4x
 class SchedulerOutput:
     step_id: int
     scheduled: list[ScheduledRequest]

@@ -18,7 +18,7 @@ The ledger is policy state: the `fair` policy orders by it, `lpm` reads it as a 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["ServiceCosts", "ServiceLedger", "jain_index"]
@@ -147,13 +147,19 @@ class ServiceLedger:
         self._normalized[tenant] = self._normalized.get(tenant, 0.0) + cost / self.weights.get(tenant, 1.0)
         return cost
 
-    def charge_decode_rows(self, tenants: Iterable[str]) -> None:
+    def charge_decode_rows(self, tenants: Sequence[str]) -> None:
         """`charge_decode(tenant, 1)` for each of `tenants` in turn (a step's one-token decode rows),
-        the same sums in the same order."""
+        the same sums in the same order: a run of one tenant's rows adds to locals, one add a row."""
         cost, raw, normalized, weights = self.costs.decode * 1, self._raw, self._normalized, self.weights
-        for tenant in tenants:
-            raw[tenant] = raw.get(tenant, 0.0) + cost
-            normalized[tenant] = normalized.get(tenant, 0.0) + cost / weights.get(tenant, 1.0)
+        i, n = 0, len(tenants)
+        while i < n:
+            tenant = tenants[i]
+            total, norm, share = raw.get(tenant, 0.0), normalized.get(tenant, 0.0), cost / weights.get(tenant, 1.0)
+            while i < n and tenants[i] == tenant:
+                total += cost
+                norm += share
+                i += 1
+            raw[tenant], normalized[tenant] = total, norm
 
     def charge_decode(self, tenant: str, num_decode: int) -> float:
         """`charge(tenant, num_decode=num_decode)`, the same sums (0 * the other costs adds

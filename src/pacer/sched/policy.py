@@ -32,6 +32,7 @@ import math
 from bisect import insort
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pacer.config.fair import FairSettings
 from pacer.config.slo import SloSet
@@ -42,9 +43,10 @@ from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["Key", "Policy", "PolicyContext", "PrioritySchedulingPolicy", "SjfPolicy", "LpmPolicy", "WaitingQueue",
-           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE"]
+           "DEFAULT_MAX_QUEUE_DELAY_S", "LPM_MAX_QUEUE", "ARRIVAL_KEY", "RunningOrder"]
 
 Key = tuple[float, ...]
+ARRIVAL_KEY: Callable[[Request], Key] = attrgetter("metrics.arrival_time", "arrival_seq")   # Policy.key's tuple
 DEFAULT_MAX_QUEUE_DELAY_S = 30.0   # aging bound of sjf, lpm and slo when none is given
 LPM_MAX_QUEUE = 128                # longer queues fall back to fcfs order (as SGLang does)
 
@@ -86,6 +88,11 @@ class Policy:
 
     def key(self, r: Request) -> Key:
         return (r.arrival_time, r.arrival_seq)
+
+    def sort_key(self) -> Callable[[Request], Key]:
+        """`key` as the function to sort by: the base's own tuples built in C (the running
+        requests are sorted every step), an overriding policy's `key` as it is."""
+        return self.key if self.overrides("key") else ARRIVAL_KEY
 
     def victim_key(self, r: Request) -> Key:
         """Preemption order among running requests: the largest goes first."""
@@ -179,6 +186,23 @@ class LpmPolicy(Policy):
     def refresh(self, queue: WaitingQueue, now: float) -> None:
         self._fcfs = len(queue) > LPM_MAX_QUEUE
         queue.rekey()
+
+
+class RunningOrder:
+    """The running requests sorted by a policy's sort key. Arrival keys never change, so while the
+    same requests run (most steps) the last sort is the answer, without reading a key."""
+
+    def __init__(self) -> None:
+        self._of: list[Request] = []       # the running requests when `_sorted` was sorted by arrival
+        self._sorted: list[Request] = []
+
+    def sorted(self, running: list[Request], key: Callable[[Request], Key]) -> list[Request]:
+        if key is ARRIVAL_KEY and running == self._of:   # the same requests, in the same order
+            return self._sorted
+        ordered = sorted(running, key=key)
+        if key is ARRIVAL_KEY:
+            self._of, self._sorted = list(running), ordered
+        return ordered
 
 
 class WaitingQueue:

@@ -113,7 +113,7 @@ class ReasoningTracker:
         """Whether any request is tracked (still thinking) now."""
         return bool(self._thinking)
 
-    def not_thinking(self, request_ids: list[str]) -> Iterable[str]:
+    def not_thinking(self, request_ids: Iterable[str]) -> Iterable[str]:
         """Those of `request_ids` not thinking now (their grammars apply): all of them, as given,
         when no request is tracked."""
         if not self._thinking:

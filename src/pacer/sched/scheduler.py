@@ -39,13 +39,13 @@ from pacer.request import FinishReason, Request, RequestStatus, check_context_le
 from pacer.sched.contract import ModelOutput, SchedulerOutput
 from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
-from pacer.sched.policy import PolicyContext, WaitingQueue
+from pacer.sched.policy import PolicyContext, RunningOrder, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
-from pacer.sched.step_rows import build_rows
+from pacer.sched.step_rows import SamplingIds, build_rows
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
 __all__ = ["Scheduler"]
@@ -81,7 +81,9 @@ class Scheduler:
         self._shed_since_step: list[str] = []
         self._grammar_failures: list[tuple[str, str]] = []
         self.running: list[Request] = []
+        self._running_order = RunningOrder()
         self.requests: dict[str, Request] = {}
+        self._stop_floor: dict[str, int] = {}   # request id -> its first_possible_stop (stop_on is skipped below it)
         self._finished_since_step: list[str] = []
         self._step_id = 0
         self.num_preemptions = 0
@@ -107,6 +109,7 @@ class Scheduler:
         check_context_length(req.num_prompt_tokens, req.sampling_params.max_tokens, self.max_model_len,
                              self.kv.capacity_tokens)
         self.requests[req.request_id] = req
+        self._stop_floor[req.request_id] = req.first_possible_stop(self.max_model_len)
         self.reasoning.add(req)
         req.status = RequestStatus.WAITING if ready else RequestStatus.WAITING_FOR_GRAMMAR
         self.waiting.add(req, ready)
@@ -148,6 +151,7 @@ class Scheduler:
         req.finish_reason = reason
         req.metrics.finish_time = self.clock.now()
         del self.requests[req.request_id]
+        self._stop_floor.pop(req.request_id, None)
 
     @property
     def num_waiting(self) -> int:   # those waiting for their grammar included
@@ -181,7 +185,7 @@ class Scheduler:
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
-            ordered = sorted(self.running, key=self.policy.key)   # by remaining tokens: one (most), or more
+            ordered = self._running_order.sorted(self.running, self.policy.sort_key())   # by remaining: one (most), or more
             decodes = [r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens == 1]
             partial = [] if len(decodes) == len(ordered) else [
                 r for r in ordered if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1]
@@ -196,7 +200,7 @@ class Scheduler:
         else:
             self._schedule_waiting(step, chunked=False)
             if not step.num_tokens:
-                self._schedule_running(step, sorted(self.running, key=self.policy.key))
+                self._schedule_running(step, sorted(self.running, key=self.policy.sort_key()))
         if self.spec is not None:
             self._plan_drafts(step, self.spec)
         return self._build_output(step)
@@ -245,21 +249,24 @@ class Scheduler:
 
     def _schedule_decodes(self, step: StepPlan, decodes: list[Request]) -> None:
         """`_schedule_running` for running requests with one token left (most rows of most steps,
-        chunked): n is 1 for each, so the same steps without working it out (unless the policy caps it)."""
+        chunked): until a preemption each takes one token and one seat (n is 1, unless the policy
+        caps it), so the run of those with room in their blocks goes to the KV manager and the plan
+        in one call each, and the first that needs a block through `_schedule_running`."""
         if self.policy.overrides("prefill_cap") or self._prefill_cap < 1:
             self._schedule_running(step, decodes)
             return
-        budget, num_tokens, running, allocate = step.budget, step.num_tokens, RequestStatus.RUNNING, self.kv.allocate_slots
-        for req in decodes:
-            if req.status is not running or req.request_id in num_tokens:
-                continue  # preempted earlier in this step
-            if budget.tokens_left <= 0 or budget.seqs_left <= 0:
+        budget, i, n = step.budget, 0, len(decodes)
+        while i < n and not step.preempted:   # every one RUNNING and not in the plan yet
+            stop = min(n, i + min(budget.tokens_left, budget.seqs_left))
+            if stop <= i:
                 return
-            blocks = allocate(req, 1)   # else preempt for it (a failed allocation changed nothing)
-            if blocks is None:
-                blocks = self._allocate_or_preempt(step, req, 1)
-            if blocks is not None:
-                step.add(req, 1, blocks, is_new=False)
+            j = self.kv.allocate_decodes(decodes, i, stop)
+            step.add_decodes(decodes, i, j)
+            if j < stop:   # it needs a block (else the budget is spent, or every decode is in)
+                self._schedule_running(step, decodes[j:j + 1])
+            i = j + 1
+        if i < n:   # after a preemption: one by one, as `_schedule_running` takes them
+            self._schedule_running(step, decodes[i:])
 
     def _schedule_running(self, step: StepPlan, candidates: list[Request]) -> None:
         chunked = self.config.enable_chunked_prefill
@@ -377,8 +384,8 @@ class Scheduler:
         # the masks are computed while the executor prepares and runs the forward; a grammar
         # starts once its request's thinking ended, and a spent thinking budget forces the end tag
         masks = None
-        if scheduled:
-            sampling = [sr.request_id for sr in scheduled if sr.sample]
+        if scheduled:   # the ids are listed only if a runtime asks (most steps constrain nothing)
+            sampling = SamplingIds(scheduled)
             masks = self.reasoning.masks(sampling, self.structured.masks(self.reasoning.not_thinking(sampling)))
         out = SchedulerOutput(
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
@@ -406,7 +413,7 @@ class Scheduler:
         reasoning, max_len = self.reasoning, self.max_model_len
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
-        tracking = reasoning.tracking
+        tracking, stop_floor = reasoning.tracking, self._stop_floor
         for sr in output.scheduled:
             rid = sr.request_id
             req = get(rid)
@@ -419,14 +426,14 @@ class Scheduler:
             tokens, drafts = results[rid].token_ids, sr.draft_token_ids
             if drafts and self.spec is not None:
                 tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
-            kept = 0
+            kept, outputs, floor = 0, req.output_token_ids, stop_floor.get(rid, 0)
             for token in tokens:
                 kept += 1
-                req.output_token_ids.append(token)
+                outputs.append(token)
                 metrics.token_times.append(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
-                reason = req.stop_on(token, max_len)
+                reason = req.stop_on(token, max_len) if len(outputs) >= floor else None
                 if reason is not None:
                     # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)

@@ -92,6 +92,20 @@ class StepPlan:
         self.budget.tokens_left -= n
         self.budget.seqs_left -= 1
 
+    def add_decodes(self, reqs: list[Request], start: int, stop: int) -> None:
+        """`add(req, 1, [], is_new=False)` for each of `reqs[start:stop]`, in order (a run of
+        decode rows that needed no new block); the shape, if built, is built again when next asked."""
+        self._shape = None
+        num_tokens, requests, new_blocks = self.num_tokens, self.requests, self.new_blocks
+        for i in range(start, stop):
+            req = reqs[i]
+            rid = req.request_id
+            num_tokens[rid] = 1
+            requests[rid] = req
+            new_blocks[rid] = []   # a list each: drafts' blocks may be added to it
+        self.budget.tokens_left -= stop - start
+        self.budget.seqs_left -= stop - start
+
     def undo(self, req: Request) -> None:
         n = self.num_tokens.pop(req.request_id, None)
         if self.requests.pop(req.request_id, None) is not None:

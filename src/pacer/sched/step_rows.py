@@ -7,14 +7,14 @@ same sums, in the same order)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pacer.request import Request
 from pacer.sched.contract import ScheduledRequest
 from pacer.sched.fair_share import ServiceLedger
 from pacer.sched.step_plan import StepPlan
 
-__all__ = ["build_rows", "build_row", "Account"]
+__all__ = ["build_rows", "build_row", "Account", "SamplingIds"]
 
 Account = Callable[[Request, int, int, int], None]   # a policy's `account` (request, prefill, cached, decode)
 
@@ -87,3 +87,16 @@ def build_row(step: StepPlan, req: Request, n: int, account: Account | None,
     if ledger is not None:
         ledger.charge_row(req.tenant, n, is_prefill, start if is_new else 0)
     return row
+
+
+class SamplingIds:
+    """The ids of the rows that sample, in row order, listed each time they are iterated (the
+    structured and reasoning runtimes read them only when some request is constrained or thinks)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[ScheduledRequest]) -> None:
+        self._rows = rows
+
+    def __iter__(self) -> Iterator[str]:
+        return (sr.request_id for sr in self._rows if sr.sample)

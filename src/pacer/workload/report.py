@@ -86,7 +86,7 @@ class RequestRecord(Latencies):
         return cls(request_id=request_id, request_class=request_class, status=status,
                    arrival_time=metrics.arrival_time - t0, first_scheduled_time=rel(metrics.first_scheduled_time),
                    first_token_time=rel(metrics.first_token_time), finish_time=rel(metrics.finish_time),
-                   token_times=list(map(operator.sub, metrics.token_times, itertools.repeat(t0))), prompt_tokens=metrics.prompt_tokens,
+                   token_times=_shifted(metrics.token_times, t0), prompt_tokens=metrics.prompt_tokens,
                    output_tokens=len(metrics.token_times), cached_tokens=metrics.cached_tokens,
                    prefill_tokens=metrics.prefill_tokens, preemptions=metrics.preemptions,
                    preempted_time=metrics.preempted_time, preempted_time_ttft=metrics.preempted_time_ttft,
@@ -135,6 +135,14 @@ class RequestRecord(Latencies):
 # Slo, SloSet, parse_slo and parse_duration are defined once in pacer.config.slo (shared with
 # the engine's slo policy) and re-exported here.
 _NO_SLO = Slo()
+
+
+def _shifted(times: list[float], t0: float) -> list[float]:
+    """`[t - t0 for t in times]`; a copy when t0 is 0.0 (t - 0.0 is t, to the bit: a simulation's
+    clock starts at 0, and a record's token times are ~1.5 million of its floats)."""
+    if t0 == 0.0:
+        return list(times)
+    return list(map(operator.sub, times, itertools.repeat(t0)))
 
 
 # ---------------------------------------------------------------------------- statistics
