@@ -28,6 +28,22 @@ def _per_prompt(name: str, value: Any, n: int, default: Any) -> list[Any]:
     return [value] * n
 
 
+def _segments_per_prompt(segments: Sequence[Any] | None, n: int) -> list[Any]:
+    """`segments` of `generate`: None, one prompt's spans [(start, length), ...] (one prompt),
+    or one list (or None) per prompt."""
+    if segments is None:
+        return [None] * n
+    if isinstance(segments, str | bytes) or not isinstance(segments, Sequence):
+        raise FieldTypeError("segments", f"segments must be a list of (start, length) spans, got {segments!r:.80}")
+    one_prompt = all(isinstance(s, list | tuple) and len(s) == 2 and all(isinstance(v, int) for v in s)
+                     for s in segments)
+    if n == 1 and (one_prompt or not segments):
+        return [segments]
+    if len(segments) != n:
+        raise ValueError(f"segments: got {len(segments)} span lists for {n} prompts")
+    return list(segments)
+
+
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list | tuple) and bool(value) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value)
@@ -63,13 +79,17 @@ class LLM:
                  slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
                  request_class: str | Sequence[str | None] | None = None,
                  session: str | Sequence[str | None] | None = None,
-                 kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+                 kv_retention: Mapping[str, Any] | None = None,
+                 segments: Sequence[Any] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; outputs in input order. With
         `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
         (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`).
         `slo`: the requests' own targets (a `Slo` or {"ttft_ms": .., "itl_ms": ..}; one for all
         or one per prompt; default `SamplingParams.slo`), on top of their class's from the
-        engine's `slo` config; `request_class` names the class (default: classified by lengths)."""
+        engine's `slo` config; `request_class` names the class (default: classified by lengths).
+        `segments`: token spans [(start, length), ...] of a prompt whose KV may be reused at another
+        position by later requests (segment_reuse="approximate"; docs/features/segment-reuse.md);
+        for several prompts, one list (or None) per prompt."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
@@ -78,12 +98,14 @@ class LLM:
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
         sessions = _per_prompt("session", session, n, None)
+        spans = _segments_per_prompt(segments, n)
         prepared = []
-        for p, sp, pr, te, so, rc in zip(prompt_list, params, prios, tenants, slos, classes):   # all before any
+        for p, sp, pr, te, so, rc, sg in zip(prompt_list, params, prios, tenants, slos, classes, spans):   # all first
             if not isinstance(sp, SamplingParams):
                 raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             one = sp if sp.n == 1 else sp.for_sample(0)
-            prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so), sp))
+            prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so,
+                                                 segments=sg), sp))
         groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j)), session=ses,
                                            kv_retention=kv_retention) for j in range(sp.n)]
                   for (prep, sp), ses in zip(prepared, sessions)]
@@ -105,12 +127,15 @@ class LLM:
              request_class: str | Sequence[str | None] | None = None,
              session: str | Sequence[str | None] | None = None,
              kv_retention: Mapping[str, Any] | None = None, chat_template: str | None = None,
-             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: Mapping[str, Any] | None = None,
+             segment_roles: Sequence[str] | None = None) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, a template's text) to one
         conversation or a list of them, with `chat_template_kwargs` as its extra variables (vLLM's:
         e.g. {"enable_thinking": False}). `session` names each conversation's agent session: its KV
         is retained while the caller's tool runs (an eviction tier, `pacer.kv.retention`);
-        `kv_retention` {"ttl_s": s} or {"release": True}."""
+        `kv_retention` {"ttl_s": s} or {"release": True}. `segment_roles`: the roles whose message
+        contents are segments (their KV reusable at another position, segment_reuse="approximate");
+        default ("tool",) when the engine's segment_reuse is approximate, else none."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
         convs: list[Sequence[Message]]
@@ -119,10 +144,23 @@ class LLM:
         else:
             convs = list(messages)  # type: ignore[arg-type]
         kwargs = dict(chat_template_kwargs or {})
-        prompts = [self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
-                                                             chat_template=chat_template, **kwargs) for c in convs]
+        if segment_roles is None:
+            segment_roles = ("tool",) if self.config.cache.segment_reuse == "approximate" else ()
+        prompts: list[Prompt] = []
+        spans: list[list[tuple[int, int]] | None] = []
+        for c in convs:
+            if segment_roles:
+                ids, found = self.engine.tokenizer.chat_segments(list(c), tuple(segment_roles), True,
+                                                                 chat_template, **kwargs)
+                prompts.append(ids)
+                spans.append(found)
+            else:
+                prompts.append(self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
+                                                                         chat_template=chat_template, **kwargs))
+                spans.append(None)
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
-                             request_class=request_class, session=session, kv_retention=kv_retention)
+                             request_class=request_class, session=session, kv_retention=kv_retention,
+                             segments=spans)
 
     def prewarm(self, prompts: Prompt | Sequence[Prompt] | Sequence[Sequence[Message]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

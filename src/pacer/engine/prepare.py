@@ -20,7 +20,7 @@ from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
 from pacer.sched.reasoning import ThinkTags
 
-__all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt", "check_reasoning", "think_tags"]
+__all__ = ["PreparedRequest", "PrepareContext", "prepare", "check_segments", "tokenize_prompt", "check_reasoning", "think_tags"]
 
 log = logging.getLogger("pacer.engine")
 
@@ -40,6 +40,7 @@ class PreparedRequest:
     session: str | None = None      # agent session and its kv_retention hint (`check_session`)
     retention_ttl: float | None = None
     retention_release: bool = False
+    segments: tuple[tuple[int, int], ...] = ()   # prompt spans (start, length) for segment reuse (`check_segments`)
 
     @property
     def num_tokens(self) -> int:
@@ -84,17 +85,21 @@ def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_si
 def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
             priority: int = 0, tenant: str = "default", request_class: str | None = None,
             slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-            field: str = "prompt") -> PreparedRequest:
+            field: str = "prompt", segments: Sequence[Sequence[int]] | None = None) -> PreparedRequest:
     """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
     picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
     request's own targets on top (default: `params.slo`); `field` names the prompt in errors
-    (`messages` for a chat request)."""
+    (`messages` for a chat request); `segments`: prompt spans (start, length) whose KV may be
+    reused away from their prefix (`check_segments`)."""
     params = _check_args(params, priority, tenant, cache_salt)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
+    spans = check_segments(segments, len(ids))
     if params.truncate_prompt_tokens is not None:   # vLLM's: keep the prompt's last k tokens
         keep = ctx.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
         if len(ids) > keep:
+            cut = len(ids) - keep
             ids, prompt = ids[-keep:], list(ids[-keep:])
+            spans = tuple((s - cut, n) for s, n in spans if s >= cut)
     params = _resolve_token_fields(params, ctx.tokenizer, ctx.vocab_size)
     check_context_length(len(ids), params.max_tokens, ctx.max_model_len, ctx.kv_capacity_tokens, field)
     rclass = _resolve_class(ctx.class_rules, len(ids), params.max_tokens, request_class)
@@ -102,7 +107,31 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     own_slo = own if isinstance(own, Slo) else slo_from_request(own)
     targets = ctx.slo_set.for_class(rclass).merged(own_slo, ctx.allow_tighter_slo)
     return PreparedRequest(ids, params, priority, tenant, rclass, targets, cache_salt,
-                           prompt if isinstance(prompt, str) else None)
+                           prompt if isinstance(prompt, str) else None, segments=spans)
+
+
+def check_segments(segments: Sequence[Sequence[int]] | None, num_prompt_tokens: int,
+                   field: str = "segments") -> tuple[tuple[int, int], ...]:
+    """Prompt spans as (start, length) pairs of integers, each inside the prompt, length >= 1,
+    sorted by start and disjoint; raises a FieldError naming `field` and the span at fault."""
+    if segments is None:
+        return ()
+    if isinstance(segments, str | bytes) or not isinstance(segments, Sequence):
+        raise FieldTypeError(field, f"{field} must be a list of [start, length] token spans, got {segments!r:.80}")
+    out: list[tuple[int, int]] = []
+    for i, span in enumerate(segments):
+        if (isinstance(span, str | bytes) or not isinstance(span, Sequence) or len(span) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in span)):
+            raise FieldTypeError(field, f"{field}[{i}] must be a [start, length] pair of integers, got {span!r:.80}")
+        start, length = span
+        if start < 0 or length < 1 or start + length > num_prompt_tokens:
+            raise FieldValueError(field, f"{field}[{i}] = [{start}, {length}] must lie inside the prompt's "
+                                         f"{num_prompt_tokens} tokens with length >= 1")
+        if out and start < out[-1][0] + out[-1][1]:
+            raise FieldValueError(field, f"{field}[{i}] starts at {start}, inside or before {field}[{i - 1}]: "
+                                         f"spans must be sorted and disjoint")
+        out.append((start, length))
+    return tuple(out)
 
 
 def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache_salt: str | None) -> SamplingParams:

@@ -42,6 +42,7 @@ from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, WaitingQueue
 from pacer.sched.policy_factory import make_policy
 from pacer.sched.reasoning import ReasoningTracker
+from pacer.sched.segments import SegmentPlanner
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
@@ -73,8 +74,9 @@ class Scheduler:
         self.ledger = own if own is not None else ledger_from(config.fair_settings())
         self._charge_ledger = own is None
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
-        self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners) \
+        self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners, kv.exact_tokens) \
             if config.prefill_dedup and kv.prefix_caching else None
+        self.segments = SegmentPlanner(kv, kv.segments.recompute)   # segment reuse (off: never plans)
         self.reasoning = ReasoningTracker()   # the engine installs the model's think tags (--reasoning-parser)
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
@@ -178,6 +180,8 @@ class Scheduler:
         self.waiting.refresh(now)
         self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
+        if self.segments.enabled:
+            self.segments.begin_step()
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
@@ -280,10 +284,16 @@ class Scheduler:
                     return
             elif n > budget.tokens_left:
                 continue
-            blocks = allocate(req, n)   # else preempt for it (a failed allocation changed nothing)
+            plan = self.segments.plan(req, req.num_computed_tokens, n) if req.segments and self.segments.active(req) \
+                else None
+            fill = 0 if plan is None else plan[0]
+            n = n if plan is None else plan[1]
+            blocks = allocate(req, fill + n)   # else preempt for it (a failed allocation changed nothing)
             if blocks is None:
-                blocks = self._allocate_or_preempt(step, req, n)
+                blocks = self._allocate_or_preempt(step, req, fill + n)
             if blocks is not None:
+                if fill:
+                    self.segments.commit(req, plan)   # type: ignore[arg-type]
                 step.add(req, n, blocks, is_new=False)
 
     def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
@@ -322,12 +332,17 @@ class Scheduler:
             n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
-            blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
+            plan = self.segments.plan(req, computed, n) if req.segments and self.segments.active(req) else None
+            fill = 0 if plan is None else plan[0]
+            n = n if plan is None else plan[1]
+            blocks = self.kv.allocate_slots(req, fill + n, hit)   # commits the hit with the blocks, or changes nothing
             if blocks is None:
                 if self._make_room_for(step, req):
                     continue
                 return
             req.num_computed_tokens = computed
+            if fill:
+                self.segments.commit(req, plan)   # type: ignore[arg-type]
             if self.dedup is not None:
                 self.dedup.admitted(req, computed)
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
@@ -355,6 +370,8 @@ class Scheduler:
         return True
 
     def _preempt(self, step: StepPlan, req: Request) -> None:
+        if self.segments.enabled:
+            self.segments.cancel(req)   # a fill planned this step: dropped, its tokens not computed
         step.undo(req)
         self.running.remove(req)
         req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
@@ -374,6 +391,7 @@ class Scheduler:
         scheduled, num_prefill, num_decode = build_rows(step, account, self.ledger if self._charge_ledger else None)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
+        saves, fills = self.segments.take_copies() if self.segments.enabled else ([], [])
         # the masks are computed while the executor prepares and runs the forward; a grammar
         # starts once its request's thinking ended, and a spent thinking budget forces the end tag
         masks = None
@@ -384,7 +402,7 @@ class Scheduler:
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
             swap_out=swap_out, swap_in=swap_in, token_masks=masks, token_budget=step.token_budget,
-            budget_reason=step.budget_reason,
+            budget_reason=step.budget_reason, segment_saves=saves, segment_fills=fills,
         )
         self._step_id += 1
         return out
@@ -407,6 +425,10 @@ class Scheduler:
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
         tracking = reasoning.tracking
+        if self.segments.enabled:   # store the segments this step completed (before a finish frees them)
+            for sr in output.scheduled:
+                if sr.is_prefill and (seg_req := get(sr.request_id)) is not None and seg_req.segments:
+                    self.segments.after_step(seg_req, sr.start_position, sr.start_position + sr.num_tokens)
         for sr in output.scheduled:
             rid = sr.request_id
             req = get(rid)

@@ -1,0 +1,193 @@
+"""Cross-request segment reuse (issue 28): agent prompts whose tool outputs (real text from
+`pacer.corpus`, 200-2,000 tokens) appear after different histories. N sessions (each its own
+history) receive the same K tool outputs; request (session i, tool j) is system prompt + history
+i + tool output j + a question, rendered with the chat template (the tool message's content is
+the segment). Modes: prefix caching alone (off), and approximate reuse at several recompute
+fractions. Per mode: TTFT p50 / p99 and prompt tokens computed (requests one at a time, first
+token only), then quality against full prefill (prefix caching off) on the requests that reused
+a segment: greedy agreement over the reference's 32 greedy tokens (teacher-forced), mean per-token
+KL(full || mode) of the next-token distribution over them, and the change in the reference
+continuation's mean log-likelihood.
+
+    PYTHONPATH=src python benchmarks/segment_reuse.py [--sessions 5] [--tools 300,700,1400]
+        [--recompute 0,0.05,0.15,0.3] [--threads 2]
+
+Numbers depend on the machine and its load (printed); nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pacer.llm import LLM
+from pacer.request import SamplingParams
+from pacer.workload.text import TextSource
+
+CONTINUATION = 32
+
+
+def loadavg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "?"
+    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+    return ",".join(found) or "none of avx2/avx512"
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def build_prompts(llm: LLM, sessions: int, tool_lens: list[int], seed: int) -> list[tuple[list[int], list[Any]]]:
+    """(token ids, segments) per request, tool by tool: session 0 meets each tool output first."""
+    rng = random.Random(seed)
+    src = TextSource(llm.tokenizer)
+    histories = [src.segment(rng.randint(120, 320), rng).text for _ in range(sessions)]
+    tools = [src.segment(n, rng).text for n in tool_lens]
+    out = []
+    for j, tool in enumerate(tools):
+        for i, hist in enumerate(histories):
+            msgs = [{"role": "system", "content": "You are a research assistant. Answer from the tool results."},
+                    {"role": "user", "content": hist},
+                    {"role": "assistant", "content": f"I will call the search tool (call {j})."},
+                    {"role": "tool", "content": tool},
+                    {"role": "user", "content": "What is the most important fact in the tool result?"}]
+            ids, spans = llm.tokenizer.chat_segments(msgs, ("tool",))
+            out.append((ids, spans))
+    return out
+
+
+class LogitCapture:
+    """Wraps the model's forward: also returns the logits of every row at position >= `lo`
+    (requests run one at a time, so positions name rows)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.forward = model, model.forward
+        self.lo: int | None = None
+        self.rows: dict[int, torch.Tensor] = {}
+        model.forward = self
+
+    def __call__(self, input_ids: Any, positions: Any, meta: Any, kv_caches: Any, logits_rows: Any,
+                 kv_format: Any = None) -> torch.Tensor:
+        if self.lo is None:
+            return self.forward(input_ids, positions, meta, kv_caches, logits_rows, kv_format)
+        sel = (positions >= self.lo).nonzero().flatten()
+        out = self.forward(input_ids, positions, meta, kv_caches, torch.cat([logits_rows, sel]), kv_format)
+        for i, p in enumerate(positions[sel].tolist()):
+            self.rows[p] = out[len(logits_rows) + i].float().log_softmax(-1)
+        return out[:len(logits_rows)]
+
+
+def make_llm(args: argparse.Namespace, **kw: Any) -> LLM:
+    torch.set_num_threads(args.threads)
+    llm = LLM(num_kv_blocks=args.kv_blocks, **kw)
+    llm.generate("Warm up the kernels with a short prompt about the weather.", SamplingParams(max_tokens=4))
+    llm.engine.kv.reset_prefix_cache()
+    return llm
+
+
+def ttft_pass(llm: LLM, prompts: list[tuple[list[int], list[Any]]]) -> dict[str, Any]:
+    outs = [llm.generate(ids, SamplingParams(max_tokens=1, temperature=0), segments=spans)[0]
+            for ids, spans in prompts]
+    ttfts = [o.metrics.ttft for o in outs]
+    return {"p50": pct(ttfts, 50), "p99": pct(ttfts, 99),
+            "computed": sum(o.metrics.prefill_tokens for o in outs),
+            "reused": sum(o.metrics.segment_reused_tokens for o in outs),
+            "recomputed": sum(o.metrics.segment_recomputed_tokens for o in outs)}
+
+
+def logprob_pass(llm: LLM, prompts: list[tuple[list[int], list[Any]]],
+                 conts: list[list[int]]) -> tuple[list[torch.Tensor], list[int]]:
+    """Per request: log-softmax rows [32, vocab] predicting its continuation (teacher-forced), and
+    the tokens it reused from the segment store."""
+    cap = LogitCapture(llm.engine._executor.model)
+    rows, reused = [], []
+    for (ids, spans), cont in zip(prompts, conts):
+        cap.lo, cap.rows = len(ids) - 1, {}
+        out = llm.generate(ids + cont[:-1], SamplingParams(max_tokens=1, temperature=0), segments=spans)[0]
+        rows.append(torch.stack([cap.rows[len(ids) - 1 + t] for t in range(len(cont))]))
+        reused.append(out.metrics.segment_reused_tokens)
+    cap.lo = None
+    return rows, reused
+
+
+def quality(ref: list[torch.Tensor], got: list[torch.Tensor], conts: list[list[int]], mask: list[bool]) -> dict[str, float]:
+    agree, kls, dll = [], [], []
+    for r, g, c, m in zip(ref, got, conts, mask):
+        if not m:
+            continue
+        agree.append((r.argmax(-1) == g.argmax(-1)).float().mean().item())
+        kls.append((r.exp() * (r - g)).sum(-1).mean().item())
+        idx = torch.tensor(c).unsqueeze(1)
+        dll.append((g.gather(1, idx).mean() - r.gather(1, idx).mean()).item())
+    if not agree:
+        return {"n": 0, "agree": float("nan"), "kl": float("nan"), "dll": float("nan")}
+    return {"n": len(agree), "agree": statistics.mean(agree), "kl": statistics.mean(kls), "dll": statistics.mean(dll)}
+
+
+def reference(args: argparse.Namespace, prompts: list[tuple[list[int], list[Any]]]
+              ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Full prefill (no prefix cache, no reuse): the greedy continuations and their logits."""
+    llm = make_llm(args, enable_prefix_caching=False)
+    conts = [list(o.token_ids) for o in llm.generate([ids for ids, _ in prompts],
+                                                     SamplingParams(max_tokens=CONTINUATION, temperature=0,
+                                                                    ignore_eos=True))]
+    rows, _ = logprob_pass(llm, prompts, conts)
+    llm.close()
+    return conts, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=5)
+    ap.add_argument("--tools", default="300,700,1400", help="tool output lengths in tokens")
+    ap.add_argument("--recompute", default="0,0.05,0.15,0.3", help="approximate modes' recompute fractions")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-blocks", type=int, default=1536)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(f"cpu flags: {cpu_flags()}; torch threads {args.threads}; load average {loadavg()} (start)")
+    probe = LLM(num_kv_blocks=64)
+    prompts = build_prompts(probe, args.sessions, [int(x) for x in args.tools.split(",")], args.seed)
+    probe.close()
+    lens = [len(ids) for ids, _ in prompts]
+    print(f"{len(prompts)} requests ({args.sessions} sessions x tool outputs of {args.tools} tokens), "
+          f"prompts {min(lens)}-{max(lens)} tokens; reference continuation {CONTINUATION} greedy tokens")
+    t0 = time.perf_counter()
+    conts, ref = reference(args, prompts)
+    modes: list[tuple[str, dict[str, Any]]] = [("off (prefix caching)", {})]
+    modes += [(f"approximate r={r}", {"segment_reuse": "approximate", "segment_recompute": float(r)})
+              for r in args.recompute.split(",")]
+    print(f"{'mode':24s} {'TTFT p50':>9s} {'p99':>9s} {'computed':>9s} {'reused':>7s} {'recomp':>7s} "
+          f"{'agree':>6s} {'KL':>8s} {'dLL':>8s} (n reused)")
+    base = None
+    for label, kw in modes:
+        llm = make_llm(args, **kw)
+        t = ttft_pass(llm, prompts)
+        llm.engine.kv.reset_prefix_cache()
+        rows, reused = logprob_pass(llm, prompts, conts)
+        llm.close()
+        q = quality(ref, rows, conts, [n > 0 or not kw for n in reused])
+        base = base or t["p50"]
+        print(f"{label:24s} {t['p50'] * 1e3:7.0f}ms {t['p99'] * 1e3:7.0f}ms {t['computed']:9d} {t['reused']:7d} "
+              f"{t['recomputed']:7d} {q['agree']:6.3f} {q['kl']:8.4f} {q['dll']:+8.4f} ({q['n']})  "
+              f"TTFT p50 {100 * (1 - t['p50'] / base):+.0f}% vs off", flush=True)
+    print(f"load average {loadavg()} (end); {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

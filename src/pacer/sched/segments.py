@@ -1,0 +1,124 @@
+"""Segment reuse as a scheduling decision (pure Python): where a prefilling request's chunk stops,
+when its blocks are filled from the segment store instead of computed, and which computed segments
+are stored.
+
+A request carries segments (prompt spans: tool outputs, documents; `Request.segments`). When the
+KV manager's segment store (`pacer.kv.segment_store`) holds a segment's tokens in a namespace the
+request may read, the request computes its tokens up to the segment's start plus `k` recomputed
+tokens (the first tokens of the segment, with the real context before them: EPIC's rule, which
+restores the attention sink at the segment's start), then takes the rest of the segment from the
+store in one fill (a copy the executor runs before the step's forward, K re-rotated by RoPE to the
+new positions), and computes everything after the segment normally. The one token rule holds: a
+fill advances `num_computed_tokens` without computing, like a prefix-cache hit in the middle.
+
+`k` is `ceil(recompute * length)` for a fraction, or with `auto` `AUTO_RECOMPUTE` of it; the last
+prompt token is always computed (its logits are needed). A segment a request computes in full
+(none stored yet, or reuse off for it) is stored after the step that completes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pacer.kv.manager import KVCacheManager
+from pacer.kv.segment_store import SegmentCopy, SegmentEntry
+from pacer.request import Request
+
+__all__ = ["SegmentPlanner", "AUTO_RECOMPUTE", "FillPlan"]
+
+AUTO_RECOMPUTE = 0.15   # fraction recomputed with segment_recompute="auto" (docs/features/segment-reuse.md)
+
+FillPlan = tuple[int, int, SegmentEntry | None, int]   # (tokens filled, tokens computed, entry, offset in it)
+
+
+class SegmentPlanner:
+    """The scheduler's segment decisions for one engine; a no-op when the store is off."""
+
+    def __init__(self, kv: KVCacheManager, recompute: float | str = "auto") -> None:
+        self.kv = kv
+        self.enabled = kv.segments.enabled
+        self.fraction = AUTO_RECOMPUTE if recompute == "auto" else float(recompute)
+        self._fills: dict[str, tuple[SegmentCopy, SegmentEntry, int, int]] = {}   # this step's, by request
+        self._saves: list[SegmentCopy] = []
+        self._locked: list[SegmentEntry] = []
+
+    def active(self, req: Request) -> bool:
+        return self.enabled and bool(req.segments) and req.segment_reuse != "off"
+
+    def recompute_tokens(self, num_tokens: int) -> int:
+        """k: tokens of a reused segment of `num_tokens` computed with the real context."""
+        return min(num_tokens, math.ceil(self.fraction * num_tokens))
+
+    def begin_step(self) -> None:
+        """The previous step's fills have run: their segments may be evicted again."""
+        for entry in self._locked:
+            self.kv.segments.unlock(entry)
+        self._locked.clear()
+        self._fills.clear()
+
+    def plan(self, req: Request, computed: int, n: int) -> FillPlan:
+        """Of a chunk of `n` tokens from `computed`: how many tokens to fill first from which stored
+        segment (and from where in it), and how many to compute after (never past the next reused
+        segment's recompute boundary)."""
+        fill, entry, offset = 0, None, 0
+        last = req.num_prompt_tokens - 1   # the last prompt token is always computed
+        for start, length in req.segments:   # sorted, disjoint
+            at = computed + fill
+            end = min(start + length, last)
+            if end <= at:
+                continue
+            if start >= at + n:
+                break
+            boundary = start + self.recompute_tokens(length)
+            if boundary >= end:
+                continue
+            found = self.kv.find_segment(req, req.prompt_token_ids[start:start + length])
+            if found is None:
+                continue   # computed in full here, and stored after
+            if at < boundary:
+                return fill, min(n, boundary - at), entry, offset
+            if fill:
+                break   # one fill a step
+            fill, entry, offset = end - at, found, at - start
+            n = min(n, req.num_tokens - end)
+        return fill, n, entry, offset
+
+    def commit(self, req: Request, plan: FillPlan) -> None:
+        """The planned fill's blocks are allocated: record the copy, lock its segment until it has
+        run, and advance the request's computed tokens past it."""
+        fill, _, entry, offset = plan
+        if not fill or entry is None:
+            return
+        copy = self.kv.fill_segment(req, entry, offset, fill)
+        self.kv.segments.lock(entry)
+        self._locked.append(entry)
+        self._fills[req.request_id] = (copy, entry, fill, offset)
+        req.num_computed_tokens += fill
+        req.metrics.segment_reused_tokens += fill
+        req.metrics.segment_recomputed_tokens += offset
+
+    def cancel(self, req: Request) -> None:
+        """`req` is preempted in the step that planned its fill: the copy is dropped and its
+        computed tokens rolled back (a swap-out keeps only KV that exists)."""
+        got = self._fills.pop(req.request_id, None)
+        if got is None:
+            return
+        _, entry, fill, offset = got
+        req.num_computed_tokens -= fill
+        req.metrics.segment_reused_tokens -= fill
+        req.metrics.segment_recomputed_tokens -= offset
+        self._locked.remove(entry)
+        self.kv.segments.unlock(entry)
+
+    def after_step(self, req: Request, chunk_start: int, chunk_end: int) -> None:
+        """`req` computed [chunk_start, chunk_end): store each segment that chunk completed."""
+        for start, length in req.segments:
+            if chunk_start < start + length <= chunk_end:
+                copy = self.kv.store_segment(req, start, length)
+                if copy is not None:
+                    self._saves.append(copy)
+
+    def take_copies(self) -> tuple[list[SegmentCopy], list[SegmentCopy]]:
+        """The copies for this step's executor: saves (queued since the last step), then fills."""
+        saves, self._saves = self._saves, []
+        return saves, [copy for copy, _, _, _ in self._fills.values()]
