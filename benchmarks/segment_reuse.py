@@ -3,9 +3,10 @@
 history) receive the same K tool outputs; request (session i, tool j) is system prompt + history
 i + tool output j + a question, rendered with the chat template (the tool message's content is
 the segment). Modes: prefix caching alone (off), and approximate reuse at several recompute
-fractions. Per mode: TTFT p50 / p99 and prompt tokens computed (requests one at a time, first
-token only), then quality against full prefill (prefix caching off) on the requests that reused
-a segment: greedy agreement over the reference's 32 greedy tokens (teacher-forced), mean per-token
+fractions, every engine loaded at once. Per mode: TTFT p50 / p99 (wall), the process CPU seconds
+per request (p50: less sensitive to a loaded machine) and prompt tokens computed, each request run
+on every engine in turn (first token only); then quality against full prefill (the prefix-caching
+engine: exact KV) on the requests that reused a segment: greedy agreement over the reference's 32 greedy tokens (teacher-forced), mean per-token
 KL(full || mode) of the next-token distribution over them, and the change in the reference
 continuation's mean log-likelihood.
 
@@ -60,7 +61,7 @@ def build_prompts(llm: LLM, sessions: int, tool_lens: list[int], seed: int) -> l
     tools = [src.segment(n, rng).text for n in tool_lens]
     out = []
     for j, tool in enumerate(tools):
-        for i, hist in enumerate(histories):
+        for hist in histories:
             msgs = [{"role": "system", "content": "You are a research assistant. Answer from the tool results."},
                     {"role": "user", "content": hist},
                     {"role": "assistant", "content": f"I will call the search tool (call {j})."},
@@ -100,14 +101,24 @@ def make_llm(args: argparse.Namespace, **kw: Any) -> LLM:
     return llm
 
 
-def ttft_pass(llm: LLM, prompts: list[tuple[list[int], list[Any]]]) -> dict[str, Any]:
-    outs = [llm.generate(ids, SamplingParams(max_tokens=1, temperature=0), segments=spans)[0]
-            for ids, spans in prompts]
-    ttfts = [o.metrics.ttft for o in outs]
-    return {"p50": pct(ttfts, 50), "p99": pct(ttfts, 99),
-            "computed": sum(o.metrics.prefill_tokens for o in outs),
-            "reused": sum(o.metrics.segment_reused_tokens for o in outs),
-            "recomputed": sum(o.metrics.segment_recomputed_tokens for o in outs)}
+def ttft_pass(engines: dict[str, LLM], prompts: list[tuple[list[int], list[Any]]]) -> dict[str, dict[str, Any]]:
+    """Each request on every engine in turn (so the machine's load falls on all modes alike): TTFT
+    (wall), the process CPU seconds of the request, prompt tokens computed / reused / recomputed."""
+    rec: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "cpu": [], "computed": [], "reused": [], "recomputed": []}
+                                              for m in engines}
+    for ids, spans in prompts:
+        for mode, llm in engines.items():
+            c0 = time.process_time()
+            o = llm.generate(ids, SamplingParams(max_tokens=1, temperature=0), segments=spans)[0]
+            r = rec[mode]
+            r["cpu"].append(time.process_time() - c0)
+            r["ttft"].append(o.metrics.ttft)
+            r["computed"].append(o.metrics.prefill_tokens)
+            r["reused"].append(o.metrics.segment_reused_tokens)
+            r["recomputed"].append(o.metrics.segment_recomputed_tokens)
+    return {m: {"p50": pct(r["ttft"], 50), "p99": pct(r["ttft"], 99), "cpu50": pct(r["cpu"], 50),
+                "computed": int(sum(r["computed"])), "reused": int(sum(r["reused"])),
+                "recomputed": int(sum(r["recomputed"]))} for m, r in rec.items()}
 
 
 def logprob_pass(llm: LLM, prompts: list[tuple[list[int], list[Any]]],
@@ -139,25 +150,13 @@ def quality(ref: list[torch.Tensor], got: list[torch.Tensor], conts: list[list[i
     return {"n": len(agree), "agree": statistics.mean(agree), "kl": statistics.mean(kls), "dll": statistics.mean(dll)}
 
 
-def reference(args: argparse.Namespace, prompts: list[tuple[list[int], list[Any]]]
-              ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Full prefill (no prefix cache, no reuse): the greedy continuations and their logits."""
-    llm = make_llm(args, enable_prefix_caching=False)
-    conts = [list(o.token_ids) for o in llm.generate([ids for ids, _ in prompts],
-                                                     SamplingParams(max_tokens=CONTINUATION, temperature=0,
-                                                                    ignore_eos=True))]
-    rows, _ = logprob_pass(llm, prompts, conts)
-    llm.close()
-    return conts, rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=5)
     ap.add_argument("--tools", default="300,700,1400", help="tool output lengths in tokens")
     ap.add_argument("--recompute", default="0,0.05,0.15,0.3", help="approximate modes' recompute fractions")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--kv-blocks", type=int, default=1536)
+    ap.add_argument("--kv-blocks", type=int, default=640)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     print(f"cpu flags: {cpu_flags()}; torch threads {args.threads}; load average {loadavg()} (start)")
@@ -168,24 +167,31 @@ def main() -> None:
     print(f"{len(prompts)} requests ({args.sessions} sessions x tool outputs of {args.tools} tokens), "
           f"prompts {min(lens)}-{max(lens)} tokens; reference continuation {CONTINUATION} greedy tokens")
     t0 = time.perf_counter()
-    conts, ref = reference(args, prompts)
-    modes: list[tuple[str, dict[str, Any]]] = [("off (prefix caching)", {})]
-    modes += [(f"approximate r={r}", {"segment_reuse": "approximate", "segment_recompute": float(r)})
-              for r in args.recompute.split(",")]
-    print(f"{'mode':24s} {'TTFT p50':>9s} {'p99':>9s} {'computed':>9s} {'reused':>7s} {'recomp':>7s} "
-          f"{'agree':>6s} {'KL':>8s} {'dLL':>8s} (n reused)")
-    base = None
-    for label, kw in modes:
-        llm = make_llm(args, **kw)
-        t = ttft_pass(llm, prompts)
+    modes: dict[str, dict[str, Any]] = {"off (prefix caching)": {}}
+    modes.update({f"approximate r={r}": {"segment_reuse": "approximate", "segment_recompute": float(r)}
+                  for r in args.recompute.split(",")})
+    engines = {label: make_llm(args, **kw) for label, kw in modes.items()}
+    timing = ttft_pass(engines, prompts)
+    ref_llm = engines["off (prefix caching)"]   # exact KV: the reference continuation and distributions
+    conts = [list(o.token_ids) for o in ref_llm.generate(
+        [ids for ids, _ in prompts], SamplingParams(max_tokens=CONTINUATION, temperature=0, ignore_eos=True))]
+    print(f"{'mode':22s} {'TTFT p50':>9s} {'p99':>9s} {'cpu p50':>8s} {'computed':>9s} {'reused':>7s} {'recomp':>7s} "
+          f"{'agree':>6s} {'KL':>8s} {'dLL':>8s} (n)")
+    ref: list[torch.Tensor] = []
+    base = timing["off (prefix caching)"]
+    for label, llm in engines.items():
         llm.engine.kv.reset_prefix_cache()
         rows, reused = logprob_pass(llm, prompts, conts)
+        ref = ref or rows
+        q = quality(ref, rows, conts, [n > 0 for n in reused]) if modes[label] else {
+            "n": len(rows), "agree": 1.0, "kl": 0.0, "dll": 0.0}
+        t = timing[label]
+        print(f"{label:22s} {t['p50'] * 1e3:7.0f}ms {t['p99'] * 1e3:7.0f}ms {t['cpu50']:7.2f}s {t['computed']:9d} "
+              f"{t['reused']:7d} {t['recomputed']:7d} {q['agree']:6.3f} {q['kl']:8.4f} {q['dll']:+8.4f} ({q['n']})  "
+              f"TTFT p50 {100 * (t['p50'] / base['p50'] - 1):+.0f}%, cpu p50 {100 * (t['cpu50'] / base['cpu50'] - 1):+.0f}%"
+              f" vs off", flush=True)
+    for llm in engines.values():
         llm.close()
-        q = quality(ref, rows, conts, [n > 0 or not kw for n in reused])
-        base = base or t["p50"]
-        print(f"{label:24s} {t['p50'] * 1e3:7.0f}ms {t['p99'] * 1e3:7.0f}ms {t['computed']:9d} {t['reused']:7d} "
-              f"{t['recomputed']:7d} {q['agree']:6.3f} {q['kl']:8.4f} {q['dll']:+8.4f} ({q['n']})  "
-              f"TTFT p50 {100 * (1 - t['p50'] / base):+.0f}% vs off", flush=True)
     print(f"load average {loadavg()} (end); {time.perf_counter() - t0:.0f} s")
 
 

@@ -181,7 +181,7 @@ class Scheduler:
         self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
         if self.segments.enabled:
-            self.segments.begin_step()
+            self.segments.end_step()   # no-op after update_from_output (a driver that skipped it)
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
@@ -284,17 +284,16 @@ class Scheduler:
                     return
             elif n > budget.tokens_left:
                 continue
-            plan = self.segments.plan(req, req.num_computed_tokens, n) if req.segments and self.segments.active(req) \
-                else None
-            fill = 0 if plan is None else plan[0]
-            n = n if plan is None else plan[1]
-            blocks = allocate(req, fill + n)   # else preempt for it (a failed allocation changed nothing)
+            blocks = None
+            if req.segments and self.segments.active(req):   # a reused segment: stop at it, or fill it
+                blocks, n = self.segments.fill_or_stop(req, req.num_computed_tokens, n, None)
             if blocks is None:
-                blocks = self._allocate_or_preempt(step, req, fill + n)
+                blocks = allocate(req, n)   # else preempt for it (a failed allocation changed nothing)
+                if blocks is None:
+                    blocks = self._allocate_or_preempt(step, req, n)
             if blocks is not None:
-                if fill:
-                    self.segments.commit(req, plan)   # type: ignore[arg-type]
                 step.add(req, n, blocks, is_new=False)
+
 
     def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
         """Allocate for a running request, preempting the worst running ones as needed."""
@@ -332,17 +331,16 @@ class Scheduler:
             n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
-            plan = self.segments.plan(req, computed, n) if req.segments and self.segments.active(req) else None
-            fill = 0 if plan is None else plan[0]
-            n = n if plan is None else plan[1]
-            blocks = self.kv.allocate_slots(req, fill + n, hit)   # commits the hit with the blocks, or changes nothing
+            blocks = None
+            if req.segments and self.segments.active(req):   # a reused segment: stop at it, or fill it
+                blocks, n = self.segments.fill_or_stop(req, computed, n, hit)
             if blocks is None:
-                if self._make_room_for(step, req):
-                    continue
-                return
-            req.num_computed_tokens = computed
-            if fill:
-                self.segments.commit(req, plan)   # type: ignore[arg-type]
+                blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
+                if blocks is None:
+                    if self._make_room_for(step, req):
+                        continue
+                    return
+                req.num_computed_tokens = computed
             if self.dedup is not None:
                 self.dedup.admitted(req, computed)
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
@@ -425,7 +423,8 @@ class Scheduler:
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
         tracking = reasoning.tracking
-        if self.segments.enabled:   # store the segments this step completed (before a finish frees them)
+        if self.segments.enabled:   # the fills ran; store the segments this step completed (before a finish frees them)
+            self.segments.end_step()
             for sr in output.scheduled:
                 if sr.is_prefill and (seg_req := get(sr.request_id)) is not None and seg_req.segments:
                     self.segments.after_step(seg_req, sr.start_position, sr.start_position + sr.num_tokens)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from pacer.kv.manager import KVCacheManager
+from pacer.kv.manager import KVCacheManager, PrefixHit
 from pacer.kv.segment_store import SegmentCopy, SegmentEntry
 from pacer.request import Request
 
@@ -49,8 +49,8 @@ class SegmentPlanner:
         """k: tokens of a reused segment of `num_tokens` computed with the real context."""
         return min(num_tokens, math.ceil(self.fraction * num_tokens))
 
-    def begin_step(self) -> None:
-        """The previous step's fills have run: their segments may be evicted again."""
+    def end_step(self) -> None:
+        """The step's fills have run: their segments may be evicted again."""
         for entry in self._locked:
             self.kv.segments.unlock(entry)
         self._locked.clear()
@@ -83,15 +83,51 @@ class SegmentPlanner:
             n = min(n, req.num_tokens - end)
         return fill, n, entry, offset
 
+    def fill_or_stop(self, req: Request, computed: int, n: int, hit: PrefixHit | None
+                     ) -> tuple[list[int] | None, int]:
+        """A chunk of `n` tokens of `req` from `computed` (its looked-up `hit`, when admitted): with a
+        fill that fits, the blocks allocated for it and the chunk after it (the fill committed, the
+        hit too); else None and the chunk to compute, stopped at the next reused segment's boundary
+        (a fill that does not fit is computed instead)."""
+        plan = self.plan(req, computed, n)
+        if not plan[0]:
+            return None, plan[1]
+        blocks = self._allocate_fill(req, plan, hit, computed)
+        return blocks, plan[1] if blocks is not None else n
+
+    def _allocate_fill(self, req: Request, plan: FillPlan, hit: PrefixHit | None, computed: int) -> list[int] | None:
+        """Blocks for a planned fill and the chunk after it, its segment locked through the
+        allocation (look up, then commit); never preempting: the request and the segment it copies
+        may not fit together. None: nothing changed."""
+        self.hold(plan)
+        blocks = self.kv.allocate_slots(req, plan[0] + plan[1], hit)
+        if blocks is None:
+            self.release(req, plan)
+            return None
+        req.num_computed_tokens = computed
+        self.commit(req, plan)
+        return blocks
+
+    def hold(self, plan: FillPlan) -> None:
+        """Lock a planned fill's segment through the allocation for it (which may evict what is
+        unlocked): then `commit`, or `release` when the allocation failed."""
+        if plan[2] is not None:
+            self.kv.segments.lock(plan[2])
+            self._locked.append(plan[2])
+
+    def release(self, req: Request, plan: FillPlan) -> None:
+        """The allocation for `req`'s held fill failed: its segment may be evicted again."""
+        if plan[2] is not None:
+            self._locked.remove(plan[2])
+            self.kv.segments.unlock(plan[2])
+
     def commit(self, req: Request, plan: FillPlan) -> None:
-        """The planned fill's blocks are allocated: record the copy, lock its segment until it has
-        run, and advance the request's computed tokens past it."""
+        """The held fill's blocks are allocated: record the copy (its segment stays locked until it
+        has run) and advance the request's computed tokens past it."""
         fill, _, entry, offset = plan
         if not fill or entry is None:
             return
         copy = self.kv.fill_segment(req, entry, offset, fill)
-        self.kv.segments.lock(entry)
-        self._locked.append(entry)
         self._fills[req.request_id] = (copy, entry, fill, offset)
         req.num_computed_tokens += fill
         req.metrics.segment_reused_tokens += fill
