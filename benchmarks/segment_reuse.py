@@ -11,7 +11,7 @@ KL(full || mode) of the next-token distribution over them, and the change in the
 continuation's mean log-likelihood.
 
     PYTHONPATH=src python benchmarks/segment_reuse.py [--sessions 5] [--tools 300,700,1400]
-        [--recompute 0,0.05,0.15,0.3] [--threads 2]
+        [--recompute 0,auto,0.15,0.3] [--threads 1] [--repeats 2] [--skip-quality]
 
 Numbers depend on the machine and its load (printed); nothing here asserts.
 """
@@ -101,12 +101,17 @@ def make_llm(args: argparse.Namespace, **kw: Any) -> LLM:
     return llm
 
 
-def ttft_pass(engines: dict[str, LLM], prompts: list[tuple[list[int], list[Any]]]) -> dict[str, dict[str, Any]]:
-    """Each request on every engine in turn (so the machine's load falls on all modes alike): TTFT
-    (wall), the process CPU seconds of the request, prompt tokens computed / reused / recomputed."""
+def ttft_pass(engines: dict[str, LLM], prompts: list[tuple[list[int], list[Any]]],
+              repeats: int) -> dict[str, dict[str, Any]]:
+    """Each request on every engine in turn (so the machine's load falls on all modes alike), the
+    whole workload `repeats` times from empty caches: TTFT (wall), the process CPU seconds of the
+    request, prompt tokens computed / reused / recomputed (of the first repeat)."""
     rec: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "cpu": [], "computed": [], "reused": [], "recomputed": []}
                                               for m in engines}
-    for ids, spans in prompts:
+    for (ids, spans), rep in [(p, r) for r in range(repeats) for p in prompts]:
+        if (ids, spans) is prompts[0] and rep:
+            for llm in engines.values():
+                llm.engine.kv.reset_prefix_cache()
         for mode, llm in engines.items():
             c0 = time.process_time()
             o = llm.generate(ids, SamplingParams(max_tokens=1, temperature=0), segments=spans)[0]
@@ -116,9 +121,10 @@ def ttft_pass(engines: dict[str, LLM], prompts: list[tuple[list[int], list[Any]]
             r["computed"].append(o.metrics.prefill_tokens)
             r["reused"].append(o.metrics.segment_reused_tokens)
             r["recomputed"].append(o.metrics.segment_recomputed_tokens)
+    n = len(prompts)
     return {m: {"p50": pct(r["ttft"], 50), "p99": pct(r["ttft"], 99), "cpu50": pct(r["cpu"], 50),
-                "computed": int(sum(r["computed"])), "reused": int(sum(r["reused"])),
-                "recomputed": int(sum(r["recomputed"]))} for m, r in rec.items()}
+                "computed": int(sum(r["computed"][:n])), "reused": int(sum(r["reused"][:n])),
+                "recomputed": int(sum(r["recomputed"][:n]))} for m, r in rec.items()}
 
 
 def logprob_pass(llm: LLM, prompts: list[tuple[list[int], list[Any]]],
@@ -150,14 +156,39 @@ def quality(ref: list[torch.Tensor], got: list[torch.Tensor], conts: list[list[i
     return {"n": len(agree), "agree": statistics.mean(agree), "kl": statistics.mean(kls), "dll": statistics.mean(dll)}
 
 
+def simulate(prompts: list[tuple[list[int], list[Any]]], modes: dict[str, dict[str, Any]], kv_blocks: int,
+             hardware: str = "cpu-local") -> dict[str, float]:
+    """The same requests, one at a time, on the simulator (the real scheduler and KV bookkeeping,
+    the step cost model of `hardware` for SmolLM2-135M, segment copies priced per token): TTFT p50."""
+    from pacer.config import EngineConfig
+    from pacer.perf.profiles import get_hardware, get_model
+    from pacer.sim.simulator import build_sim_engine
+
+    out = {}
+    for label, kw in modes.items():
+        eng, _, clock = build_sim_engine(EngineConfig.from_kwargs(num_kv_blocks=kv_blocks, **kw),
+                                         get_hardware(hardware), get_model("smollm2-135m"))
+        ttfts = []
+        for ids, spans in prompts:
+            rid = eng.add_request(ids, SamplingParams(max_tokens=1), segments=spans)
+            done = None
+            while done is None:
+                done = next((o for o in eng.step() if o.request_id == rid and o.finished), None)
+            ttfts.append(done.metrics.ttft or 0.0)
+        out[label] = pct(ttfts, 50)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=5)
     ap.add_argument("--tools", default="300,700,1400", help="tool output lengths in tokens")
-    ap.add_argument("--recompute", default="0,0.05,0.15,0.3", help="approximate modes' recompute fractions")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--recompute", default="0,auto,0.15,0.3", help="approximate modes' recompute fractions")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: no OpenMP spinning on shared cores)")
     ap.add_argument("--kv-blocks", type=int, default=640)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2, help="TTFT passes over the workload, from empty caches")
+    ap.add_argument("--skip-quality", action="store_true", help="TTFT only")
     args = ap.parse_args()
     print(f"cpu flags: {cpu_flags()}; torch threads {args.threads}; load average {loadavg()} (start)")
     probe = LLM(num_kv_blocks=64)
@@ -168,10 +199,19 @@ def main() -> None:
           f"prompts {min(lens)}-{max(lens)} tokens; reference continuation {CONTINUATION} greedy tokens")
     t0 = time.perf_counter()
     modes: dict[str, dict[str, Any]] = {"off (prefix caching)": {}}
-    modes.update({f"approximate r={r}": {"segment_reuse": "approximate", "segment_recompute": float(r)}
+    modes.update({f"approximate r={r}": {"segment_reuse": "approximate",
+                                         "segment_recompute": r if r == "auto" else float(r)}
                   for r in args.recompute.split(",")})
     engines = {label: make_llm(args, **kw) for label, kw in modes.items()}
-    timing = ttft_pass(engines, prompts)
+    timing = ttft_pass(engines, prompts, args.repeats)
+    if args.skip_quality:
+        sim = simulate(prompts, modes, args.kv_blocks)
+        for label, t in timing.items():
+            print(f"{label:22s} TTFT p50 {t['p50'] * 1e3:7.0f}ms p99 {t['p99'] * 1e3:7.0f}ms cpu p50 {t['cpu50']:.2f}s "
+                  f"computed {t['computed']} reused {t['reused']} recomputed {t['recomputed']}; "
+                  f"simulated TTFT p50 {sim[label] * 1e3:.0f}ms")
+        print(f"load average {loadavg()} (end)")
+        return
     ref_llm = engines["off (prefix caching)"]   # exact KV: the reference continuation and distributions
     conts = [list(o.token_ids) for o in ref_llm.generate(
         [ids for ids, _ in prompts], SamplingParams(max_tokens=CONTINUATION, temperature=0, ignore_eos=True))]
@@ -192,6 +232,11 @@ def main() -> None:
               f" vs off", flush=True)
     for llm in engines.values():
         llm.close()
+    sim = simulate(prompts, modes, args.kv_blocks)
+    real = {label: t["p50"] / base["p50"] for label, t in timing.items()}
+    print("TTFT p50 / off, real vs simulated (cpu-local profile): " + "; ".join(
+        f"{label.removeprefix('approximate ')} {real[label]:.2f} vs {sim[label] / sim['off (prefix caching)']:.2f}"
+        for label in modes if modes[label]))
     print(f"load average {loadavg()} (end); {time.perf_counter() - t0:.0f} s")
 
 

@@ -19,14 +19,18 @@ import torch
 from pacer.kv.segment_store import SegmentCopy
 from pacer.model.kv_quant import KVFormat, dequantize, quantize
 
-__all__ = ["apply_segment_copies", "rotate_keys"]
+__all__ = ["apply_segment_copies", "rotate_keys", "rotation"]
 
 
-def rotate_keys(k: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """k [T, heads, d] (float32, rotate_half layout) rotated by `delta` [T] positions each."""
+def rotation(delta: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, d/2] (float32) of `delta` [T] positions (angles in float64: a large
+    delta times a small frequency keeps its precision)."""
     angles = delta.to(torch.float64).unsqueeze(1) * inv_freq.to(torch.float64).unsqueeze(0)   # [T, d/2]
-    cos = angles.cos().to(k.dtype).unsqueeze(1)
-    sin = angles.sin().to(k.dtype).unsqueeze(1)
+    return angles.cos().float().unsqueeze(1), angles.sin().float().unsqueeze(1)
+
+
+def rotate_keys(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """k [T, heads, d] (float32, rotate_half layout) rotated by the angles of `rotation`."""
     half = k.shape[-1] // 2
     k1, k2 = k[..., :half], k[..., half:]
     return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1)
@@ -49,16 +53,16 @@ def apply_segment_copies(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], cop
     dst = torch.tensor([s for c in copies for s in c.dst_slots], device=device)
     deltas = [c.position_delta for c in copies for _ in range(c.num_tokens)]
     rotate = any(deltas)
-    delta = torch.tensor(deltas, device=device) if rotate else None
+    cos_sin = rotation(torch.tensor(deltas, device=device), inv_freq) if rotate else None
     for layer, (k_cache, v_cache) in enumerate(kv_caches):
         k_flat, v_flat = _flat(k_cache), _flat(v_cache)
         v_flat.index_copy_(0, dst, v_flat.index_select(0, src))
         rows = k_flat.index_select(0, src)
-        if rotate and delta is not None:
+        if cos_sin is not None:
             k_scale = fmt.scales(layer)[0]
             stored = rows.view(k_cache.dtype) if rows.dtype != k_cache.dtype else rows
             keys = dequantize(fmt, stored, torch.float32, k_scale)
-            keys = rotate_keys(keys, delta, inv_freq)
+            keys = rotate_keys(keys, *cos_sin)
             rows = quantize(fmt, keys, k_scale)
             if rows.dtype != k_flat.dtype:
                 rows = rows.view(k_flat.dtype)

@@ -130,6 +130,12 @@ class Tokenizer:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
         text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
                                            chat_template=chat_template, **template_kwargs)
+        return self.with_segments(text, messages, roles)
+
+    def with_segments(self, text: str, messages: list[dict[str, Any]], roles: tuple[str, ...]
+                      ) -> tuple[list[int], list[tuple[int, int]]]:
+        """`text` (a chat render of `messages`) as token ids, and the token span (start, length) of
+        each `roles` message's content: the tokens wholly inside its text in the render."""
         enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         spans: list[tuple[int, int]] = []
