@@ -170,7 +170,7 @@ def simulate(prompts: list[tuple[list[int], list[Any]]], modes: dict[str, dict[s
                                          get_hardware(hardware), get_model("smollm2-135m"))
         ttfts = []
         for ids, spans in prompts:
-            rid = eng.add_request(ids, SamplingParams(max_tokens=1), segments=spans)
+            rid = eng.add_request(eng.prepare(ids, SamplingParams(max_tokens=1), segments=spans))
             done = None
             while done is None:
                 done = next((o for o in eng.step() if o.request_id == rid and o.finished), None)

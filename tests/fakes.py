@@ -243,7 +243,12 @@ def drive_arrivals(eng: Engine, arrivals: list[Arrival], check_step: Callable[[]
     while pending or eng.has_unfinished_requests():
         while pending and pending[0].step <= step:
             a = pending.pop(0)
-            eng.add_request(a.prompt, a.params, request_id=a.request_id, **a.add_kwargs)
+            kw = dict(a.add_kwargs)
+            if "segments" in kw:   # segments travel in a prepared request
+                prepared = eng.prepare(a.prompt, a.params, tenant=kw.pop("tenant", "default"), segments=kw.pop("segments"))
+                eng.add_request(prepared, request_id=a.request_id, **kw)
+            else:
+                eng.add_request(a.prompt, a.params, request_id=a.request_id, **kw)
             expected[a.request_id] = reference_output(a.prompt, a.params)
             if a.abort_after is not None:
                 aborts[a.request_id] = step + a.abort_after

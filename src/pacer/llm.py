@@ -9,6 +9,7 @@ from typing import Any
 from pacer.config import EngineConfig
 from pacer.config.slo import Slo
 from pacer.engine import Engine, RequestOutput
+from pacer.engine.segment_spans import render_chats, segments_per_prompt
 from pacer.errors import FieldTypeError
 from pacer.request import SamplingParams
 
@@ -26,22 +27,6 @@ def _per_prompt(name: str, value: Any, n: int, default: Any) -> list[Any]:
             raise ValueError(f"{name}: got {len(value)} values for {n} prompts")
         return list(value)
     return [value] * n
-
-
-def _segments_per_prompt(segments: Sequence[Any] | None, n: int) -> list[Any]:
-    """`segments` of `generate`: None, one prompt's spans [(start, length), ...] (one prompt),
-    or one list (or None) per prompt."""
-    if segments is None:
-        return [None] * n
-    if isinstance(segments, str | bytes) or not isinstance(segments, Sequence):
-        raise FieldTypeError("segments", f"segments must be a list of (start, length) spans, got {segments!r:.80}")
-    one_prompt = all(isinstance(s, list | tuple) and len(s) == 2 and all(isinstance(v, int) for v in s)
-                     for s in segments)
-    if n == 1 and (one_prompt or not segments):
-        return [segments]
-    if len(segments) != n:
-        raise ValueError(f"segments: got {len(segments)} span lists for {n} prompts")
-    return list(segments)
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -78,18 +63,15 @@ class LLM:
                  tenant: str | Sequence[str] | None = None,
                  slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
                  request_class: str | Sequence[str | None] | None = None,
-                 session: str | Sequence[str | None] | None = None,
-                 kv_retention: Mapping[str, Any] | None = None,
-                 segments: Sequence[Any] | None = None) -> list[RequestOutput]:
+                 session: str | Sequence[str | None] | None = None, segments: Sequence[Any] | None = None,
+                 kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; outputs in input order. With
         `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
         (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`).
         `slo`: the requests' own targets (a `Slo` or {"ttft_ms": .., "itl_ms": ..}; one for all
         or one per prompt; default `SamplingParams.slo`), on top of their class's from the
         engine's `slo` config; `request_class` names the class (default: classified by lengths).
-        `segments`: token spans [(start, length), ...] of a prompt whose KV may be reused at another
-        position by later requests (segment_reuse="approximate"; docs/features/segment-reuse.md);
-        for several prompts, one list (or None) per prompt."""
+        `segments`: per prompt, token spans [(start, length)] reusable elsewhere (segment reuse)."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
@@ -97,8 +79,7 @@ class LLM:
         tenants = _per_prompt("tenant", tenant, n, "default")
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
-        sessions = _per_prompt("session", session, n, None)
-        spans = _segments_per_prompt(segments, n)
+        sessions, spans = _per_prompt("session", session, n, None), segments_per_prompt(segments, n)
         prepared = []
         for p, sp, pr, te, so, rc, sg in zip(prompt_list, params, prios, tenants, slos, classes, spans):   # all first
             if not isinstance(sp, SamplingParams):
@@ -125,17 +106,14 @@ class LLM:
              tenant: str | Sequence[str] | None = None,
              slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
              request_class: str | Sequence[str | None] | None = None,
-             session: str | Sequence[str | None] | None = None,
+             session: str | Sequence[str | None] | None = None, segment_roles: Sequence[str] | None = None,
              kv_retention: Mapping[str, Any] | None = None, chat_template: str | None = None,
-             chat_template_kwargs: Mapping[str, Any] | None = None,
-             segment_roles: Sequence[str] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, a template's text) to one
         conversation or a list of them, with `chat_template_kwargs` as its extra variables (vLLM's:
         e.g. {"enable_thinking": False}). `session` names each conversation's agent session: its KV
         is retained while the caller's tool runs (an eviction tier, `pacer.kv.retention`);
-        `kv_retention` {"ttl_s": s} or {"release": True}. `segment_roles`: the roles whose message
-        contents are segments (their KV reusable at another position, segment_reuse="approximate");
-        default ("tool",) when the engine's segment_reuse is approximate, else none."""
+        `kv_retention` {"ttl_s": s} or {"release": True}; `segment_roles`: segments' roles (default tool)."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
         convs: list[Sequence[Message]]
@@ -144,20 +122,8 @@ class LLM:
         else:
             convs = list(messages)  # type: ignore[arg-type]
         kwargs = dict(chat_template_kwargs or {})
-        if segment_roles is None:
-            segment_roles = ("tool",) if self.config.cache.segment_reuse == "approximate" else ()
-        prompts: list[Prompt] = []
-        spans: list[list[tuple[int, int]] | None] = []
-        for c in convs:
-            if segment_roles:
-                ids, found = self.engine.tokenizer.chat_segments(list(c), tuple(segment_roles), True,
-                                                                 chat_template, **kwargs)
-                prompts.append(ids)
-                spans.append(found)
-            else:
-                prompts.append(self.engine.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
-                                                                         chat_template=chat_template, **kwargs))
-                spans.append(None)
+        roles = ("tool",) if segment_roles is None and self.config.cache.segment_reuse == "approximate" else ()
+        prompts, spans = render_chats(self.engine.tokenizer, convs, tuple(segment_roles or roles), chat_template, kwargs)
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
                              request_class=request_class, session=session, kv_retention=kv_retention,
                              segments=spans)

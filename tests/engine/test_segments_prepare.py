@@ -1,4 +1,4 @@
-"""Segment spans on the way in (`pacer.engine.prepare.check_segments`, `segment_recompute`): bad
+"""Segment spans on the way in (`pacer.engine.segment_spans.check_segments`, `segment_recompute`): bad
 input is refused with an error naming the field and the span; truncation keeps the spans it can."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pacer.config import EngineConfig
-from pacer.engine.prepare import check_segments
+from pacer.engine.segment_spans import check_segments
 from pacer.errors import FieldError
 from pacer.request import SamplingParams
 from tests.fakes import make_engine

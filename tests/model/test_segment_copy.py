@@ -30,7 +30,8 @@ def _prompts(base: Engine) -> tuple[list[int], list[int], list[int]]:
 
 def _layer0(eng: Engine, prompt: list[int], segments: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Run `prompt` to its first token and read its layer-0 K and V rows (as stored) while it runs."""
-    rid = eng.add_request(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), segments=segments)
+    rid = eng.add_request(eng.prepare(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                                      segments=segments))
     while not any(o.request_id == rid and o.new_token_ids for o in eng.step()):
         pass
     table, bs = eng.kv.block_table(rid), eng.kv.block_size
@@ -80,7 +81,7 @@ def test_recomputing_the_whole_segment_equals_full_prefill(base: Engine) -> None
         eng = make(base, **kw)
         got = []
         for p, sp in zip(prompts, spans):
-            rid = eng.add_request(p, GREEDY, segments=sp)
+            rid = eng.add_request(eng.prepare(p, GREEDY, segments=sp))
             final = None
             while final is None:
                 final = next((o for o in eng.step() if o.request_id == rid and o.finished), None)

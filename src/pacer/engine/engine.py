@@ -185,8 +185,7 @@ class Engine(Constraints):
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
                     slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-                    session: str | None = None, kv_retention: Mapping[str, Any] | None = None,
-                    segments: Sequence[Sequence[int]] | None = None) -> str:
+                    session: str | None = None, kv_retention: Mapping[str, Any] | None = None) -> str:
         """Queue a request (any thread): a `PreparedRequest`, or the arguments of `prepare`, which
         checks them first (raising a FieldError naming the bad field). `cache_salt` (vLLM's):
         the request shares cached blocks only with requests of the same salt. `session` names
@@ -199,7 +198,7 @@ class Engine(Constraints):
             prepared = prompt
         else:
             prepared = self.prepare(prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                                    slo=slo, cache_salt=cache_salt, segments=segments)
+                                    slo=slo, cache_salt=cache_salt)
         params = prepared.params
         with self._id_lock:
             if request_id is None:

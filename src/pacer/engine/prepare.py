@@ -15,12 +15,13 @@ from typing import Any
 
 from pacer.config.engine import REASONING_PARSERS
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
+from pacer.engine.segment_spans import check_segments
 from pacer.errors import FieldTypeError, FieldValueError
 from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
 from pacer.sched.reasoning import ThinkTags
 
-__all__ = ["PreparedRequest", "PrepareContext", "prepare", "check_segments", "tokenize_prompt", "check_reasoning", "think_tags"]
+__all__ = ["PreparedRequest", "PrepareContext", "prepare", "tokenize_prompt", "check_reasoning", "think_tags"]
 
 log = logging.getLogger("pacer.engine")
 
@@ -89,17 +90,15 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
     picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
     request's own targets on top (default: `params.slo`); `field` names the prompt in errors
-    (`messages` for a chat request); `segments`: prompt spans (start, length) whose KV may be
-    reused away from their prefix (`check_segments`)."""
+    (`messages` for a chat request); `segments`: reusable prompt spans (`check_segments`)."""
     params = _check_args(params, priority, tenant, cache_salt)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
     spans = check_segments(segments, len(ids))
     if params.truncate_prompt_tokens is not None:   # vLLM's: keep the prompt's last k tokens
         keep = ctx.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
         if len(ids) > keep:
-            cut = len(ids) - keep
+            spans = tuple((s - len(ids) + keep, n) for s, n in spans if s >= len(ids) - keep)
             ids, prompt = ids[-keep:], list(ids[-keep:])
-            spans = tuple((s - cut, n) for s, n in spans if s >= cut)
     params = _resolve_token_fields(params, ctx.tokenizer, ctx.vocab_size)
     check_context_length(len(ids), params.max_tokens, ctx.max_model_len, ctx.kv_capacity_tokens, field)
     rclass = _resolve_class(ctx.class_rules, len(ids), params.max_tokens, request_class)
@@ -108,30 +107,6 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     targets = ctx.slo_set.for_class(rclass).merged(own_slo, ctx.allow_tighter_slo)
     return PreparedRequest(ids, params, priority, tenant, rclass, targets, cache_salt,
                            prompt if isinstance(prompt, str) else None, segments=spans)
-
-
-def check_segments(segments: Sequence[Sequence[int]] | None, num_prompt_tokens: int,
-                   field: str = "segments") -> tuple[tuple[int, int], ...]:
-    """Prompt spans as (start, length) pairs of integers, each inside the prompt, length >= 1,
-    sorted by start and disjoint; raises a FieldError naming `field` and the span at fault."""
-    if segments is None:
-        return ()
-    if isinstance(segments, str | bytes) or not isinstance(segments, Sequence):
-        raise FieldTypeError(field, f"{field} must be a list of [start, length] token spans, got {segments!r:.80}")
-    out: list[tuple[int, int]] = []
-    for i, span in enumerate(segments):
-        if (isinstance(span, str | bytes) or not isinstance(span, Sequence) or len(span) != 2
-                or any(isinstance(v, bool) or not isinstance(v, int) for v in span)):
-            raise FieldTypeError(field, f"{field}[{i}] must be a [start, length] pair of integers, got {span!r:.80}")
-        start, length = span
-        if start < 0 or length < 1 or start + length > num_prompt_tokens:
-            raise FieldValueError(field, f"{field}[{i}] = [{start}, {length}] must lie inside the prompt's "
-                                         f"{num_prompt_tokens} tokens with length >= 1")
-        if out and start < out[-1][0] + out[-1][1]:
-            raise FieldValueError(field, f"{field}[{i}] starts at {start}, inside or before {field}[{i - 1}]: "
-                                         f"spans must be sorted and disjoint")
-        out.append((start, length))
-    return tuple(out)
 
 
 def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache_salt: str | None) -> SamplingParams:

@@ -67,16 +67,14 @@ class ModelExecutor:
         self._cpu_blocks[slot] = block
 
     def _apply_swaps(self, out: SchedulerOutput) -> None:
-        """Copy preempted requests' and demoted prefix blocks to the host tier, store computed
-        segments, then restore resumed requests' and promoted blocks and fill reused segments; all
-        before the forward, which may reuse the blocks just copied out."""
+        """Before the forward (which may reuse blocks copied out): swap-outs and demotions to the host
+        tier, segment saves, then swap-ins and promotions back, then segment fills."""
         if out.swap_out:
             idx = torch.tensor([d for d, _ in out.swap_out], device=self.device)
             saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
             for i, (_, slot) in enumerate(out.swap_out):
                 self._cpu_blocks[slot] = saved[:, :, i].clone()
-        if out.segment_saves:   # their sources may be this step's swap-in targets
-            apply_segment_copies(self.kv_caches, out.segment_saves, self.kv_format, self.model.inv_freq)
+        apply_segment_copies(self.kv_caches, out.segment_saves, self.kv_format, self.model.inv_freq)
         if out.swap_in:
             idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
             # a copy: the host slot keeps its KV (the offload tier may promote it again) until reused
@@ -84,8 +82,7 @@ class ModelExecutor:
             for layer, (k, v) in enumerate(self.kv_caches):
                 _as_copyable(k).index_copy_(0, idx, _as_copyable(blocks[layer, 0]))
                 _as_copyable(v).index_copy_(0, idx, _as_copyable(blocks[layer, 1]))
-        if out.segment_fills:
-            apply_segment_copies(self.kv_caches, out.segment_fills, self.kv_format, self.model.inv_freq)
+        apply_segment_copies(self.kv_caches, out.segment_fills, self.kv_format, self.model.inv_freq)
 
     def _sync_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_ids:

@@ -142,8 +142,7 @@ class Tokenizer:
         pos = 0
         for m in messages:
             content = m.get("content")
-            at = text.find(content, pos) if isinstance(content, str) and content else -1
-            if at < 0:
+            if not isinstance(content, str) or not content or (at := text.find(content, pos)) < 0:
                 continue
             pos = at + len(content)
             if m.get("role") not in roles:

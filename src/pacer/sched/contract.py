@@ -83,9 +83,7 @@ class SchedulerOutput:
     token_masks: TokenMasks | None = None
     token_budget: int = 0                          # the step's token budget as chosen (<= max_num_batched_tokens)
     budget_reason: str = "max_num_batched_tokens"  # what set it (slo: "itl 45.0ms of req-7")
-    # segment reuse (pacer.sched.segments): KV copies of stored segments; saves (a computed span into
-    # the segment store) run after swap-outs and before swap-ins, fills (stored KV into a request's
-    # blocks, K re-rotated) after every swap, all before the forward
+    # segment reuse (pacer.sched.segments): saves run after swap-outs, fills after swap-ins (all before the forward)
     segment_saves: list[SegmentCopy] = field(default_factory=list)
     segment_fills: list[SegmentCopy] = field(default_factory=list)
 

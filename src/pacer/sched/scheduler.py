@@ -180,8 +180,6 @@ class Scheduler:
         self.waiting.refresh(now)
         self._shed(self.policy.shed(self.waiting, now))
         step = StepPlan(Budget(self.max_num_batched_tokens, self.config.max_num_seqs))
-        if self.segments.enabled:
-            self.segments.end_step()   # no-op after update_from_output (a driver that skipped it)
         if self.dedup is not None:
             self.dedup.begin_step(self.running, self.requests.__contains__)
         if self.config.enable_chunked_prefill:
@@ -284,16 +282,13 @@ class Scheduler:
                     return
             elif n > budget.tokens_left:
                 continue
-            blocks = None
-            if req.segments and self.segments.active(req):   # a reused segment: stop at it, or fill it
-                blocks, n = self.segments.fill_or_stop(req, req.num_computed_tokens, n, None)
+            blocks, n = self.segments.fill_or_stop(req, req.num_computed_tokens, n, None) if req.segments else (None, n)
+            if blocks is None:   # else preempt for it (a failed allocation changed nothing)
+                blocks = allocate(req, n)
             if blocks is None:
-                blocks = allocate(req, n)   # else preempt for it (a failed allocation changed nothing)
-                if blocks is None:
-                    blocks = self._allocate_or_preempt(step, req, n)
+                blocks = self._allocate_or_preempt(step, req, n)
             if blocks is not None:
                 step.add(req, n, blocks, is_new=False)
-
 
     def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
         """Allocate for a running request, preempting the worst running ones as needed."""
@@ -331,16 +326,14 @@ class Scheduler:
             n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
-            blocks = None
-            if req.segments and self.segments.active(req):   # a reused segment: stop at it, or fill it
-                blocks, n = self.segments.fill_or_stop(req, computed, n, hit)
+            blocks, n = self.segments.fill_or_stop(req, computed, n, hit) if req.segments else (None, n)
             if blocks is None:
                 blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
-                if blocks is None:
-                    if self._make_room_for(step, req):
-                        continue
-                    return
-                req.num_computed_tokens = computed
+            if blocks is None:
+                if self._make_room_for(step, req):
+                    continue
+                return
+            req.num_computed_tokens = max(req.num_computed_tokens, computed)   # a fill advanced it already
             if self.dedup is not None:
                 self.dedup.admitted(req, computed)
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
@@ -368,8 +361,7 @@ class Scheduler:
         return True
 
     def _preempt(self, step: StepPlan, req: Request) -> None:
-        if self.segments.enabled:
-            self.segments.cancel(req)   # a fill planned this step: dropped, its tokens not computed
+        self.segments.cancel(req)   # a fill planned this step: dropped, its tokens not computed
         step.undo(req)
         self.running.remove(req)
         req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
@@ -389,7 +381,7 @@ class Scheduler:
         scheduled, num_prefill, num_decode = build_rows(step, account, self.ledger if self._charge_ledger else None)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
-        saves, fills = self.segments.take_copies() if self.segments.enabled else ([], [])
+        saves, fills = self.segments.take_copies()
         # the masks are computed while the executor prepares and runs the forward; a grammar
         # starts once its request's thinking ended, and a spent thinking budget forces the end tag
         masks = None
@@ -423,11 +415,7 @@ class Scheduler:
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
         tracking = reasoning.tracking
-        if self.segments.enabled:   # the fills ran; store the segments this step completed (before a finish frees them)
-            self.segments.end_step()
-            for sr in output.scheduled:
-                if sr.is_prefill and (seg_req := get(sr.request_id)) is not None and seg_req.segments:
-                    self.segments.after_step(seg_req, sr.start_position, sr.start_position + sr.num_tokens)
+        self.segments.after_step(output.scheduled, get)   # store the segments completed (before a finish frees them)
         for sr in output.scheduled:
             rid = sr.request_id
             req = get(rid)

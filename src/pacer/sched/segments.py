@@ -19,10 +19,12 @@ prompt token is always computed (its logits are needed). A segment a request com
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from pacer.kv.manager import KVCacheManager, PrefixHit
 from pacer.kv.segment_store import SegmentCopy, SegmentEntry
 from pacer.request import Request
+from pacer.sched.contract import ScheduledRequest
 
 __all__ = ["SegmentPlanner", "AUTO_RECOMPUTE", "FillPlan"]
 
@@ -53,6 +55,8 @@ class SegmentPlanner:
 
     def end_step(self) -> None:
         """The step's fills have run: their segments may be evicted again."""
+        if not self._locked and not self._fills:
+            return
         for entry in self._locked:
             self.kv.segments.unlock(entry)
         self._locked.clear()
@@ -91,6 +95,8 @@ class SegmentPlanner:
         fill that fits, the blocks allocated for it and the chunk after it (the fill committed, the
         hit too); else None and the chunk to compute, stopped at the next reused segment's boundary
         (a fill that does not fit is computed instead)."""
+        if not self.active(req):
+            return None, n
         plan = self.plan(req, computed, n)
         if not plan[0]:
             return None, plan[1]
@@ -138,7 +144,7 @@ class SegmentPlanner:
     def cancel(self, req: Request) -> None:
         """`req` is preempted in the step that planned its fill: the copy is dropped and its
         computed tokens rolled back (a swap-out keeps only KV that exists)."""
-        got = self._fills.pop(req.request_id, None)
+        got = self._fills.pop(req.request_id, None) if self._fills else None
         if got is None:
             return
         _, entry, fill, offset = got
@@ -148,15 +154,26 @@ class SegmentPlanner:
         self._locked.remove(entry)
         self.kv.segments.unlock(entry)
 
-    def after_step(self, req: Request, chunk_start: int, chunk_end: int) -> None:
-        """`req` computed [chunk_start, chunk_end): store each segment that chunk completed."""
-        for start, length in req.segments:
-            if chunk_start < start + length <= chunk_end:
-                copy = self.kv.store_segment(req, start, length)
-                if copy is not None:
-                    self._saves.append(copy)
+    def after_step(self, rows: list[ScheduledRequest], get: Callable[[str], Request | None]) -> None:
+        """The step's fills ran (their segments are unlocked); each segment a prefill chunk of the
+        step completed is stored (`get`: the request of an id, None once it is gone)."""
+        if not self.enabled:
+            return
+        self.end_step()
+        for sr in rows:
+            req = get(sr.request_id) if sr.is_prefill else None
+            if req is None or not req.segments:
+                continue
+            chunk_start, chunk_end = sr.start_position, sr.start_position + sr.num_tokens
+            for start, length in req.segments:
+                if chunk_start < start + length <= chunk_end:
+                    copy = self.kv.store_segment(req, start, length)
+                    if copy is not None:
+                        self._saves.append(copy)
 
     def take_copies(self) -> tuple[list[SegmentCopy], list[SegmentCopy]]:
         """The copies for this step's executor: saves (queued since the last step), then fills."""
+        if not self._saves and not self._fills:
+            return [], []
         saves, self._saves = self._saves, []
         return saves, [copy for copy, _, _, _ in self._fills.values()]
