@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from pacer.engine import Engine
 from pacer.engine.build import kv_tiers
 from pacer.llm import LLM
 from pacer.model.runner import executor_for
+
+# The suite never reads this machine's saved `pacer sim calibrate` fit (~/.cache/pacer/sim): the
+# simulator's and the slo policy's predictions in tests are pacer's shipped fit's, wherever they run.
+os.environ["PACER_SIM_CALIBRATION"] = os.path.join(tempfile.mkdtemp(prefix="pacer-sim-fit-"), "cpu-local.json")
 
 
 @pytest.fixture(scope="session")

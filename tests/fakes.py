@@ -50,17 +50,43 @@ class FakeExecutor:
         self.tables: dict[str, list[int]] = {}
         self.steps: list[SchedulerOutput] = []
         self.cpu: dict[int, list[tuple[int, int] | None]] = {}   # swap tier: cpu slot -> block contents
+        # segment reuse: with `check_tenants`, the tenant whose request computed each slot's KV, and
+        # every read of KV must be of the reader's own tenant (tenant_isolation="isolated")
+        self.check_tenants = False
+        self.writers: dict[int, str] = {}
+        self.cpu_writers: dict[int, list[str | None]] = {}
+        self.num_filled = 0   # tokens filled from stored segments
+
+    def _copy_segments(self, copies: list[Any]) -> None:
+        """A stored segment's KV moved to new positions: each (token, position) shifted by the
+        copy's delta, as RoPE re-rotation moves a key (a slot never written stays unwritten)."""
+        for c in copies:
+            moved = [(self.slots.get(s), self.writers.get(s)) for s in c.src_slots]
+            for dst, (content, writer) in zip(c.dst_slots, moved):
+                if content is None:
+                    self.slots.pop(dst, None)
+                else:
+                    self.slots[dst] = (content[0], content[1] + c.position_delta)
+                if writer is not None:
+                    self.writers[dst] = writer
 
     def _swap(self, out: SchedulerOutput) -> None:
         bs = self.block_size
         for dev, slot in out.swap_out:
             self.cpu[slot] = [self.slots.get(dev * bs + i) for i in range(bs)]
+            self.cpu_writers[slot] = [self.writers.get(dev * bs + i) for i in range(bs)]
+        self._copy_segments(out.segment_saves)   # after swap-outs, before swap-ins (the executor's order)
         for slot, dev in out.swap_in:
+            for i, writer in enumerate(self.cpu_writers.get(slot, ())):
+                if writer is not None:
+                    self.writers[dev * bs + i] = writer
             for i, content in enumerate(self.cpu[slot]):   # a copy: the host tier may promote it again
                 if content is None:
                     self.slots.pop(dev * bs + i, None)
                 else:
                     self.slots[dev * bs + i] = content
+        self._copy_segments(out.segment_fills)
+        self.num_filled += sum(c.num_tokens for c in out.segment_fills)
 
     @staticmethod
     def _check_history(sr: ScheduledRequest, req: Request) -> None:
@@ -94,10 +120,14 @@ class FakeExecutor:
             for p in range(sr.start_position):
                 got = self.slots.get(self._slot(table, p))
                 assert got == (seq[p], p), f"{sr.request_id}: stale KV at position {p}: {got} != {(seq[p], p)}"
+                if self.check_tenants:
+                    writer = self.writers.get(self._slot(table, p))
+                    assert writer == req.tenant, f"{sr.request_id} of {req.tenant} read KV of {writer} at {p}"
             for i, t in enumerate(sr.token_ids):
                 p = sr.start_position + i
                 assert t == seq[p], f"{sr.request_id}: token at {p} is {t}, expected {seq[p]}"
                 self.slots[self._slot(table, p)] = (t, p)
+                self.writers[self._slot(table, p)] = req.tenant
             end = sr.start_position + sr.num_tokens
             drafts = list(sr.draft_token_ids)
             assert len(table) * self.block_size >= end + len(drafts), f"{sr.request_id}: no KV slot for a draft"
@@ -213,7 +243,12 @@ def drive_arrivals(eng: Engine, arrivals: list[Arrival], check_step: Callable[[]
     while pending or eng.has_unfinished_requests():
         while pending and pending[0].step <= step:
             a = pending.pop(0)
-            eng.add_request(a.prompt, a.params, request_id=a.request_id, **a.add_kwargs)
+            kw = dict(a.add_kwargs)
+            if "segments" in kw:   # segments travel in a prepared request
+                prepared = eng.prepare(a.prompt, a.params, tenant=kw.pop("tenant", "default"), segments=kw.pop("segments"))
+                eng.add_request(prepared, request_id=a.request_id, **kw)
+            else:
+                eng.add_request(a.prompt, a.params, request_id=a.request_id, **kw)
             expected[a.request_id] = reference_output(a.prompt, a.params)
             if a.abort_after is not None:
                 aborts[a.request_id] = step + a.abort_after

@@ -131,6 +131,8 @@ class RequestMetrics(Latencies):
     retention_hit_tokens: int = 0  # of cached_tokens, those its session's retention window kept (pacer.kv.retention)
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens actually computed (prefill + recompute), excludes cache hits
+    segment_reused_tokens: int = 0      # prompt tokens filled from the segment store (K re-rotated), not computed
+    segment_recomputed_tokens: int = 0  # of reused segments, the tokens computed with the real context
     # preemption loss: seconds from each preemption until the request has its KV back (recomputed
     # or swapped in) at the end of a step; of which before the first token (inside TTFT)
     preempted_time: float = 0.0
@@ -177,6 +179,8 @@ class RequestMetrics(Latencies):
             "cached_tokens_host": self.cached_tokens_host,
             "retention_hit_tokens": self.retention_hit_tokens,
             "prefill_tokens": self.prefill_tokens,
+            "segment_reused_tokens": self.segment_reused_tokens,
+            "segment_recomputed_tokens": self.segment_recomputed_tokens,
             "preemptions": self.preemptions,
             "preempted_time": self.preempted_time,
             "preempted_time_ttft": self.preempted_time_ttft,
@@ -228,7 +232,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "priority", "tenant", "arrival_seq",
         "output_token_ids", "num_computed_tokens", "status", "finish_reason", "metrics",
         "eos_token_ids", "stop_reason", "num_cached_tokens", "request_class", "slo", "policy_state", "cache_salt",
-        "session", "retention_ttl", "retention_release",
+        "session", "retention_ttl", "retention_release", "segments", "segment_reuse",
     )
 
     def __init__(
@@ -247,6 +251,8 @@ class Request:
         session: str | None = None,
         retention_ttl: float | None = None,
         retention_release: bool = False,
+        segments: Sequence[tuple[int, int]] = (),
+        segment_reuse: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -261,6 +267,10 @@ class Request:
         self.session = session
         self.retention_ttl = retention_ttl
         self.retention_release = retention_release
+        # segment reuse (pacer.sched.segments): prompt spans (start, length), sorted and disjoint,
+        # whose KV may be reused away from their prefix; `segment_reuse` "off" opts this request out
+        self.segments: tuple[tuple[int, int], ...] = tuple(segments)
+        self.segment_reuse = segment_reuse
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first schedule

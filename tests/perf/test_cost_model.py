@@ -164,3 +164,29 @@ def test_quantized_kv_is_priced_smaller_in_capacity_kv_reads_and_swaps():
     assert q8.step_cost(f).time_s < full.step_cost(f).time_s and q8.swap_block_s == full.swap_block_s / 2
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         m.kv_bytes_per_token("bfloat16", kv_cache_dtype="int4")
+
+
+def test_segment_copies_cost_device_memory_time():
+    """Segment reuse: every token a step stores or fills reads and writes its K and V once."""
+    import dataclasses
+
+    from pacer.kv.segment_store import SegmentCopy
+
+    hw = HardwareProfile("h", memory_bytes=10_000, peak_flops={"bfloat16": 1000.0}, mem_bandwidth=64.0,
+                         bandwidth_efficiency=0.5, step_overhead_s=0.0, seq_overhead_s=0.0)
+    base = BatchFeatures(num_tokens=1, num_seqs=1, num_single=1, single_kv_tokens=4, single_max_ctx=4, num_sampled=1)
+    with_copies = dataclasses.replace(base, num_segment_copy_tokens=5)
+    # 16 B/token read and written = 32 B per token over 32 B/s effective: 1 s per token
+    for cm in (RooflineCostModel(hw, TINY, "bfloat16", block_size=4),
+               LinearCostModel(hw, TINY, "bfloat16", {k: 0.0 for k in _linear_keys()}, block_size=4)):
+        assert cm.step_cost(with_copies).time_s - cm.step_cost(base).time_s == pytest.approx(5.0)
+    step = SchedulerOutput(0, [sr("a", 3, 10)], 3, 0, segment_saves=[SegmentCopy((1, 2), (8, 9))],
+                           segment_fills=[SegmentCopy((8, 9, 10), (20, 21, 22), 5)])
+    assert batch_features(step).num_segment_copy_tokens == 5
+    assert batch_features(out(sr("a", 3, 10))).num_segment_copy_tokens == 0
+
+
+def _linear_keys() -> list[str]:
+    from pacer.perf.cost_model import LINEAR_FEATURES
+
+    return list(LINEAR_FEATURES)

@@ -116,11 +116,10 @@ def test_a_noisy_saved_fit_is_not_planned_with(monkeypatch: pytest.MonkeyPatch, 
     from pacer.perf.default_calibration import DEFAULT_CPU_CALIBRATION
     from pacer.perf.profiles import fit_is_trusted
 
-    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "cpu-local.json"
+    monkeypatch.setenv("PACER_SIM_CALIBRATION", str(path))
     monkeypatch.setenv("PACER_CACHE_DIR", str(tmp_path / "cache"))
     saved = {**DEFAULT_CPU_CALIBRATION, "coefficients": {**DEFAULT_CPU_CALIBRATION["coefficients"], "const": 0.5}}
-    path = tmp_path / ".cache" / "pacer" / "sim" / "cpu-local.json"
-    path.parent.mkdir(parents=True)
     cfg = EngineConfig.from_kwargs(scheduling_policy="slo", num_threads=1)
 
     def base_const(err: float) -> float:

@@ -10,6 +10,7 @@ from pacer.clock import VirtualClock
 from pacer.config import SchedulerConfig
 from pacer.kv.manager import KVCacheManager
 from pacer.request import Request, SamplingParams
+from pacer.sched.preemption import preempt
 from pacer.sched.scheduler import Scheduler
 from pacer.sched.step_plan import Budget, StepPlan
 from tests.fakes import (
@@ -113,7 +114,7 @@ def test_preempted_request_keeps_its_place_by_arrival():
     for r in reqs:
         s.add_request(r)
     s.schedule()
-    s._preempt(StepPlan(Budget(0, 0)), reqs[1])
+    preempt(s, StepPlan(Budget(0, 0)), reqs[1])
     late = Request("late", [1], p, arrival_time=10.0, arrival_seq=9)
     s.add_request(late)
     assert [r.request_id for r in s.waiting] == ["r1", "late"]

@@ -9,13 +9,28 @@ from dataclasses import dataclass, field
 from pacer.config.checks import (
     EVICTION_POLICIES,
     KV_CACHE_DTYPES,
+    SEGMENT_REUSE_MODES,
     TENANT_ISOLATION_MODES,
     choice,
     non_negative_int,
     positive_int,
 )
 
-__all__ = ["CacheConfig", "parse_memory_size"]
+__all__ = ["CacheConfig", "parse_memory_size", "parse_segment_recompute"]
+
+
+def parse_segment_recompute(value: object) -> float | str:
+    """`segment_recompute`: "auto" or a fraction in [0, 1] (a number or its text)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"segment_recompute must be a fraction in [0, 1] or 'auto', got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"segment_recompute must be a fraction in [0, 1] or 'auto', got {value!r}")
+    return float(value)
 
 
 @dataclass(slots=True)
@@ -78,6 +93,16 @@ class CacheConfig:
         default=True,
         metadata={"help": "A waiting request's prefix look-up (the lpm and slo policies order the queue by it) "
                           "counts as a use of the matched blocks, so eviction keeps what the queue will read."})
+    segment_reuse: str = field(
+        default="off",
+        metadata={"help": "Cross-request segment reuse (pacer.kv.segment_store): off | exact (prefix caching and "
+                          "exact in-flight dedup only) | approximate (a prompt segment, e.g. a tool output, reuses "
+                          "the stored KV of the same tokens at another position: K re-rotated, the first tokens "
+                          "recomputed; not bit-identical to full prefill)."})
+    segment_recompute: float | str = field(
+        default="auto",
+        metadata={"help": "approximate segment reuse: fraction of each reused segment recomputed from its start "
+                          "with the real context (0..1), or auto (see docs/features/segment-reuse.md)."})
     session_retention: bool = field(
         default=True,
         metadata={"help": "Agent sessions: a finished turn of a named session (x-session-id) keeps its "
@@ -105,6 +130,7 @@ class CacheConfig:
                 raise ValueError(f"cache_ttl must be > 0 seconds, got {self.cache_ttl!r}")
         self._validate_tenants()
         self._validate_retention()
+        self._validate_segments()
         if self.num_kv_blocks is not None:
             positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory is not None:
@@ -124,6 +150,13 @@ class CacheConfig:
                 raise ValueError(f"{name} needs kv_offloading_dir (the disk KV tier)")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space!r}")
+
+    def _validate_segments(self) -> None:
+        choice("segment_reuse", self.segment_reuse, SEGMENT_REUSE_MODES)
+        self.segment_recompute = parse_segment_recompute(self.segment_recompute)
+        if self.segment_reuse == "approximate" and self.tenant_isolation == "partitioned":
+            raise ValueError("segment_reuse='approximate' does not support tenant_isolation='partitioned' yet "
+                             "(the segment store has no per-tenant quota)")
 
     def _validate_retention(self) -> None:
         if not isinstance(self.session_retention, bool):

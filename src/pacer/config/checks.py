@@ -4,13 +4,14 @@ these), and the small value checks every config part uses; each error names the 
 from __future__ import annotations
 
 __all__ = ["SCHEDULING_POLICIES", "KV_CACHE_DTYPES", "PREEMPTION_MODES", "EVICTION_POLICIES",
-           "TENANT_ISOLATION_MODES", "DTYPES", "positive_int", "non_negative_int", "choice"]
+           "TENANT_ISOLATION_MODES", "SEGMENT_REUSE_MODES", "DTYPES", "positive_int", "non_negative_int", "choice"]
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo", "fair")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
 EVICTION_POLICIES = ("lru", "weighted-lru", "ttl")
 TENANT_ISOLATION_MODES = ("shared", "isolated", "partitioned")
+SEGMENT_REUSE_MODES = ("off", "exact", "approximate")
 DTYPES = ("float32", "bfloat16", "float16")   # model dtypes; "auto" picks one per device
 
 

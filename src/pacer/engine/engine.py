@@ -166,14 +166,14 @@ class Engine(Constraints):
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, priority: int = 0,
                 tenant: str = "default", request_class: str | None = None,
                 slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-                field: str = "prompt") -> PreparedRequest:
+                field: str = "prompt", segments: Sequence[Sequence[int]] | None = None) -> PreparedRequest:
         """Check and resolve a request once (any thread): its token ids, arguments, fit and SLO
         class and targets; raises a `pacer.errors.FieldError` naming the field at fault. See
         `pacer.engine.prepare.prepare`; `add_request` queues the result."""
         ctx = PrepareContext(self.tokenizer, self.vocab_size, self.max_model_len, self.kv.capacity_tokens,
                              self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
         prepared = prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                           slo=slo, cache_salt=cache_salt, field=field)
+                           slo=slo, cache_salt=cache_salt, field=field, segments=segments)
         check_reasoning(prepared.params, self.think_tags is not None)
         return prepared
 
@@ -213,7 +213,8 @@ class Engine(Constraints):
                       arrival_time=self.clock.now() if arrival_time is None else arrival_time,
                       priority=prepared.priority, tenant=prepared.tenant, arrival_seq=next(self._seq),
                       eos_token_ids=self.eos_token_ids, request_class=prepared.request_class, slo=prepared.slo,
-                      cache_salt=prepared.cache_salt, session=session, retention_ttl=ttl, retention_release=release)
+                      cache_salt=prepared.cache_salt, session=session, retention_ttl=ttl, retention_release=release,
+                      segments=prepared.segments)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer
@@ -293,7 +294,8 @@ class Engine(Constraints):
             listener(sched_out)
         outputs.extend(self._finished_in_schedule())
         if sched_out.is_empty:   # still run its KV copies (a TTL expiry demotes while nothing runs)
-            if sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in:
+            if (sched_out.finished_ids or sched_out.preempted_ids or sched_out.swap_out or sched_out.swap_in
+                    or sched_out.segment_saves):
                 self._executor.execute(sched_out)
             for tier in self.tiers:
                 tier.after_step()

@@ -15,6 +15,7 @@ from typing import Any
 
 from pacer.config.engine import REASONING_PARSERS
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
+from pacer.engine.segment_spans import check_segments
 from pacer.errors import FieldTypeError, FieldValueError
 from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
@@ -40,6 +41,7 @@ class PreparedRequest:
     session: str | None = None      # agent session and its kv_retention hint (`check_session`)
     retention_ttl: float | None = None
     retention_release: bool = False
+    segments: tuple[tuple[int, int], ...] = ()   # prompt spans (start, length) for segment reuse (`check_segments`)
 
     @property
     def num_tokens(self) -> int:
@@ -84,16 +86,18 @@ def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_si
 def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
             priority: int = 0, tenant: str = "default", request_class: str | None = None,
             slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-            field: str = "prompt") -> PreparedRequest:
+            field: str = "prompt", segments: Sequence[Sequence[int]] | None = None) -> PreparedRequest:
     """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
     picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
     request's own targets on top (default: `params.slo`); `field` names the prompt in errors
-    (`messages` for a chat request)."""
+    (`messages` for a chat request); `segments`: reusable prompt spans (`check_segments`)."""
     params = _check_args(params, priority, tenant, cache_salt)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
+    spans = check_segments(segments, len(ids))
     if params.truncate_prompt_tokens is not None:   # vLLM's: keep the prompt's last k tokens
         keep = ctx.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
         if len(ids) > keep:
+            spans = tuple((s - len(ids) + keep, n) for s, n in spans if s >= len(ids) - keep)
             ids, prompt = ids[-keep:], list(ids[-keep:])
     params = _resolve_token_fields(params, ctx.tokenizer, ctx.vocab_size)
     check_context_length(len(ids), params.max_tokens, ctx.max_model_len, ctx.kv_capacity_tokens, field)
@@ -102,7 +106,7 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     own_slo = own if isinstance(own, Slo) else slo_from_request(own)
     targets = ctx.slo_set.for_class(rclass).merged(own_slo, ctx.allow_tighter_slo)
     return PreparedRequest(ids, params, priority, tenant, rclass, targets, cache_salt,
-                           prompt if isinstance(prompt, str) else None)
+                           prompt if isinstance(prompt, str) else None, segments=spans)
 
 
 def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache_salt: str | None) -> SamplingParams:

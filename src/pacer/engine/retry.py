@@ -25,7 +25,7 @@ def execute_each(executor: Executor, out: SchedulerOutput, requests: Mapping[str
     prompt_logprobs: dict[str, tuple[int, Sequence[Mapping[int, float]]]] = {}
     for sr in out.scheduled:
         req = requests.get(sr.request_id)
-        if req is None or out.swap_out or out.swap_in:
+        if req is None or out.swap_out or out.swap_in or out.segment_saves or out.segment_fills:
             results[sr.request_id] = RequestResult(error="its step failed with KV swaps in flight")
             continue
         prompt_history, output_history = req.penalty_history()

@@ -9,7 +9,7 @@ Python; reads only what it is handed:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 
 from pacer.kv.block_pool import BlockPool
 from pacer.kv.interface import PrefixCacheProtocol
@@ -19,9 +19,10 @@ __all__ = ["check_kv_invariants", "check_radix_tree"]
 
 
 def check_kv_invariants(pool: BlockPool, block_tables: Mapping[str, list[int]], cache: PrefixCacheProtocol,
-                        lock_holders: Set[str]) -> None:
+                        lock_holders: Set[str], segment_blocks: Sequence[int] = ()) -> None:
     """Raises AssertionError naming the first broken invariant. `lock_holders`: the requests
-    holding a prefix-cache handle (each must hold blocks)."""
+    holding a prefix-cache handle (each must hold blocks); `segment_blocks`: the segment store's
+    blocks (`pacer.kv.segment_store`), each its one holder's and no one else's."""
     pool.check_invariants()
     holders = [0] * pool.num_blocks
     for table in block_tables.values():
@@ -37,12 +38,19 @@ def check_kv_invariants(pool: BlockPool, block_tables: Mapping[str, list[int]], 
             holders[b] += 1
             if node.lock_ref == 0 and pool.ref_count(b) != 1:
                 raise AssertionError(f"evictable block {b} has ref count {pool.ref_count(b)}")
+    stored = set(segment_blocks)
+    if len(stored) != len(segment_blocks) or stored & cached:
+        raise AssertionError("a segment block is stored twice or also owned by a cache node")
+    for b in stored:
+        holders[b] += 1
+        if pool.ref_count(b) != 1:
+            raise AssertionError(f"segment block {b} has ref count {pool.ref_count(b)} (the store is its one holder)")
     for b, n in enumerate(holders):
         if pool.ref_count(b) != n:
             raise AssertionError(f"block {b}: ref count {pool.ref_count(b)} != holders {n}")
     held = {b for t in block_tables.values() for b in t}
-    if pool.num_free_blocks + len(cached - held) + len(held) != pool.num_blocks:
-        raise AssertionError("free + cached + held != total")
+    if pool.num_free_blocks + len(cached - held) + len(stored) + len(held) != pool.num_blocks:
+        raise AssertionError("free + cached + stored + held != total")
     if lock_holders - set(block_tables):
         raise AssertionError("a lock is held by a request with no blocks")
 

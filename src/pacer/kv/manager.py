@@ -39,6 +39,8 @@ from pacer.kv.interface import PrefixCacheProtocol, PrefixOffloadProtocol
 from pacer.kv.null_cache import NullPrefixCache
 from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
 from pacer.kv.retention import SessionRetention
+from pacer.kv.segment_slots import SegmentSlots
+from pacer.kv.segment_store import SegmentStore
 from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.kv.tiers.host import HostKVTier
 from pacer.kv.tiers.offload import NullOffload, PrefixOffload
@@ -78,13 +80,15 @@ class KVStats:
     swap_fallbacks: int = 0       # swap preemptions that had to recompute (tier full)
 
 
-class KVCacheManager:
+class KVCacheManager(SegmentSlots):
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCacheProtocol | None = None, *,
                  tenant_isolation: str = "shared", tenant_quotas: Mapping[str, int] | None = None,
                  num_cpu_blocks: int = 0, reserve_blocks: int = 0, host_tier: HostKVTier | None = None,
-                 retention: SessionRetention | None = None, queue_aware_eviction: bool = True) -> None:
+                 retention: SessionRetention | None = None, queue_aware_eviction: bool = True,
+                 segments: SegmentStore | None = None) -> None:
         """`prefix_cache` None: no prefix caching (the null cache). `retention` None: no
-        session retention. `queue_aware_eviction`: see `cached_prefix_tokens`."""
+        session retention. `queue_aware_eviction`: see `cached_prefix_tokens`. `segments` None:
+        no segment store (the null one: `pacer.kv.segment_slots`)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         self.block_size = block_size
@@ -106,6 +110,8 @@ class KVCacheManager:
         self.stats = KVStats()
         self.retention = retention if retention is not None else SessionRetention(None, lambda: 0.0, enabled=False)
         self.queue_aware_eviction = queue_aware_eviction
+        self.segments = segments if segments is not None else SegmentStore(block_size, lambda: 0.0, enabled=False)
+        self._exact_limits: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, config: CacheConfig, num_blocks: int, now: Callable[[], float],
@@ -127,7 +133,9 @@ class KVCacheManager:
         return cls(num_blocks, config.block_size, cache, tenant_isolation=config.tenant_isolation,
                    tenant_quotas=config.tenant_quotas if config.enable_prefix_caching else None,
                    num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host,
-                   retention=retention, queue_aware_eviction=config.queue_aware_eviction)
+                   retention=retention, queue_aware_eviction=config.queue_aware_eviction,
+                   segments=SegmentStore(config.block_size, now, enabled=config.segment_reuse == "approximate",
+                                         recompute=config.segment_recompute))
 
     # ------------------------------------------------------------------ sizes
 
@@ -161,7 +169,8 @@ class KVCacheManager:
     def num_available_blocks(self, tenant: str | None = None) -> int:
         """Blocks that can be handed out now: free, plus what the cache may evict for
         `tenant` (in partitioned mode only the tenant's own cache; otherwise all of it)."""
-        return self.pool.num_free_blocks + self.cache.evictable_blocks(self.tenants.evict_groups(tenant))
+        return (self.pool.num_free_blocks + self.cache.evictable_blocks(self.tenants.evict_groups(tenant))
+                + self.segments.num_evictable_blocks)
 
     # ------------------------------------------------------------------ prefix cache
 
@@ -257,7 +266,7 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> int:
         """Drop every cached block no request uses (vLLM's reset_prefix_cache; pinned prefixes
         stay). Each dropped block is reported as removed. Returns how many were dropped."""
-        freed = self.cache.evict(self.cache.num_evictable_blocks)
+        freed = self.cache.evict(self.cache.num_evictable_blocks) + self.segments.clear()
         self._release(freed, "capacity")
         return len(freed)
 
@@ -288,6 +297,8 @@ class KVCacheManager:
         if not table:
             return
         n_full = min(req.num_computed_tokens // self.block_size, len(table))
+        if self._exact_limits:
+            n_full = self.exact_blocks(rid, n_full)
         old = self._handles.get(rid)
         if n_full <= (old.num_blocks if old else 0) or self.swap.holds(rid) or rid in self._public_ids:
             return   # the common case first: no block completed since the last step
@@ -304,8 +315,8 @@ class KVCacheManager:
         return handle
 
     def _cache_request(self, req: Request, table: list[int], start: PrefixMatch | None) -> PrefixMatch | None:
-        n_full = min(req.num_computed_tokens // self.block_size, len(table))
         rid = req.request_id
+        n_full = self.exact_blocks(rid, min(req.num_computed_tokens // self.block_size, len(table)))
         owner, owners = self._owner(req), self._owners(req)   # a public prewarm walks public nodes only
         self._public_ids.discard(rid)
         if n_full == 0:
@@ -375,6 +386,9 @@ class KVCacheManager:
         short = need - self.pool.num_free_blocks
         if short > 0:
             self._release(self.cache.evict(short, groups), "capacity")
+            short = need - self.pool.num_free_blocks
+            if short > 0:   # then stored segments (counted as available)
+                self._release(self.segments.evict(short), "capacity")
         new_blocks = self.pool.allocate(need) if need else []
         if hit is not None and hit.promoted:   # the first new blocks are filled by this step's promotions
             self.offload.bind(req.request_id, new_blocks[:len(hit.promoted)])
@@ -439,6 +453,7 @@ class KVCacheManager:
         self._enforce_quotas()
         self._public_ids.discard(rid)
         self._pin_ids.discard(rid)
+        self._exact_limits.pop(rid, None)
 
     # ------------------------------------------------------------------ swap
 
@@ -493,6 +508,7 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """free + cached + held == total; each block's ref count == its holders (request
         tables + one cache node); cache counts match its tree (see `pacer.kv.checks`)."""
-        check_kv_invariants(self.pool, self.block_tables, self.cache, set(self._handles))
+        check_kv_invariants(self.pool, self.block_tables, self.cache, set(self._handles), self._segment_blocks())
+        self.segments.check_invariants()
         self.swap.check_invariants()   # with a host tier: free + offloaded + swapped == total
 

@@ -16,6 +16,7 @@ from pacer.model.kv_quant import KVFormat
 from pacer.model.llama import LlamaModel
 from pacer.model.prompt_logprobs import PromptRows, prompt_entries, prompt_rows_of
 from pacer.model.sampler import Sampler, TokenHistory
+from pacer.model.segment_copy import apply_segment_copies
 from pacer.model.spec_verify import fold_results, sampling_rows
 from pacer.request import SamplingParams
 from pacer.sched.contract import ModelOutput, RequestResult, ScheduledRequest, SchedulerOutput
@@ -66,14 +67,14 @@ class ModelExecutor:
         self._cpu_blocks[slot] = block
 
     def _apply_swaps(self, out: SchedulerOutput) -> None:
-        """Copy preempted requests' and demoted prefix blocks to the host tier, then restore
-        resumed requests' and promoted blocks; all before the forward, which may reuse the
-        blocks just copied out."""
+        """Before the forward (which may reuse blocks copied out): swap-outs and demotions to the host
+        tier, segment saves, then swap-ins and promotions back, then segment fills."""
         if out.swap_out:
             idx = torch.tensor([d for d, _ in out.swap_out], device=self.device)
             saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
             for i, (_, slot) in enumerate(out.swap_out):
                 self._cpu_blocks[slot] = saved[:, :, i].clone()
+        apply_segment_copies(self.kv_caches, out.segment_saves, self.kv_format, self.model.inv_freq)
         if out.swap_in:
             idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
             # a copy: the host slot keeps its KV (the offload tier may promote it again) until reused
@@ -81,6 +82,7 @@ class ModelExecutor:
             for layer, (k, v) in enumerate(self.kv_caches):
                 _as_copyable(k).index_copy_(0, idx, _as_copyable(blocks[layer, 0]))
                 _as_copyable(v).index_copy_(0, idx, _as_copyable(blocks[layer, 1]))
+        apply_segment_copies(self.kv_caches, out.segment_fills, self.kv_format, self.model.inv_freq)
 
     def _sync_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_ids:

@@ -124,6 +124,11 @@ class LlamaModel:
         self._cos = self._sin = torch.empty(0)
         self._ensure_rope(min(arch.max_position_embeddings, 4096))
 
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """RoPE inverse frequencies [head_dim / 2] (float32, on the model's device; scaling applied)."""
+        return self._inv_freq
+
     def _projections(self) -> list[Proj]:
         return [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 

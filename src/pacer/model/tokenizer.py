@@ -120,6 +120,38 @@ class Tokenizer:
                                            chat_template=chat_template, **template_kwargs)
         return list(self.hf.encode(text, add_special_tokens=False))
 
+    def chat_segments(self, messages: list[dict[str, Any]], roles: tuple[str, ...] = ("tool",),
+                      add_generation_prompt: bool = True, chat_template: str | None = None,
+                      **template_kwargs: Any) -> tuple[list[int], list[tuple[int, int]]]:
+        """`apply_chat_template`'s token ids, and the token span (start, length) of the content of
+        each message whose role is in `roles` (the tokens wholly inside its text in the render;
+        segment reuse's default segments: tool outputs)."""
+        if not chat_template and not self.hf.chat_template:
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           chat_template=chat_template, **template_kwargs)
+        return self.with_segments(text, messages, roles)
+
+    def with_segments(self, text: str, messages: list[dict[str, Any]], roles: tuple[str, ...]
+                      ) -> tuple[list[int], list[tuple[int, int]]]:
+        """`text` (a chat render of `messages`) as token ids, and the token span (start, length) of
+        each `roles` message's content: the tokens wholly inside its text in the render."""
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for m in messages:
+            content = m.get("content")
+            if not isinstance(content, str) or not content or (at := text.find(content, pos)) < 0:
+                continue
+            pos = at + len(content)
+            if m.get("role") not in roles:
+                continue
+            inside = [i for i, (a, b) in enumerate(offsets) if a >= at and b <= pos and b > a]
+            if inside:
+                spans.append((inside[0], inside[-1] + 1 - inside[0]))
+        return ids, spans
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for. A byte-level BPE token may hold part of a UTF-8
         character, which `decode([token_id])` shows as U+FFFD; its bytes here are exact."""

@@ -43,6 +43,7 @@ class BatchFeatures:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_swap_blocks: int = 0       # KV blocks copied to / from host memory before the step (swap preemption)
+    num_segment_copy_tokens: int = 0   # tokens of KV copied on the device (segment reuse: stores, re-rotated fills)
 
 
 def batch_features(out: SchedulerOutput) -> BatchFeatures:
@@ -69,6 +70,8 @@ def batch_features(out: SchedulerOutput) -> BatchFeatures:
         chunk_attn_pairs=pairs, chunk_kv_tokens=chunk_kv, num_sampled=sampled,
         num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
         num_swap_blocks=len(out.swap_out) + len(out.swap_in),
+        num_segment_copy_tokens=sum(c.num_tokens for c in (*out.segment_saves, *out.segment_fills))
+        if out.segment_saves or out.segment_fills else 0,
     )
 
 
@@ -140,6 +143,7 @@ class RooflineCostModel:
         self.eff_flops = self.peak_flops * hw.compute_efficiency
         self.eff_bw = self.peak_bw * hw.bandwidth_efficiency
         self.swap_block_s = model.kv_bytes_per_token(dtype, tp, kv_cache_dtype) * block_size / hw.host_link_bandwidth
+        self.copy_token_s = segment_copy_token_s(hw, model.kv_bytes_per_token(dtype, tp, kv_cache_dtype))
 
     def comm_time(self, num_tokens: int) -> float:
         if self.tp == 1 or num_tokens == 0:
@@ -155,10 +159,18 @@ class RooflineCostModel:
         att_flops, att_bytes = self.counts.attention(f)
         linear_s = max(lin_flops / self.eff_flops, lin_bytes / self.eff_bw)
         attention_s = max(att_flops / self.eff_flops, att_bytes / self.eff_bw)
-        comm_s = self.comm_time(f.num_tokens) + self.swap_block_s * f.num_swap_blocks
+        comm_s = (self.comm_time(f.num_tokens) + self.swap_block_s * f.num_swap_blocks
+                  + self.copy_token_s * f.num_segment_copy_tokens)
         overhead_s = self.hw.step_overhead_s + self.hw.seq_overhead_s * f.num_seqs if f.num_seqs else 0.0
         return _cost(linear_s, attention_s, comm_s, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
                      self.peak_flops, self.peak_bw)
+
+
+def segment_copy_token_s(hw: HardwareProfile, kv_bytes_per_token: int) -> float:
+    """Seconds per token of a device-side KV copy (segment reuse): its K and V read and written
+    once at the achievable memory bandwidth (the RoPE re-rotation's few FLOPs per element hide
+    under the traffic)."""
+    return 2 * kv_bytes_per_token / (hw.mem_bandwidth * hw.bandwidth_efficiency)
 
 
 def _cost(linear_s: float, attention_s: float, comm_s: float, overhead_s: float, flops: float,
@@ -212,6 +224,7 @@ class LinearCostModel:
         self.peak_bw = hw.mem_bandwidth
         self.coef = [float(coefficients.get(k, 0.0)) for k in LINEAR_FEATURES]
         self.swap_block_s = model.kv_bytes_per_token(dtype, 1, kv_cache_dtype) * block_size / hw.host_link_bandwidth
+        self.copy_token_s = segment_copy_token_s(hw, model.kv_bytes_per_token(dtype, 1, kv_cache_dtype))
 
     def step_cost(self, f: BatchFeatures) -> StepCost:
         x = feature_vector(f, self.counts, self.peak_flops, self.peak_bw)
@@ -222,7 +235,8 @@ class LinearCostModel:
         overhead_s = parts[0] + parts[4] + parts[10] + parts[11]
         lin_flops, lin_bytes = self.counts.linear(f)
         att_flops, att_bytes = self.counts.attention(f)
-        return _cost(linear_s, attention_s, self.swap_block_s * f.num_swap_blocks, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
+        copies_s = self.swap_block_s * f.num_swap_blocks + self.copy_token_s * f.num_segment_copy_tokens
+        return _cost(linear_s, attention_s, copies_s, overhead_s, lin_flops + att_flops, lin_bytes + att_bytes,
                      self.peak_flops, self.peak_bw)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,7 +188,10 @@ def fit_is_trusted(calib: dict[str, Any] | None) -> bool:
 
 
 def calibration_path() -> Path:
-    return Path.home() / ".cache" / "pacer" / "sim" / "cpu-local.json"
+    """Where `pacer sim calibrate` saves this machine's fit: `$PACER_SIM_CALIBRATION`, else
+    ~/.cache/pacer/sim/cpu-local.json (read at call time)."""
+    env = os.environ.get("PACER_SIM_CALIBRATION")
+    return Path(env) if env else Path.home() / ".cache" / "pacer" / "sim" / "cpu-local.json"
 
 
 def get_hardware(name_or_path: str) -> HardwareProfile:

@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pacer.kv.segment_store import SegmentCopy
 from pacer.request import SamplingParams
 
-__all__ = ["ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor", "TokenMasks"]
+__all__ = ["SegmentCopy", "ScheduledRequest", "SchedulerOutput", "RequestResult", "ModelOutput", "Executor", "TokenMasks"]
 
 
 class TokenMasks(Protocol):
@@ -82,6 +83,9 @@ class SchedulerOutput:
     token_masks: TokenMasks | None = None
     token_budget: int = 0                          # the step's token budget as chosen (<= max_num_batched_tokens)
     budget_reason: str = "max_num_batched_tokens"  # what set it (slo: "itl 45.0ms of req-7")
+    # segment reuse (pacer.sched.segments): saves run after swap-outs, fills after swap-ins (all before the forward)
+    segment_saves: list[SegmentCopy] = field(default_factory=list)
+    segment_fills: list[SegmentCopy] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -36,8 +36,11 @@ class InflightPrefills:
     """The prompt blocks running prefills are computing, by (owner, chained block hash)."""
 
     def __init__(self, block_size: int, owner: Callable[[Request], str],
-                 owners: Callable[[Request], tuple[str, ...]]) -> None:
+                 owners: Callable[[Request], tuple[str, ...]], exact: Callable[[Request], int] | None = None) -> None:
+        """`exact`: of a request's tokens, those whose KV will be exact (cached for others): a
+        request filling a reused segment (`pacer.sched.segments`) registers no block past them."""
         self.block_size = block_size
+        self._exact = exact
         self._owner = owner
         self._owners = owners
         self._blocks: dict[tuple[str, int], str] = {}   # (owner, hash) -> request id computing it
@@ -59,7 +62,8 @@ class InflightPrefills:
         """`req` will compute its prompt blocks from its computed tokens on (it is prefilling)."""
         hashes = self._chain(req)
         owner = self._owner(req)
-        for j in range(req.num_computed_tokens // self.block_size, len(hashes)):
+        end = len(hashes) if self._exact is None else min(len(hashes), self._exact(req) // self.block_size)
+        for j in range(req.num_computed_tokens // self.block_size, end):
             self._blocks.setdefault((owner, hashes[j]), req.request_id)
 
     def should_defer(self, req: Request, hit_tokens: int) -> bool:

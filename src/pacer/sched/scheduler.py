@@ -41,7 +41,9 @@ from pacer.sched.dedup import InflightPrefills
 from pacer.sched.fair_policy import ledger_from
 from pacer.sched.policy import PolicyContext, RunningOrder, WaitingQueue
 from pacer.sched.policy_factory import make_policy
+from pacer.sched.preemption import allocate_or_preempt, make_room_for
 from pacer.sched.reasoning import ReasoningTracker
+from pacer.sched.segments import SegmentPlanner
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
@@ -73,8 +75,9 @@ class Scheduler:
         self.ledger = own if own is not None else ledger_from(config.fair_settings())
         self._charge_ledger = own is None
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
-        self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners) \
+        self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners, kv.exact_tokens) \
             if config.prefill_dedup and kv.prefix_caching else None
+        self.segments = SegmentPlanner(kv, kv.segments.recompute)   # segment reuse (off: never plans)
         self.reasoning = ReasoningTracker()   # the engine installs the model's think tags (--reasoning-parser)
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)
@@ -287,22 +290,13 @@ class Scheduler:
                     return
             elif n > budget.tokens_left:
                 continue
-            blocks = allocate(req, n)   # else preempt for it (a failed allocation changed nothing)
+            blocks, n = self.segments.fill_or_stop(req, req.num_computed_tokens, n, None) if req.segments else (None, n)
+            if blocks is None:   # else preempt for it (a failed allocation changed nothing)
+                blocks = allocate(req, n)
             if blocks is None:
-                blocks = self._allocate_or_preempt(step, req, n)
+                blocks = allocate_or_preempt(self, step, req, n)
             if blocks is not None:
                 step.add(req, n, blocks, is_new=False)
-
-    def _allocate_or_preempt(self, step: StepPlan, req: Request, n: int) -> list[int] | None:
-        """Allocate for a running request, preempting the worst running ones as needed."""
-        while True:
-            blocks = self.kv.allocate_slots(req, n)
-            if blocks is not None:
-                return blocks
-            victim = max(self.running, key=self.policy.victim_key)
-            self._preempt(step, victim)
-            if victim is req:
-                return None
 
     def _schedule_waiting(self, step: StepPlan, chunked: bool, ahead_of: Request | None = None) -> None:
         while self.waiting.num_ready:
@@ -311,7 +305,7 @@ class Scheduler:
                 return
             budget = step.budget
             if len(self.running) >= self.config.max_num_seqs or budget.seqs_left <= 0 or budget.tokens_left <= 0:
-                if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and self._make_room_for(step, req):
+                if (budget.tokens_left > 0 or self.policy.preempts_for_budget) and make_room_for(self, step, req):
                     continue
                 return
             # new, or resuming after recompute preemption: look up its cached prefix (no refs yet)
@@ -329,12 +323,14 @@ class Scheduler:
             n = step.fit(req, min(n, step.budget.tokens_left, self.policy.prefill_cap(req, self._prefill_cap)), computed)
             if n <= 0:
                 return
-            blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
+            blocks, n = self.segments.fill_or_stop(req, computed, n, hit) if req.segments else (None, n)
             if blocks is None:
-                if self._make_room_for(step, req):
+                blocks = self.kv.allocate_slots(req, n, hit)   # commits the hit with the blocks, or changes nothing
+            if blocks is None:
+                if make_room_for(self, step, req):
                     continue
                 return
-            req.num_computed_tokens = computed
+            req.num_computed_tokens = max(req.num_computed_tokens, computed)   # a fill advanced it already
             if self.dedup is not None:
                 self.dedup.admitted(req, computed)
             if hit is not None and req.metrics.preemptions == 0 and req.num_output_tokens == 0:
@@ -348,39 +344,12 @@ class Scheduler:
                 req.metrics.tenant_service_at_admission = self.ledger.normalized(req.tenant)
             step.add(req, n, self.kv.block_table(req.request_id).copy(), is_new=True)
 
-    def _make_room_for(self, step: StepPlan, head: Request) -> bool:
-        """Priority policy: preempt the worst running request if `head` outranks it.
-        Returns whether anything was preempted (so the caller may retry)."""
-        if not self.running:
-            return False
-        worst = max(self.running, key=self.policy.victim_key)
-        if not self.policy.outranks(head, worst):
-            return False
-        if self.waiting.is_aged(worst) and (worst.arrival_time, worst.arrival_seq) < (head.arrival_time, head.arrival_seq):
-            return False   # aging serves it ahead of `head`: preempting it would only bring it back
-        self._preempt(step, worst)
-        return True
-
-    def _preempt(self, step: StepPlan, req: Request) -> None:
-        step.undo(req)
-        self.running.remove(req)
-        req.metrics.on_preempted(self.clock.now(), req.num_computed_tokens)
-        if self.config.preemption_mode == "swap" and self.kv.swap_out(req):
-            self.num_swap_preemptions += 1   # keeps num_computed_tokens: its KV waits on the CPU tier
-        else:
-            self.kv.free(req)                # caches its full blocks, so the resume may hit them
-            req.num_computed_tokens = 0
-        req.status = RequestStatus.PREEMPTED
-        req.metrics.preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.add(req)
-        step.preempted.append(req.request_id)
-
     def _build_output(self, step: StepPlan) -> SchedulerOutput:
         account = self.policy.account if self.policy.overrides("account") else None   # no-op hooks skipped
         scheduled, num_prefill, num_decode = build_rows(step, account, self.ledger if self._charge_ledger else None)
         finished, self._finished_since_step = self._finished_since_step, []
         swap_out, swap_in = self.kv.take_swap_ops()
+        saves, fills = self.segments.take_copies()
         # the masks are computed while the executor prepares and runs the forward; a grammar
         # starts once its request's thinking ended, and a spent thinking budget forces the end tag
         masks = None
@@ -391,7 +360,7 @@ class Scheduler:
             step_id=self._step_id, scheduled=scheduled, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, preempted_ids=step.preempted, finished_ids=finished,
             swap_out=swap_out, swap_in=swap_in, token_masks=masks, token_budget=step.token_budget,
-            budget_reason=step.budget_reason,
+            budget_reason=step.budget_reason, segment_saves=saves, segment_fills=fills,
         )
         self._step_id += 1
         return out
@@ -414,6 +383,7 @@ class Scheduler:
         # whether any request thinks: it may stop during the loop (finished), never start; an
         # untracked request's advance only hands its tokens back
         tracking, stop_floor = reasoning.tracking, self._stop_floor
+        self.segments.after_step(output.scheduled, get)   # store the segments completed (before a finish frees them)
         for sr in output.scheduled:
             rid = sr.request_id
             req = get(rid)

@@ -23,9 +23,16 @@ from pacer.request import ContextLengthError, SamplingParams
 from pacer.server.access.auth import APIKey, bound_slo
 from pacer.server.api.errors import APIError, bad_request
 from pacer.server.api.protocol import ParsedRequest
-from pacer.server.tools.template import render_chat, template_error
+from pacer.server.tools.template import render_chat, render_chat_segments, template_error
 
 __all__ = ["RequestContext", "Spec", "RequestBuilder", "num_engine_requests"]
+
+
+class PromptIds(list[int]):
+    """A chat prompt's token ids and its segments (the tool messages' contents as token spans,
+    when the engine reuses segments: `pacer.sched.segments`)."""
+
+    segments: list[tuple[int, int]] = []
 
 
 @dataclass(slots=True)
@@ -80,6 +87,11 @@ class RequestBuilder:
                     raise bad_request("messages", "this model has no tokenizer / chat template")
                 tools = parsed.tools.tools if parsed.tools is not None else None
                 kwargs = {**self.chat_template_kwargs, **(parsed.chat_template_kwargs or {})}
+                if self.engine.config.cache.segment_reuse == "approximate":
+                    ids, spans = render_chat_segments(tok, parsed.messages, tools, self.chat_template, kwargs)
+                    prompt = PromptIds(ids)
+                    prompt.segments = spans
+                    return [prompt]
                 return [render_chat(tok, parsed.messages, tools, self.chat_template, kwargs)]
             return [self.engine.tokenize_prompt(p) for p in parsed.prompts]
         except APIError:
@@ -132,7 +144,8 @@ class RequestBuilder:
         try:
             prepared = self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
                                            request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
-                                           field="messages" if parsed.endpoint == "chat" else "prompt")
+                                           field="messages" if parsed.endpoint == "chat" else "prompt",
+                                           segments=getattr(ids, "segments", None))
             if parsed.session is None and parsed.kv_retention is None:
                 return prepared
             max_ttl = self.engine.retention_max_ttl

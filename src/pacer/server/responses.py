@@ -78,8 +78,13 @@ def _usage(outs: list[RequestOutput], n: int, score_only: bool = False) -> dict[
     firsts = outs[::n]
     prompt = sum(len(o.prompt_token_ids) for o in firsts)
     completion = 0 if score_only else sum(len(o.token_ids) for o in outs)
+    details = {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}
+    reused = sum(o.metrics.segment_reused_tokens for o in firsts)
+    if reused:   # segment reuse (an extension): tokens filled from stored segments; their segments' tokens computed
+        details["reused_tokens"] = reused
+        details["recomputed_tokens"] = sum(o.metrics.segment_recomputed_tokens for o in firsts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
+            "prompt_tokens_details": details}
 
 
 def sse(obj: dict[str, Any]) -> str:

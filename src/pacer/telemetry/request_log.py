@@ -34,6 +34,8 @@ these keys (names are stable; new keys may be added, none renamed):
 ``retention_hit_tokens``  of ``cached_tokens``, those its agent session's retention window kept
                        (0 without a session or an open window; ``pacer.kv.retention``)
 ``prefill_tokens``     prompt tokens computed (prefill and recompute after preemption)
+``segment_reused_tokens``  prompt tokens filled from stored segments (segment reuse), not computed
+``segment_recomputed_tokens``  of reused segments, the tokens computed with the real context
 ``preemptions``        times the request was preempted
 ``preempted_time``     preemption loss, s: from each preemption until its KV was back (waiting
                        preempted + recompute or swap-in); 0 when never preempted
@@ -77,7 +79,7 @@ REQUEST_LOG_FIELDS = (
     "prefill_tokens", "preemptions",
     "preempted_time", "preempted_time_ttft", "finish_reason", "status",
     "ttft_deadline", "slack_at_admission", "slo_met", "deprioritized", "shed", "api_key_name",
-    "retention_hit_tokens", "tenant_service_at_admission",
+    "retention_hit_tokens", "tenant_service_at_admission", "segment_reused_tokens", "segment_recomputed_tokens",
 )
 
 
@@ -142,6 +144,8 @@ def make_log_record(*, metrics: Any, start: float, clock_to_unix: float, **field
         "deprioritized": getattr(m, "deprioritized", False), "shed": getattr(m, "shed", False),
         "retention_hit_tokens": getattr(m, "retention_hit_tokens", 0),
         "tenant_service_at_admission": getattr(m, "tenant_service_at_admission", None),
+        "segment_reused_tokens": getattr(m, "segment_reused_tokens", 0),
+        "segment_recomputed_tokens": getattr(m, "segment_recomputed_tokens", 0),
     }
     derived.update(fields)
     unknown = set(derived) - set(REQUEST_LOG_FIELDS)

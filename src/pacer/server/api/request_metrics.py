@@ -37,7 +37,8 @@ def metrics_body(m: RequestMetrics, slo: Slo, ok: bool) -> dict[str, Any]:
         "queue_wait_ms": _ms(m.queue_wait), "ttft_ms": _ms(m.ttft), "itl_p50_ms": _ms(_p50(itl)),
         "itl_max_ms": _ms(max(itl) if itl else None), "tpot_ms": _ms(m.tpot), "e2e_ms": _ms(m.e2e),
         "prompt_tokens": m.prompt_tokens, "output_tokens": len(m.token_times), "cached_tokens": m.cached_tokens,
-        "preemptions": m.preemptions,
+        "preemptions": m.preemptions, "segment_reused_tokens": m.segment_reused_tokens,
+        "segment_recomputed_tokens": m.segment_recomputed_tokens,
         "slo": {"targets": targets, "slack_at_admission_ms": _ms(m.slack_at_admission), "met": met,
                 "all_met": all(met.values()) if met else None},
     }

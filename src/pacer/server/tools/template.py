@@ -69,6 +69,20 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     return list(tokenizer.hf.encode(text, add_special_tokens=False))
 
 
+def render_chat_segments(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                         chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
+                         roles: tuple[str, ...] = ("tool",)) -> tuple[list[int], list[tuple[int, int]]]:
+    """`render_chat`'s token ids and the token spans of the `roles` messages' contents (segment
+    reuse's default segments: tool outputs, `pacer.sched.segments`)."""
+    template = _template_for(tokenizer, tools, chat_template)
+    if template is None and not tokenizer.hf.chat_template:
+        raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+    text = tokenizer.hf.apply_chat_template(messages, tools=tools or None, chat_template=template,
+                                            add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+    ids, spans = tokenizer.with_segments(text, messages, roles)
+    return list(ids), spans
+
+
 def template_error(e: Exception) -> errors.APIError:
     """A chat template that failed on the client's messages: a 400. A template's own error
     (jinja's `raise_exception`, a TypeError or ValueError on the input) is shown; anything

@@ -1,0 +1,100 @@
+"""Segment reuse under random interleavings (hypothesis, the engine over the fake executor): requests
+of two isolated tenants carry shared segments after their own histories, arrive and abort at
+random steps on a KV cache small enough to evict and preempt (by recompute or swap). After every
+step the KV invariants hold (free + cached + stored + held == total, ref counts == holders, the
+store's counts); the fake executor checks every position a request reads holds its own token at
+that position (a fill shifts a stored segment's positions as RoPE re-rotation does) and was
+written by a request of the reader's tenant, so a reused segment is never another tenant's; and
+every output equals the fake model's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pacer.request import SamplingParams
+from tests.fakes import Arrival, drive_arrivals, make_engine
+
+SEGMENTS = [list(range(500 + 30 * k, 500 + 30 * k + n)) for k, n in enumerate((7, 13, 22))]
+
+request_strategy = st.tuples(
+    st.integers(0, 12),                                     # arrival step
+    st.sampled_from(["A", "B"]),                            # tenant
+    st.lists(st.integers(1, 40), min_size=1, max_size=12),  # its own history
+    st.integers(0, len(SEGMENTS) - 1),                      # which segment it carries
+    st.lists(st.integers(1, 40), min_size=1, max_size=4),   # the question after it
+    st.integers(1, 5),                                      # max_tokens
+    st.one_of(st.none(), st.integers(1, 6)),                # abort after this many steps
+)
+
+
+def _arrivals(requests: list[tuple[Any, ...]]) -> list[Arrival]:
+    out = []
+    for i, (step, tenant, history, seg, tail, max_tokens, abort) in enumerate(requests):
+        prompt = history + SEGMENTS[seg] + tail
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        out.append(Arrival(step, f"r{i}", prompt, params, abort,
+                           {"tenant": tenant, "segments": [(len(history), len(SEGMENTS[seg]))]}))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(request_strategy, min_size=2, max_size=10), num_blocks=st.integers(14, 40),
+       recompute=st.sampled_from([0.0, 0.25, 1.0]), mode=st.sampled_from(["recompute", "swap"]),
+       chunk=st.sampled_from([8, 64]))
+def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[tuple[Any, ...]], num_blocks: int,
+                                                                 recompute: float, mode: str, chunk: int) -> None:
+    eng, ex = make_engine(num_blocks=num_blocks, block_size=4, max_len=56, segment_reuse="approximate",
+                          segment_recompute=recompute, tenant_isolation="isolated", preemption_mode=mode,
+                          num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk)
+    ex.check_tenants = True
+    drive_arrivals(eng, _arrivals(requests), lambda: None, max_steps=3000)
+    store = eng.kv.segments
+    assert all(e.lock_ref == 0 for e in store.iter_entries())   # no fill outlives its step
+    eng.kv.reset_prefix_cache()
+    assert eng.kv.num_available_blocks() == eng.kv.num_blocks   # everything came back
+    eng.scheduler.check_invariants()
+
+
+def test_a_stored_segment_is_reused_by_its_tenant_only() -> None:
+    eng, ex = make_engine(num_blocks=64, block_size=4, max_len=64, segment_reuse="approximate",
+                          segment_recompute=0.25, tenant_isolation="isolated")
+    ex.check_tenants = True
+    seg = SEGMENTS[2]   # 22 tokens: k = 6 recomputed, 15 filled (the last prompt token is computed)
+    arrivals = [Arrival(0, "a0", [1, 2, 3] + seg + [9], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+                        None, {"tenant": "A", "segments": [(3, len(seg))]}),
+                Arrival(5, "b0", [4, 5] + seg + [9], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+                        None, {"tenant": "B", "segments": [(2, len(seg))]}),
+                Arrival(10, "a1", [6, 7, 8, 9, 10] + seg + [11, 12], SamplingParams(max_tokens=2, temperature=0,
+                        ignore_eos=True), None, {"tenant": "A", "segments": [(5, len(seg))]})]
+    finals = drive_arrivals(eng, arrivals, lambda: None, max_steps=200)
+    m = {rid: o.metrics for rid, o in finals.items()}
+    assert m["a0"].segment_reused_tokens == 0 and m["b0"].segment_reused_tokens == 0   # B may not read A's
+    assert m["a1"].segment_reused_tokens == len(seg) - 6 and m["a1"].segment_recomputed_tokens == 6
+    assert m["a1"].prefill_tokens == len(finals["a1"].prompt_token_ids) - (len(seg) - 6)
+    assert ex.num_filled == len(seg) - 6
+    assert len(eng.kv.segments) == 2   # A's and B's copies, each in its namespace
+
+
+def test_a_filled_request_caches_only_its_exact_blocks() -> None:
+    eng, ex = make_engine(num_blocks=64, block_size=4, max_len=64, segment_reuse="approximate",
+                          segment_recompute=0.0)
+    seg = SEGMENTS[2]
+    p = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    first = [1, 2, 3, 4] + seg + [9]
+    second = [5, 6, 7, 8] + seg + [9]
+    drive_arrivals(eng, [Arrival(0, "x", first, p, None, {"segments": [(4, len(seg))]}),
+                         Arrival(4, "y", second, p, None, {"segments": [(4, len(seg))]})], lambda: None, 100)
+    assert ex.num_filled == len(seg)   # k = 0: the whole segment but the prompt's last token... is not in it
+    # "y" was filled from position 4: only its first block is in the prefix cache, so a third
+    # request with its prompt computes (exactly) from there
+    hit = eng.kv.lookup_prefix(_request(second + [10]))
+    assert hit is not None and hit.num_tokens == 4
+
+
+def _request(prompt: list[int]) -> Any:
+    from pacer.request import Request
+
+    return Request("probe", prompt, SamplingParams(max_tokens=1), arrival_time=0.0)

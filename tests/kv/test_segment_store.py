@@ -1,0 +1,69 @@
+"""The segment store on its own: look-up by owner and tokens, adoption, locks, LRU eviction and
+its incremental counts (pacer.kv.segment_store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pacer.clock import VirtualClock
+from pacer.kv.segment_store import SegmentStore, segment_fingerprint, token_slots
+
+
+def make() -> tuple[SegmentStore, VirtualClock]:
+    clock = VirtualClock()
+    return SegmentStore(4, clock.now), clock
+
+
+def test_find_needs_the_same_owner_and_tokens() -> None:
+    store, _ = make()
+    store.adopt("a", [1, 2, 3, 4, 5], [10, 11], position=7)
+    assert store.find([1, 2, 3, 4, 5], ["a"]).block_ids == [10, 11]
+    assert store.find([1, 2, 3, 4, 5], ["b"]) is None          # another tenant's namespace
+    assert store.find([1, 2, 3, 4], ["a"]) is None             # a prefix of it is not it
+    assert store.find([1, 2, 3, 4, 5], ["b", "a"]).position == 7
+    store.check_invariants()
+
+
+def test_fingerprint_depends_on_owner_and_every_token() -> None:
+    fp = segment_fingerprint("a", [1, 2, 3])
+    assert fp != segment_fingerprint("b", [1, 2, 3])
+    assert fp != segment_fingerprint("a", [1, 2, 4])
+    assert fp == segment_fingerprint("a", (1, 2, 3))
+
+
+def test_adopt_rejects_wrong_block_counts_duplicates_and_a_disabled_store() -> None:
+    store, _ = make()
+    with pytest.raises(ValueError, match="needs 2 blocks"):
+        store.adopt("a", [1] * 5, [1], 0)
+    store.adopt("a", [1] * 5, [1, 2], 0)
+    with pytest.raises(ValueError, match="stored already"):
+        store.adopt("a", [1] * 5, [3, 4], 0)
+    off = SegmentStore(4, VirtualClock().now, enabled=False)
+    with pytest.raises(ValueError, match="off"):
+        off.adopt("a", [1], [0], 0)
+    assert off.find([1], ["a"]) is None
+
+
+def test_eviction_is_lru_and_spares_locked_segments() -> None:
+    store, clock = make()
+    first = store.adopt("a", [1] * 8, [0, 1], 0)
+    clock.advance(1)
+    second = store.adopt("a", [2] * 8, [2, 3], 0)
+    clock.advance(1)
+    third = store.adopt("a", [3] * 4, [4], 0)
+    store.lock(first)                  # used again: now the most recent, and not evictable while locked
+    assert store.num_evictable_blocks == 3
+    assert store.evict(1) == [2, 3]    # the least recently used unlocked one, whole
+    store.check_invariants()
+    assert store.evict(10) == [4]      # the locked one stays
+    assert store.find([1] * 8, ["a"]) is first and third not in list(store.iter_entries())
+    store.unlock(first)
+    assert store.num_evictable_blocks == 2 and store.evict(2) == [0, 1]
+    assert store.num_cached_blocks == 0 and second not in list(store.iter_entries())
+    with pytest.raises(ValueError, match="not locked"):
+        store.unlock(first)
+    store.check_invariants()
+
+
+def test_token_slots() -> None:
+    assert token_slots([5, 9], 2, 4, 4) == (22, 23, 36, 37)
