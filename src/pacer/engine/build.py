@@ -103,10 +103,9 @@ def step_cost_model(config: EngineConfig, arch: Any, executor: Executor | None =
     on_cpu = config.model.device == "cpu"
     hw = get_hardware("cpu-local" if on_cpu else "h100-sxm")
     if on_cpu and not fit_is_trusted(hw.calibration):   # a noisy saved fit: the shipped one, scaled at start-up
-        log.warning("scheduling_policy=slo: the saved calibration %s is noisy (engine steps' median error "
-                    "%.0f%%); predicting with pacer's shipped fit, scaled at start-up; run `pacer sim calibrate` "
-                    "again on a quiet machine", calibration_path(),
-                    100 * (hw.calibration or {})["engine_fit"]["median_rel_err"])
+        log.warning("scheduling_policy=slo: the saved calibration %s is noisy (its fit: %s); predicting with "
+                    "pacer's shipped fit, scaled at start-up; run `pacer sim calibrate` again on a quiet machine",
+                    calibration_path(), (hw.calibration or {}).get("fit"))
         hw = dataclasses.replace(hw, calibration=DEFAULT_CPU_CALIBRATION)
     dtype = "float32" if config.model.dtype == "auto" and on_cpu else (
         "bfloat16" if config.model.dtype == "auto" else config.model.dtype)

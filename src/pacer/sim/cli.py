@@ -194,7 +194,13 @@ def _ms(v: Any) -> str:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from pacer.perf.profiles import TRUSTED_FIT_ERROR, calibration_path, fit_is_trusted, get_model
+    from pacer.perf.profiles import (
+        TRUSTED_FIT_ERROR,
+        TRUSTED_FIT_P90_ERROR,
+        calibration_path,
+        fit_is_trusted,
+        get_model,
+    )
     from pacer.sim.calibrate import calibrate
 
     out = Path(args.calibration_out) if args.calibration_out else calibration_path()
@@ -207,8 +213,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     print(f"calibration saved to {out}")
     if not fit_is_trusted(calib):
         a, b, c = os.getloadavg()
-        print(f"warning: the fit is noisy (engine steps' median error {eng['median_rel_err'] * 100:.0f}% > "
-              f"{TRUSTED_FIT_ERROR * 100:.0f}%; load average {a:.1f}/{b:.1f}/{c:.1f}): the slo policy will not plan "
+        print(f"warning: the fit is noisy (engine steps' median error {eng['median_rel_err'] * 100:.0f}%, limit "
+              f"{TRUSTED_FIT_ERROR * 100:.0f}%; executor p90 {fit['p90_rel_err'] * 100:.0f}%, limit "
+              f"{TRUSTED_FIT_P90_ERROR * 100:.0f}%; load average {a:.1f}/{b:.1f}/{c:.1f}): the slo policy will not plan "
               f"with it (it scales pacer's shipped fit at start-up instead); calibrate again on a quiet machine")
     return 0
 
