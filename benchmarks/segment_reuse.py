@@ -19,32 +19,24 @@ Numbers depend on the machine and its load (printed); nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from pacer.llm import LLM
+from pacer.model.kernels import cpu_flags
 from pacer.request import SamplingParams
 from pacer.workload.text import TextSource
+from slo_common import loadavg
 
 CONTINUATION = 32
 
 
-def loadavg() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return "?"
-    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+def cpu_flag_line() -> str:
+    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in cpu_flags()]
     return ",".join(found) or "none of avx2/avx512"
 
 
@@ -190,7 +182,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="TTFT passes over the workload, from empty caches")
     ap.add_argument("--skip-quality", action="store_true", help="TTFT only")
     args = ap.parse_args()
-    print(f"cpu flags: {cpu_flags()}; torch threads {args.threads}; load average {loadavg()} (start)")
+    print(f"cpu flags: {cpu_flag_line()}; torch threads {args.threads}; load average {loadavg()} (start)")
     probe = LLM(num_kv_blocks=64)
     prompts = build_prompts(probe, args.sessions, [int(x) for x in args.tools.split(",")], args.seed)
     probe.close()
