@@ -10,6 +10,7 @@ import argparse
 import json
 import socket
 import threading
+import time
 
 import httpx
 import openai
@@ -121,7 +122,7 @@ def test_two_replicas_answer_stream_and_route_a_repeated_prefix_together(deploym
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert "x-pacer-replica" not in bad.headers   # a replica's refusal names no replica either
 
-    metrics = httpx.get(deployment + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"})
+    metrics = _metrics_of_both_replicas(deployment)
     assert metrics.status_code == 200 and "pacer_ingress_requests_waiting 0" in metrics.text
     for rank in ("0", "1"):   # every replica's own series, labelled with its rank
         assert f'pacer_num_requests_running{{replica="{rank}",' in metrics.text, metrics.text[-2000:]
@@ -195,3 +196,15 @@ def test_asgi_bridge_streams_and_reports_disconnects():
     assert items[0]["status"] == 200 and ("x-pacer-replica", "7") in items[0]["headers"]
     assert b"".join(i["body"] for i in items[1:]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
     assert seen == ["done"]
+
+
+def _metrics_of_both_replicas(deployment: str, deadline_s: float = 30.0) -> httpx.Response:
+    """/metrics once Ray Serve has polled both replicas' routing stats (it asks each every
+    second, asynchronously: a replica that served nothing yet may not be in the first read)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        r = httpx.get(deployment + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=300)
+        both = all(f'pacer_num_requests_running{{replica="{k}",' in r.text for k in ("0", "1"))
+        if both or r.status_code != 200 or time.monotonic() > end:
+            return r
+        time.sleep(0.5)   # the next poll of Ray Serve's routing stats (every 1 s)
