@@ -28,7 +28,7 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   been backlogged for a while, at the prefill rate measured over that backlog
   (pacer.sched.queue_flow), whichever is longer.
   The regime (`ttft infeasible`) is logged once per change, as the ITL one.
-- **budgets each step by ITL** (`step_limit`, from `prefill_budget`): the most prefill tokens that keep the
+- **budgets each step by ITL** (`step_limit`, from `prefill_budget`; pacer.sched.slo_budget, mixed in): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
   time since their last token), never above `max_num_batched_tokens` and never below
   `MIN_PREFILL_TOKENS`, so prefill always progresses. A decode whose only target is TPOT may
@@ -61,52 +61,37 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from pacer.request import Request
-from pacer.sched.feasibility import (
-    BACKLOG,
-    FEASIBLE,
-    ITL_INFEASIBLE,
-    TTFT_DRAIN,
-    TTFT_INFEASIBLE,
-    FeasibilityTracker,
-    decodes_exceed,
-)
+from pacer.sched.feasibility import FEASIBLE, TTFT_INFEASIBLE, FeasibilityTracker
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
 from pacer.sched.queue_flow import QueueFlow
 from pacer.sched.reasoning import predicted_output_tokens
+from pacer.sched.slo_budget import (  # noqa: F401  (the budget's names, re-exported with the policy)
+    ARRIVAL_SHARE,
+    BACKLOG_RATE_SHARE,
+    BUDGET_SAFETY,
+    DRAIN_DEADLINE_SHARE,
+    DRAIN_SAFETY,
+    MIN_PREFILL_TOKENS,
+    SloBudget,
+    StepBudget,
+)
 from pacer.sched.step_cost import StepCostModel, StepShape
-from pacer.sched.step_plan import StepLimit, StepPlan
 
-__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE"]
+__all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
+           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE"]
 
-MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
-BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
-ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
-DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
-DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
-BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
 STEAL_SAFETY = 2.0        # a hopeless request goes first when twice its prefill fits in the queue's spare slack
 STEAL_SCAN = 64           # feasible requests the spare slack is judged over
 _INF = math.inf
 
 
-@dataclass(frozen=True, slots=True)
-class StepBudget:
-    """The token budget chosen for one step and why."""
-
-    tokens: int
-    reason: str
-    time_limit: float | None = None    # the predicted step time each added chunk must keep within
-
-
-class SloPolicy(Policy):
+class SloPolicy(SloBudget, Policy):
     name = "slo"
     preempts_for_waiting = True      # seats or KV, for a request with less slack (see outranks)
     preempts_for_budget = False      # never for a step's token share
@@ -333,170 +318,5 @@ class SloPolicy(Policy):
                 if math.isfinite(ls):
                     r.metrics.slack_at_admission = ls - now
 
-    # ---------------------------------------------------------------- budget by ITL
-
-    def step_limit(self, step: StepPlan, decodes: list[Request], partial: list[Request], waiting: WaitingQueue,
-                   now: float) -> StepLimit:
-        """The ITL budget of the step's prefill (`prefill_budget`) after the decodes it took, for
-        the first partial prefill or, without one, the waiting head."""
-        head = partial[0] if partial else (waiting.peek() if waiting.num_ready else None)
-        scheduled = [r for r in decodes if r.request_id in step.num_tokens]
-        budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
-                                     need=lambda: self.drain_need(partial, waiting, now))
-        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit))
-
-    def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
-                       now: float, need: Callable[[], float] | None = None) -> StepBudget:
-        """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
-        queue's prefill need in tokens per second (`drain_need`), is the share's floor: an ITL
-        budget never starves the queue's TTFTs below it, and it sizes the infeasible regime's
-        share (None: no floor; fcfs's budget in that regime)."""
-        if head is None or tokens_left <= 0:
-            return StepBudget(tokens_left, "max_num_batched_tokens")
-        bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
-        if not math.isfinite(bound):
-            return StepBudget(tokens_left, "max_num_batched_tokens")
-        reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
-                  else f"arrival ttft {bound * 1e3:.1f}ms")
-        safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
-        limit = bound * safety
-        start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
-        if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
-            detail = f"decodes {over * 1e3:.1f}ms > {reason}"
-            self.feasibility.observe(ITL_INFEASIBLE, detail)
-            if need is None:
-                return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
-            rate = need()
-            n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
-            what = "throughput" if n == tokens_left else "drain"
-            return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} ({what}: the queue needs {rate:.0f} tok/s)")
-        self.feasibility.observe(FEASIBLE)
-        floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
-            return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
-        n = self._largest_within(shape, start, floor, tokens_left, True, limit)
-        if need is not None:     # the ITL budget may not starve the queue's TTFTs
-            rate = need()
-            drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n:
-                return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
-        backlog = self._backlog_tokens(shape, start, tokens_left)
-        if backlog > n:
-            return StepBudget(backlog, f"{BACKLOG}: {self._backlog} hopeless prompt tokens wait, more than {reason} allows")
-        return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
-
-    def _backlog_tokens(self, shape: StepShape, start: int, tokens_left: int) -> int:
-        """With hopeless requests waiting (a backlog no target can save, which fcfs would be
-        draining at its full budget), the fewest prefill tokens whose predicted rate is
-        BACKLOG_RATE_SHARE of the step's best (all of `tokens_left`): past saturation the
-        decodes' ITL may not cost the queue its throughput, only the step's fixed cost is
-        spared; 0 without a backlog."""
-        if not self._backlog or tokens_left <= MIN_PREFILL_TOKENS:
-            return 0
-        predict = self.cost_model.predict_step_s
-        best = tokens_left / predict(shape.with_chunk(tokens_left, start))
-        return self._drain_tokens(shape, start, min(tokens_left, max(self._backlog, MIN_PREFILL_TOKENS)),
-                                  BACKLOG_RATE_SHARE * best / DRAIN_SAFETY)
-
-    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
-        """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
-        of the step they make, covers DRAIN_SAFETY x `need`; `tokens_left` when none does."""
-        floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        want = DRAIN_SAFETY * need
-        predict = self.cost_model.predict_step_s
-
-        def rate(n: int) -> float:
-            return n / predict(shape.with_chunk(n, start))
-
-        if floor >= tokens_left or rate(tokens_left) <= want:
-            return tokens_left
-        lo, hi = floor, tokens_left
-        while lo < hi:   # the rate grows with n (the step's fixed cost is shared by more tokens)
-            mid = (lo + hi) // 2
-            if rate(mid) >= want:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
     def account(self, r: Request, num_prefill: int, num_cached: int, num_decode: int) -> None:
         self.flow.account_prefill(num_prefill)
-
-    def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
-        """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
-        tokens plus the highest, over the waiting and partial requests that can still make their
-        TTFT (slack order), of the tokens up to and including each over DRAIN_DEADLINE_SHARE of
-        the time to its deadline."""
-        worst, tokens = 0.0, 0
-        # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
-        for r in heapq.merge(partial, waiting, key=self.latest_start):
-            ttft = None if r.slo is None else r.slo.ttft
-            if ttft is None or r.num_output_tokens:
-                continue
-            left = r.arrival_time + ttft - now
-            if left <= 0 or self.latest_start(r) < now:
-                continue   # hopeless: it goes behind, the rate cannot save it
-            tokens += r.num_tokens - r.num_computed_tokens
-            worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
-        return worst + self.flow.arrival_rate(now)
-
-    def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
-        """`fit_chunk` bound to a step's time limit (None without one)."""
-        if limit is None:
-            return None
-        return lambda shape, n, start, samples, first: self.fit_chunk(shape, n, start, samples, first, limit)
-
-    def fit_chunk(self, shape: StepShape, n: int, start: int, samples: bool, first: bool, limit: float) -> int:
-        """Of a chunk of `n` tokens from `start` (sampling when whole: it ends the prompt), the
-        most that keep `shape` plus the chunk within `limit`; the step's first prefill chunk gets
-        at least MIN_PREFILL_TOKENS, a later one may get none."""
-        if (first and n <= MIN_PREFILL_TOKENS) or self.cost_model.predict_step_s(shape.with_chunk(n, start, samples)) <= limit:
-            return n
-        return self._largest_within(shape, start, MIN_PREFILL_TOKENS if first else 0, n - 1, False, limit)
-
-    def _largest_within(self, shape: StepShape, start: int, lo: int, hi: int, sample: bool, limit: float) -> int:
-        """The largest n in [lo, hi] whose chunk keeps the step within `limit` (lo if none)."""
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.cost_model.predict_step_s(shape.with_chunk(mid, start, sample)) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _step_bound(self, decodes: list[Request], head_slack: float,
-                    now: float) -> tuple[float, str | None, StepShape]:
-        """The longest step allowed, whose ITL target set it (None: the arrival cap), and the
-        decodes' shape."""
-        bound, owner = _INF, None
-        shape = StepShape()
-        for r in decodes:
-            shape = shape.with_decode(r.num_tokens)
-            gap = self._allowed_gap(r, now, head_slack)
-            if gap < bound:
-                bound, owner = gap, r.request_id
-        if self.arrival_ttft_s is not None and ARRIVAL_SHARE * self.arrival_ttft_s < bound:
-            bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, None
-        return bound, owner, shape
-
-    def _tightest_target(self, decodes: list[Request], bound: float) -> float:
-        """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the arrival cap `bound` when that is tighter or none has one."""
-        targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
-        arrival = ARRIVAL_SHARE * self.arrival_ttft_s if self.arrival_ttft_s is not None else _INF
-        return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
-
-    def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
-        """The longest step `r` tolerates now: its ITL target minus the time since its last
-        token; a TPOT-only decode yields up to its TPOT slack to a prefill about to miss TTFT."""
-        slo = r.slo
-        if slo is None or slo.itl_target is None:
-            return _INF
-        times = r.metrics.token_times
-        last = times[-1] if times else now
-        gap = slo.itl_target - (now - last)
-        if slo.itl is None and slo.tpot is not None and 0 <= head_slack <= 2 * slo.tpot and times:
-            first = r.metrics.first_token_time or times[0]
-            gap = max(gap, first + slo.tpot * len(times) - now)
-        return max(gap, 0.0)
