@@ -215,6 +215,7 @@ class WaitingQueue:
         self.policy = policy
         self.max_queue_delay = None if max_queue_delay is None or math.isinf(max_queue_delay) else max_queue_delay
         self._items: list[tuple[Key, Request]] = []
+        self._peeked = 0   # where `peek` found its request (`take` looks there first)
         self._by_arrival: list[tuple[float, int, Request]] = []   # kept only with aging
         self._not_ready: set[str] = set()   # ids of queued requests not ready to run
         self._deferred: set[str] = set()    # of them, those sitting out this step only (defer)
@@ -290,7 +291,8 @@ class WaitingQueue:
 
     def peek(self) -> Request:
         """The ready request served first (callers check `num_ready` first)."""
-        return self._items[self._head()][1]
+        self._peeked = self._head()
+        return self._items[self._peeked][1]
 
     def pop(self) -> Request:
         req = self._items.pop(self._head())[1]
@@ -298,11 +300,11 @@ class WaitingQueue:
         return req   # ready: _head never picks another
 
     def take(self, req: Request) -> None:
-        """Remove `req`, the request `peek` returned: the head unless admitting it changed the
-        policy's choice (its cached prefix counted as computed changes its predicted prefill,
-        and a slack-based head may move), then wherever it sits."""
-        i = self._head()
-        if self._items[i][1] is req:
+        """Remove `req`, the request `peek` returned, from where `peek` found it (not the head
+        again: admitting it may change the policy's choice, its cached prefix counted as computed
+        changing its predicted prefill, and a slack-based head may move), else wherever it sits."""
+        i = self._peeked
+        if i < len(self._items) and self._items[i][1] is req:
             del self._items[i]
             self._drop_arrival(req)
         elif not self.remove(req):
