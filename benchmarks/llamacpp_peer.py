@@ -115,6 +115,8 @@ def main() -> None:
     res: dict[str, Any] = {"engine": "llama.cpp", "threads": args.threads}
     import llama_cpp
     res["version"] = getattr(llama_cpp, "__version__", "?")
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")   # the CPU features it was built for
+    res["simd"] = " ".join(f.split(" = ")[0].strip() for f in info.split("|") if f.strip().endswith("= 1"))
     if args.workload:
         w = json.load(open(args.workload))
         prompts = w["prompts"]

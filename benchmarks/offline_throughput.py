@@ -2,6 +2,7 @@
 
   python benchmarks/offline_throughput.py [--quick] [--skip-hf] [--skip-vllm] [--skip-llamacpp]
                                          [--dtypes float32,bfloat16] [--weights none,gguf] [--repeats 3]
+                                         [--isa native|avx2]
 
 Prints, for workload W (../shared/peers/workload_w.json: 32 x 256-token prompts, 64 outputs)
 output tokens/s of pacer (per weight format: `none` = the GGUF dequantized to float32, `gguf` =
@@ -33,11 +34,15 @@ import sys
 import tempfile
 import time
 
-import torch
+import isa_switch
 
-from pacer import LLM, SamplingParams
-from pacer.model.hf_reference import hf_llama_from_checkpoint
-from pacer.model.loader import load_checkpoint
+isa_switch.apply()   # before torch is imported: `--isa avx2` holds every library to AVX2
+
+import torch  # noqa: E402
+
+from pacer import LLM, SamplingParams  # noqa: E402
+from pacer.model.hf_reference import hf_llama_from_checkpoint  # noqa: E402
+from pacer.model.loader import load_checkpoint  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 PEERS = (HERE.parent.parent / "shared" / "peers") if (HERE.parent.parent / "shared").is_dir() else None
@@ -267,11 +272,13 @@ def main() -> None:
     ap.add_argument("--batch1-tokens", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: every engine held to its AVX2 paths (an AVX2-only CPU's stand-in; isa_switch.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtypes, reps = args.dtypes.split(","), args.repeats
     line(f"# pacer offline throughput, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-         f"{reps} timed runs per engine (median), cpu flags {cpu_flags()}, load average {loadavg()}")
+         f"{reps} timed runs per engine (median), {isa_switch.label()}, load average {loadavg()}")
     w_prompts, w_outs = load_w(args.quick)
     b1: dict[str, float] = {}
     peer_b1: dict[str, float] = {}
@@ -286,6 +293,7 @@ def main() -> None:
         if not args.skip_llamacpp and dtype == "float32" and (lc := run_llamacpp(args.threads, args.quick, reps,
                                                                                 args.batch1_tokens)):
             r["llamacpp"] = (lc["output_tokens"] / stat(lc["runs_s"]), lc["runs_s"])
+            line(f"  llama.cpp {lc.get('version', '?')} built for: {lc.get('simd', '?')}")
             peer_b1["llama.cpp Q4_1"] = batch1_ms(lc["runs_one_s"], lc["runs_many_s"], args.batch1_tokens)
         line(w_line(dtype, r, reps) + f" | load {loadavg()}")
     batch1_lines(b1, peer_b1, args.batch1_tokens, reps)
@@ -334,15 +342,6 @@ def varied_line(args: argparse.Namespace) -> None:
             parts.append(f"vLLM {vv:.1f} ({runs_text(vruns)}; pacer/vLLM {pv / vv:.2f}x)")
     line(f"[varied {n_var} req, prompts 32..1024, outputs 16..256] output tok/s, "
          f"median of {reps}: " + " | ".join(parts) + f" | load {loadavg()}")
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    return ",".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
-                    if f in flags.split()) or "none"
 
 
 def loadavg() -> str:

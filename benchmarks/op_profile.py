@@ -27,12 +27,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from pacer.model.kernels import isa_env
+
 PARTS = ("linear", "lm_head", "attention", "rope+kv write", "norm", "silu_and_mul", "sampler", "compiled graph",
          "forward other", "engine python")
 PEERS_DIR = os.environ.get("PEERS_DIR", "/tmp/pacer-peers")
 WORKLOADS = {"prefill-heavy": (8, 512, 1), "decode-heavy": (32, 16, 64)}   # (requests, prompt, output)
-ISAS = {"avx512": {}, "avx2": {"PACER_KERNEL_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                               "ATEN_CPU_CAPABILITY": "avx2"}}
+ISAS = {"avx512": {}, "avx2": isa_env("avx2")}
 
 
 def _timed(table: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:

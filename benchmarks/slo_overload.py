@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pacer.model.kernels import cpu_flags, kernel_isa
+import isa_switch
+from pacer.model.kernels import kernel_isa
 from pacer.perf.profiles import calibration_path
 from slo_common import loadavg
 
@@ -147,13 +148,15 @@ def main() -> int:
     p.add_argument("--pacer-args", default="", help="extra pacer serve flags (e.g. '--dtype bfloat16')")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
+    p.add_argument("--isa", default="native", choices=["native", "avx2"],
+                   help="avx2: this script and every server held to their AVX2 paths (isa_switch.py)")
     args = p.parse_args()
+    isa_switch.apply()
     rates = [float(r) for r in args.rates.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="slo-overload-"))
     work.mkdir(parents=True, exist_ok=True)
-    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
-    print(f"# slo_overload: CPU flags {','.join(flags)} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
+    print(f"# slo_overload: {isa_switch.label()} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
           f"load {loadavg()}, work {work}")
     if not args.no_sim and not calibration_path().exists():
         print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")

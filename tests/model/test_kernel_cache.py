@@ -74,3 +74,20 @@ def test_the_kernel_isa_is_the_cpus_best_unless_forced(monkeypatch):
     assert kernels.kernel_isa() == "portable"
     with pytest.raises(ValueError, match="this CPU runs only portable"):
         kernels.load("avx2")
+
+
+def test_forcing_avx2_holds_every_library_and_is_recognised_only_when_whole(monkeypatch):
+    """`isa_env("avx2")` names the switch of each library (pacer's kernels and quantized linears,
+    oneDNN, ATen); `forced_isa()` reports the level only when all of them are set, so a half-forced
+    process is not labelled AVX2 in a benchmark's header or a calibration's key."""
+    env = kernels.isa_env("avx2")
+    assert set(env) == {"PACER_KERNEL_ISA", "PACER_QUANT_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"}
+    assert kernels.isa_env("native") == kernels.isa_env(None) == {}
+    with pytest.raises(ValueError, match="isa must be native or one of avx2"):
+        kernels.isa_env("avx9")
+    for k in env:
+        monkeypatch.delenv(k, raising=False)
+    assert kernels.forced_isa() is None
+    for i, (k, v) in enumerate(env.items()):
+        monkeypatch.setenv(k, v)
+        assert kernels.forced_isa() == ("avx2" if i == len(env) - 1 else None)

@@ -73,6 +73,30 @@ def kernel_isa() -> str:
     return supported[0]
 
 
+# What stands in for an older CPU on this one: every library's switch to its AVX2 code paths
+# (pacer's C++ kernels and quantized linears, oneDNN's linears, ATen's vectorized ops). ATen
+# reads its switch at import, so a process must start with it set (`isa_env` for a child).
+ISA_FORCING: dict[str, dict[str, str]] = {
+    "avx2": {"PACER_KERNEL_ISA": "avx2", "PACER_QUANT_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "ATEN_CPU_CAPABILITY": "avx2"},
+}
+
+
+def isa_env(isa: str | None) -> dict[str, str]:
+    """The environment variables that force `isa` (`None` or `native`: none)."""
+    if isa in (None, "native"):
+        return {}
+    if isa not in ISA_FORCING:
+        raise ValueError(f"isa must be native or one of {', '.join(ISA_FORCING)}, got {isa!r}")
+    return dict(ISA_FORCING[isa])
+
+
+def forced_isa() -> str | None:
+    """The level this process is forced to (every switch of `ISA_FORCING[level]` set), else None."""
+    return next((isa for isa, env in ISA_FORCING.items()
+                 if all(os.environ.get(k) == v for k, v in env.items())), None)
+
+
 @contextlib.contextmanager
 def _build_lock(build: pathlib.Path) -> Iterator[None]:
     """Hold an exclusive flock on the build directory while torch builds or loads there.

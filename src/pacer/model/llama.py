@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from pacer.model.attention import AttentionMetadata, paged_attention, write_kv
 from pacer.model.checkpoint import ModelArch
+from pacer.model.kernels import forced_isa
 from pacer.model.kv_quant import KVFormat, kv_format
 from pacer.model.linear import Linear
 from pacer.model.quant import QuantLinear, QuantWeight
@@ -143,7 +144,9 @@ class LlamaModel:
         quant = [x for x in self._projections() if isinstance(x, QuantLinear)]
         kind = (f"{','.join(self.quantization)} ({quant[0].path})" if quant
                 else f"{str(self.dtype).removeprefix('torch.')} ({self.linear_backend})")
-        return f"projections {kind}: {self.weight_bytes / 1e6:.1f} MB read per decode step"
+        isa = forced_isa()   # a fit made with every library held to AVX2 is not this CPU's native one
+        return (f"projections {kind}: {self.weight_bytes / 1e6:.1f} MB read per decode step"
+                + (f" (libraries forced to {isa})" if isa else ""))
 
     @property
     def kv_bytes_per_token(self) -> int:
