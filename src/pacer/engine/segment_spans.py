@@ -1,6 +1,8 @@
 """Segment spans on the way in (segment reuse, `pacer.sched.segments`): a prompt's spans checked
-once, the offline API's per-prompt argument spread over its prompts, and chat conversations
-rendered with the spans of their tool messages' contents. Errors are FieldErrors naming the field."""
+once, a request's own `segment_reuse` checked against the engine's mode, the offline API's
+per-prompt argument spread over its prompts, and chat conversations rendered with the spans of
+their segment messages' contents (tool messages, and any message marked `"segment": true`).
+Errors are FieldErrors naming the field."""
 
 from __future__ import annotations
 
@@ -9,7 +11,28 @@ from typing import Any
 
 from pacer.errors import FieldTypeError, FieldValueError
 
-__all__ = ["check_segments", "segments_per_prompt", "render_chats"]
+__all__ = ["REQUEST_SEGMENT_REUSE", "check_segments", "check_segment_reuse", "segments_per_prompt", "render_chats"]
+
+REQUEST_SEGMENT_REUSE = ("off", "approximate")   # a request's own segment_reuse: opt out, or the engine's default
+
+
+def check_segment_reuse(value: object, engine_mode: str) -> str | None:
+    """A request's own `segment_reuse`: None (the engine's mode), "off" (this request neither reuses
+    nor stores segments, as on an engine without segment reuse) or "approximate" (only where the
+    engine reuses segments: a request cannot turn it on)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise FieldTypeError("segment_reuse", f"segment_reuse must be one of {', '.join(REQUEST_SEGMENT_REUSE)}, "
+                                              f"got {value!r:.80}")
+    if value not in REQUEST_SEGMENT_REUSE:
+        raise FieldValueError("segment_reuse", f"segment_reuse must be one of {', '.join(REQUEST_SEGMENT_REUSE)}, "
+                                               f"got {value!r:.80}")
+    if value == "approximate" and engine_mode != "approximate":
+        raise FieldValueError("segment_reuse", f"segment_reuse 'approximate' needs an engine that reuses segments; "
+                                               f"this one runs with segment_reuse={engine_mode!r} (start it with "
+                                               f"--segment-reuse approximate)")
+    return value
 
 
 def check_segments(segments: Sequence[Sequence[int]] | None, num_prompt_tokens: int,
