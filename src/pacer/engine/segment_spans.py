@@ -75,15 +75,17 @@ def segments_per_prompt(segments: Sequence[Any] | None, n: int) -> list[Any]:
     return list(segments)
 
 
-def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], roles: tuple[str, ...],
+def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], roles: tuple[str, ...] | None,
                  chat_template: str | None, kwargs: dict[str, Any]
                  ) -> tuple[list[list[int]], list[list[tuple[int, int]] | None]]:
     """Each conversation's token ids (its chat template render, a generation prompt added) and,
-    with `roles`, the token spans of those roles' message contents (None without)."""
+    unless `roles` is None, the token spans of its segment messages' contents (those roles', and
+    any message's that says `"segment": True`; None per conversation without)."""
     prompts: list[list[int]] = []
     spans: list[list[tuple[int, int]] | None] = []
     for c in convs:
-        if roles:
+        _check_marks(c)
+        if roles is not None:
             ids, found = tokenizer.chat_segments(list(c), roles, True, chat_template, **kwargs)
             prompts.append(ids)
             spans.append(found)
@@ -92,3 +94,11 @@ def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], role
                                                          chat_template=chat_template, **kwargs))
             spans.append(None)
     return prompts, spans
+
+
+def _check_marks(messages: Sequence[dict[str, Any]]) -> None:
+    """A message's `segment` mark is a boolean (or absent)."""
+    for i, m in enumerate(messages):
+        mark = m.get("segment") if isinstance(m, dict) else None
+        if mark is not None and not isinstance(mark, bool):
+            raise FieldTypeError(f"messages[{i}].segment", f"messages[{i}].segment must be a boolean, got {mark!r:.80}")
