@@ -73,8 +73,7 @@ class LLM:
         or one per prompt; default `SamplingParams.slo`), on top of their class's from the
         engine's `slo` config; `request_class` names the class (default: classified by lengths).
         `segments`: per prompt, token spans [(start, length)] reusable elsewhere (segment reuse);
-        `segment_reuse` "off" (one for all or one per prompt) opts requests out of it (they neither
-        reuse nor store segments), "approximate" is the engine's own mode (refused on an engine without)."""
+        `segment_reuse` "off" (for all or per prompt) opts out of it (no reuse, no store)."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
@@ -85,13 +84,12 @@ class LLM:
         sessions, spans = _per_prompt("session", session, n, None), segments_per_prompt(segments, n)
         reuses = _per_prompt("segment_reuse", segment_reuse, n, None)
         prepared = []
-        for i, (p, sp, pr, te, so, rc, sg) in enumerate(zip(prompt_list, params, prios, tenants, slos, classes,
-                                                              spans)):   # all first
+        for p, sp, pr, te, so, rc, sg in zip(prompt_list, params, prios, tenants, slos, classes, spans):   # all first
             if not isinstance(sp, SamplingParams):
                 raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             one = sp if sp.n == 1 else sp.for_sample(0)
             prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so,
-                                                 segments=sg, segment_reuse=reuses[i]), sp))
+                                                 segments=sg, segment_reuse=reuses[len(prepared)]), sp))
         groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j)), session=ses,
                                            kv_retention=kv_retention) for j in range(sp.n)]
                   for (prep, sp), ses in zip(prepared, sessions)]
@@ -130,8 +128,8 @@ class LLM:
             convs = list(messages)  # type: ignore[arg-type]
         kwargs = dict(chat_template_kwargs or {})
         marks = self.config.cache.segment_reuse == "approximate" and segment_reuse != "off"
-        roles = ("tool",) if segment_roles is None else tuple(segment_roles)
-        prompts, spans = render_chats(self.engine.tokenizer, convs, roles if marks else None, chat_template, kwargs)
+        roles = None if not marks else ("tool",) if segment_roles is None else tuple(segment_roles)
+        prompts, spans = render_chats(self.engine.tokenizer, convs, roles, chat_template, kwargs)
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
                              request_class=request_class, session=session, kv_retention=kv_retention,
                              segments=spans, segment_reuse=segment_reuse)

@@ -93,8 +93,7 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
     picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
     request's own targets on top (default: `params.slo`); `field` names the prompt in errors
-    (`messages` for a chat request); `segments`: reusable prompt spans (`check_segments`), dropped
-    when the request's own `segment_reuse` is "off" (`check_segment_reuse`)."""
+    (`messages` for a chat request); `segments`: reusable prompt spans, none if `segment_reuse` is "off"."""
     params = _check_args(params, priority, tenant, cache_salt)
     reuse = check_segment_reuse(segment_reuse, ctx.segment_reuse)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
