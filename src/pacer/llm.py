@@ -82,14 +82,14 @@ class LLM:
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
         sessions, spans = _per_prompt("session", session, n, None), segments_per_prompt(segments, n)
-        reuses = _per_prompt("segment_reuse", segment_reuse, n, None)
+        reuses = iter(_per_prompt("segment_reuse", segment_reuse, n, None))
         prepared = []
         for p, sp, pr, te, so, rc, sg in zip(prompt_list, params, prios, tenants, slos, classes, spans):   # all first
             if not isinstance(sp, SamplingParams):
                 raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             one = sp if sp.n == 1 else sp.for_sample(0)
             prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so,
-                                                 segments=sg, segment_reuse=reuses[len(prepared)]), sp))
+                                                 segments=sg, segment_reuse=next(reuses)), sp))
         groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j)), session=ses,
                                            kv_retention=kv_retention) for j in range(sp.n)]
                   for (prep, sp), ses in zip(prepared, sessions)]

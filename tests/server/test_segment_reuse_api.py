@@ -5,6 +5,7 @@ many prompt tokens were reused and recomputed (absent when none were)."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -32,9 +33,25 @@ def test_a_tool_output_after_another_history_is_reused(base):
                         {"role": "user", "content": "Summarize the result."}]
             r = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, messages=messages)
             usages.append(r.usage.prompt_tokens_details)
+        metrics = _segment_series(httpx.get(served.base_url + "/metrics").text)
     assert getattr(usages[0], "reused_tokens", None) is None                  # the first one stored it
     reused, recomputed = usages[1].reused_tokens, usages[1].recomputed_tokens  # the extension's fields
     assert recomputed > 0 and reused > 60 and reused + recomputed <= 125
+    # /metrics: the store's series carry the same figures
+    assert metrics["segment_reuse_hits_total"] == 1 and metrics["segment_store_stored_total"] == 1
+    assert metrics["segment_reuse_reused_tokens_total"] == reused
+    assert metrics["segment_reuse_recomputed_tokens_total"] == recomputed
+    assert metrics["segment_store_segments"] == 1 and metrics["segment_store_blocks"] >= reused // 16
+
+
+def _segment_series(text: str) -> dict[str, float]:
+    """The segment series of a /metrics text, by name without the prefix (vllm: or pacer_)."""
+    out = {}
+    for line in text.splitlines():
+        if "segment_" in line and not line.startswith("#"):
+            name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
+            out["segment_" + name.split("segment_", 1)[1]] = float(value)
+    return out
 
 
 def _conversation(history: str, document: str, *, tool: bool = True, segment: bool | None = None) -> list[dict]:
