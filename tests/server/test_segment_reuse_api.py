@@ -127,3 +127,22 @@ def test_bad_segment_fields_are_a_400_naming_the_field(base):
             client.completions.create(model=MODEL, prompt="Hello", max_tokens=1,
                                       extra_body={"segment_reuse": "approximate"})
         assert bad.value.body["param"] == "segment_reuse"
+
+
+def test_pacer_bench_tool_reuse_over_http_is_reused_by_the_server(base, tmp_path):
+    """`pacer bench --endpoint chat --workload tool-reuse`: the tool outputs travel as `role: tool`
+    messages and the server marks them; one at a time, each tool output is stored by the first
+    session to meet it and reused by the other."""
+    from pacer.cli.main import main
+    from pacer.workload.report import OVERALL, Report
+
+    engine = make(base, segment_reuse="approximate")
+    out = tmp_path / "run.json"
+    with serve(engine) as served:
+        rc = main(["bench", "--base-url", served.base_url, "--endpoint", "chat", "--workload", "tool-reuse",
+                   "--tool-sessions", "2", "--tool-outputs", "2", "--tool-output-len", "96", "--history-len", "24",
+                   "--output-len", "1", "--num-prompts", "4", "--concurrency", "1", "--no-progress", "--out", str(out)])
+        metrics = _segment_series(httpx.get(served.base_url + "/metrics").text)
+    assert rc == 0 and Report.load(out).summary[OVERALL]["num_ok"] == 4
+    assert metrics["segment_store_stored_total"] == 2 and metrics["segment_reuse_hits_total"] == 2
+    assert metrics["segment_reuse_reused_tokens_total"] > 2 * 60

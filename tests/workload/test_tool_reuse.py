@@ -87,6 +87,9 @@ def test_pacer_sim_runs_the_workload_from_its_flags(tmp_path, capsys):
     report = Report.load(out)
     assert report.meta["workload"] == "tool-reuse" and report.summary["overall"]["num_ok"] == 6
     assert report.summary["overall"]["output_tokens"] == 6 * 4
+    segments = report.meta["segments"]   # 3 sessions x 2 tools: each tool stored once, reused twice
+    assert segments["stored"] == 2 and segments["reuses"] == 4 and segments["reused_tokens"] > 4 * 500
+    assert f"segment reuse: 4 fills, {segments['reused_tokens']} prompt tokens reused" in capsys.readouterr().out
     assert main(["sim", "--workload", "tool-reuse", "--tool-outputs", "0", "--num-prompts", "2"]) == 2
     assert "--tool-outputs must be >= 1" in capsys.readouterr().err
 
