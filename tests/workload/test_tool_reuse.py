@@ -99,3 +99,21 @@ def test_pacer_bench_over_http_needs_the_chat_endpoint(capsys):
 
     assert main(["bench", "--base-url", "http://127.0.0.1:9", "--workload", "tool-reuse", "--num-prompts", "1"]) == 2
     assert "needs --endpoint chat" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_in_process_bench_reuses_the_tool_outputs_on_the_model(base, endpoint):
+    """`pacer bench --engine inprocess`: completions carry the spans; chat renders the messages and
+    marks the tool message as a server does. One at a time, each tool output is stored once and
+    reused by the other session."""
+    from pacer.workload.arrivals import ClosedLoop
+    from pacer.workload.runner import run_inprocess
+    from tests.conftest import make
+
+    engine = make(base, segment_reuse="approximate")
+    shape = ToolReuse(num_sessions=2, num_tools=2, tool_output_len=96, history_len=24, output_len=1)
+    specs = generate_requests(tool_reuse_workload(shape), ClosedLoop(1), num_requests=4, tokenizer=base.tokenizer)
+    records, _, _ = run_inprocess(specs, engine, endpoint=endpoint, concurrency=1, closed_loop=True)
+    assert len(records) == 4 and all(r.ok for r in records)
+    segments = engine.snapshot().segments
+    assert segments["stored"] == 2 and segments["reuses"] == 2 and segments["reused_tokens"] > 2 * 60
