@@ -64,14 +64,16 @@ class LLM:
                  slo: Slo | Mapping[str, Any] | Sequence[Slo | Mapping[str, Any] | None] | None = None,
                  request_class: str | Sequence[str | None] | None = None,
                  session: str | Sequence[str | None] | None = None, segments: Sequence[Any] | None = None,
-                 kv_retention: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+                 kv_retention: Mapping[str, Any] | None = None,
+                 segment_reuse: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; outputs in input order. With
         `SamplingParams.n > 1` a prompt's output is its sample 0, and `.outputs` lists all n
         (vLLM's shape); each sample is its own engine request (`SamplingParams.for_sample`).
         `slo`: the requests' own targets (a `Slo` or {"ttft_ms": .., "itl_ms": ..}; one for all
         or one per prompt; default `SamplingParams.slo`), on top of their class's from the
         engine's `slo` config; `request_class` names the class (default: classified by lengths).
-        `segments`: per prompt, token spans [(start, length)] reusable elsewhere (segment reuse)."""
+        `segments`: per prompt, token spans [(start, length)] reusable elsewhere (segment reuse);
+        `segment_reuse` "off" (for all or per prompt) opts out of it (no reuse, no store)."""
         prompt_list = self._as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt("sampling_params", sampling_params, n, SamplingParams())
@@ -80,13 +82,14 @@ class LLM:
         slos = _per_prompt("slo", slo, n, None)
         classes = _per_prompt("request_class", request_class, n, None)
         sessions, spans = _per_prompt("session", session, n, None), segments_per_prompt(segments, n)
+        reuses = iter(_per_prompt("segment_reuse", segment_reuse, n, None))
         prepared = []
         for p, sp, pr, te, so, rc, sg in zip(prompt_list, params, prios, tenants, slos, classes, spans):   # all first
             if not isinstance(sp, SamplingParams):
                 raise FieldTypeError("sampling_params", f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             one = sp if sp.n == 1 else sp.for_sample(0)
             prepared.append((self.engine.prepare(p, one, priority=pr, tenant=te, request_class=rc, slo=so,
-                                                 segments=sg), sp))
+                                                 segments=sg, segment_reuse=next(reuses)), sp))
         groups = [[self.engine.add_request(dataclasses.replace(prep, params=sp.for_sample(j)), session=ses,
                                            kv_retention=kv_retention) for j in range(sp.n)]
                   for (prep, sp), ses in zip(prepared, sessions)]
@@ -108,12 +111,14 @@ class LLM:
              request_class: str | Sequence[str | None] | None = None,
              session: str | Sequence[str | None] | None = None, segment_roles: Sequence[str] | None = None,
              kv_retention: Mapping[str, Any] | None = None, chat_template: str | None = None,
-             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: Mapping[str, Any] | None = None,
+             segment_reuse: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, a template's text) to one
         conversation or a list of them, with `chat_template_kwargs` as its extra variables (vLLM's:
         e.g. {"enable_thinking": False}). `session` names each conversation's agent session: its KV
         is retained while the caller's tool runs (an eviction tier, `pacer.kv.retention`);
-        `kv_retention` {"ttl_s": s} or {"release": True}; `segment_roles`: segments' roles (default tool)."""
+        `kv_retention` {"ttl_s": s} or {"release": True}; `segment_roles`: segments' roles (default tool;
+        a message's own `"segment": True / False` decides for it); `segment_reuse`: as in `generate`."""
         if self.engine.tokenizer is None:
             raise ValueError("chat: this model has no tokenizer / chat template")
         convs: list[Sequence[Message]]
@@ -122,11 +127,12 @@ class LLM:
         else:
             convs = list(messages)  # type: ignore[arg-type]
         kwargs = dict(chat_template_kwargs or {})
-        roles = ("tool",) if segment_roles is None and self.config.cache.segment_reuse == "approximate" else ()
-        prompts, spans = render_chats(self.engine.tokenizer, convs, tuple(segment_roles or roles), chat_template, kwargs)
+        marks = self.config.cache.segment_reuse == "approximate" and segment_reuse != "off"
+        roles = None if not marks else ("tool",) if segment_roles is None else tuple(segment_roles)
+        prompts, spans = render_chats(self.engine.tokenizer, convs, roles, chat_template, kwargs)
         return self.generate(prompts, sampling_params, priority=priority, tenant=tenant, slo=slo,
                              request_class=request_class, session=session, kv_retention=kv_retention,
-                             segments=spans)
+                             segments=spans, segment_reuse=segment_reuse)
 
     def prewarm(self, prompts: Prompt | Sequence[Prompt] | Sequence[Sequence[Message]], *, public: bool = True,
                 tenant: str = "default", pin: bool = True) -> list[int]:

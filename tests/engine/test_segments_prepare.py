@@ -1,12 +1,14 @@
 """Segment spans on the way in (`pacer.engine.segment_spans.check_segments`, `segment_recompute`): bad
-input is refused with an error naming the field and the span; truncation keeps the spans it can."""
+input is refused with an error naming the field and the span; truncation keeps the spans it can. A
+request's own `segment_reuse` (`check_segment_reuse`): "off" opts it out, "approximate" only where
+the engine reuses segments."""
 
 from __future__ import annotations
 
 import pytest
 
 from pacer.config import EngineConfig
-from pacer.engine.segment_spans import check_segments
+from pacer.engine.segment_spans import check_segment_reuse, check_segments
 from pacer.errors import FieldError
 from pacer.request import SamplingParams
 from tests.fakes import make_engine
@@ -45,3 +47,40 @@ def test_segment_recompute_is_a_fraction_or_auto(value) -> None:
         EngineConfig.from_kwargs(segment_reuse="fuzzy")
     with pytest.raises(ValueError, match="partitioned"):
         EngineConfig.from_kwargs(segment_reuse="approximate", tenant_isolation="partitioned", tenant_quotas={"a": 4})
+
+
+@pytest.mark.parametrize("value, engine_mode, message", [
+    ("approximate", "off", "segment_reuse 'approximate' needs an engine that reuses segments; this one runs with "
+                           "segment_reuse='off'"),
+    ("approximate", "exact", "segment_reuse='exact'"),
+    ("sometimes", "approximate", "segment_reuse must be one of off, approximate, got 'sometimes'"),
+    (1, "approximate", "segment_reuse must be one of off, approximate, got 1"),
+])
+def test_a_requests_own_segment_reuse_is_checked_against_the_engine(value, engine_mode, message) -> None:
+    with pytest.raises(FieldError) as e:
+        check_segment_reuse(value, engine_mode)
+    assert e.value.field == "segment_reuse" and message in str(e.value)
+    assert check_segment_reuse(None, "off") is None and check_segment_reuse("off", "off") == "off"
+    assert check_segment_reuse("approximate", "approximate") == "approximate"
+
+
+def _reused(eng, prompt, spans, **kw) -> int:
+    rid = eng.add_request(prompt, SamplingParams(max_tokens=1), segments=spans, **kw)
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished and out.request_id == rid:
+                final = out
+        eng.kv.check_invariants()
+    return final.metrics.segment_reused_tokens
+
+
+def test_a_request_that_opts_out_neither_stores_nor_reuses() -> None:
+    eng, _ = make_engine(num_blocks=64, block_size=4, max_len=128, segment_reuse="approximate", segment_recompute=0.0)
+    seg = list(range(500, 532))
+    history = [list(range(100 + 10 * i, 108 + 10 * i)) for i in range(4)]
+    spans = [(8, 32)]
+    assert _reused(eng, history[0] + seg + [7], spans, segment_reuse="off") == 0
+    assert eng.prepare(history[0] + seg + [7], segments=spans, segment_reuse="off").segments == ()
+    assert _reused(eng, history[1] + seg + [7], spans) == 0                        # nothing stored yet: stores it
+    assert _reused(eng, history[2] + seg + [7], spans, segment_reuse="off") == 0   # stored, but not for this one
+    assert _reused(eng, history[3] + seg + [7], spans, segment_reuse="approximate") == 32

@@ -50,9 +50,13 @@ def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[
                           segment_recompute=recompute, tenant_isolation="isolated", preemption_mode=mode,
                           num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk)
     ex.check_tenants = True
-    drive_arrivals(eng, _arrivals(requests), lambda: None, max_steps=3000)
+    finals = drive_arrivals(eng, _arrivals(requests), lambda: None, max_steps=3000)
     store = eng.kv.segments
     assert all(e.lock_ref == 0 for e in store.iter_entries())   # no fill outlives its step
+    # the store's counters (/metrics) equal the requests' own, fills cancelled by a preemption uncounted
+    assert len(finals) == len(requests)
+    assert store.stats.reused_tokens == sum(o.metrics.segment_reused_tokens for o in finals.values())
+    assert store.stats.recomputed_tokens == sum(o.metrics.segment_recomputed_tokens for o in finals.values())
     eng.kv.reset_prefix_cache()
     assert eng.kv.num_available_blocks() == eng.kv.num_blocks   # everything came back
     eng.scheduler.check_invariants()

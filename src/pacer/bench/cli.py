@@ -32,6 +32,7 @@ from pacer.workload.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse
 from pacer.workload.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
 from pacer.workload.tables import compare_table, report_table
 from pacer.workload.text import TokenizerLike
+from pacer.workload.tool_reuse import TOOL_REUSE
 from pacer.workload.trace import load_trace
 
 __all__ = ["add_args", "run"]
@@ -84,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--trace replays its own timestamps; drop --request-rate (or use --concurrency)")
     if args.workload == AGENT_LOOP:
         return _agent_loop(args, engine_mode, console)
+    if args.workload == TOOL_REUSE and engine_mode == "http" and args.endpoint != "chat":
+        raise ValueError("--workload tool-reuse over HTTP needs --endpoint chat: the server marks the tool "
+                         "messages' contents as segments (a completions prompt carries no segment spans)")
     slo = parse_slo(args.slo)
     rates = parse_rates(args.request_rate)
     bench = _Bench(args, engine_mode, slo, console)

@@ -166,14 +166,17 @@ class Engine(Constraints):
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, priority: int = 0,
                 tenant: str = "default", request_class: str | None = None,
                 slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-                field: str = "prompt", segments: Sequence[Sequence[int]] | None = None) -> PreparedRequest:
+                field: str = "prompt", segments: Sequence[Sequence[int]] | None = None,
+                segment_reuse: str | None = None) -> PreparedRequest:
         """Check and resolve a request once (any thread): its token ids, arguments, fit and SLO
         class and targets; raises a `pacer.errors.FieldError` naming the field at fault. See
         `pacer.engine.prepare.prepare`; `add_request` queues the result."""
         ctx = PrepareContext(self.tokenizer, self.vocab_size, self.max_model_len, self.kv.capacity_tokens,
-                             self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo)
+                             self.class_rules, self.slo_set, self.scheduler_config.allow_tighter_slo,
+                             self.config.cache.segment_reuse)
         prepared = prepare(ctx, prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                           slo=slo, cache_salt=cache_salt, field=field, segments=segments)
+                           slo=slo, cache_salt=cache_salt, field=field, segments=segments,
+                           segment_reuse=segment_reuse)
         check_reasoning(prepared.params, self.think_tags is not None)
         return prepared
 
@@ -186,7 +189,8 @@ class Engine(Constraints):
                     request_id: str | None = None, priority: int = 0, tenant: str = "default",
                     arrival_time: float | None = None, request_class: str | None = None,
                     slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-                    session: str | None = None, kv_retention: Mapping[str, Any] | None = None) -> str:
+                    session: str | None = None, kv_retention: Mapping[str, Any] | None = None,
+                    segments: Sequence[Sequence[int]] | None = None, segment_reuse: str | None = None) -> str:
         """Queue a request (any thread): a `PreparedRequest`, or the arguments of `prepare`, which
         checks them first (raising a FieldError naming the bad field). `cache_salt` (vLLM's):
         the request shares cached blocks only with requests of the same salt. `session` names
@@ -199,7 +203,7 @@ class Engine(Constraints):
             prepared = prompt
         else:
             prepared = self.prepare(prompt, params, priority=priority, tenant=tenant, request_class=request_class,
-                                    slo=slo, cache_salt=cache_salt)
+                                    slo=slo, cache_salt=cache_salt, segments=segments, segment_reuse=segment_reuse)
         params = prepared.params
         with self._id_lock:
             if request_id is None:
@@ -214,7 +218,7 @@ class Engine(Constraints):
                       priority=prepared.priority, tenant=prepared.tenant, arrival_seq=next(self._seq),
                       eos_token_ids=self.eos_token_ids, request_class=prepared.request_class, slo=prepared.slo,
                       cache_salt=prepared.cache_salt, session=session, retention_ttl=ttl, retention_release=release,
-                      segments=prepared.segments)
+                      segments=prepared.segments, segment_reuse=prepared.segment_reuse)
         detok = None
         if self.tokenizer is not None:
             from pacer.model.tokenizer import IncrementalDetokenizer

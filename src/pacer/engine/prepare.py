@@ -15,7 +15,7 @@ from typing import Any
 
 from pacer.config.engine import REASONING_PARSERS
 from pacer.config.slo import ClassRules, Slo, SloSet, canonical_class, slo_from_request
-from pacer.engine.segment_spans import check_segments
+from pacer.engine.segment_spans import check_segment_reuse, check_segments
 from pacer.errors import FieldTypeError, FieldValueError
 from pacer.kv.retention import parse_retention_hint
 from pacer.request import SamplingParams, check_context_length
@@ -42,6 +42,7 @@ class PreparedRequest:
     retention_ttl: float | None = None
     retention_release: bool = False
     segments: tuple[tuple[int, int], ...] = ()   # prompt spans (start, length) for segment reuse (`check_segments`)
+    segment_reuse: str | None = None   # the request's own: None (the engine's mode) | "off" (`check_segment_reuse`)
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +61,7 @@ class PrepareContext:
     class_rules: ClassRules
     slo_set: SloSet
     allow_tighter_slo: bool
+    segment_reuse: str = "off"   # the engine's mode (CacheConfig.segment_reuse)
 
 
 def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_size: int | None,
@@ -86,14 +88,16 @@ def tokenize_prompt(prompt: str | Sequence[int], tokenizer: Any | None, vocab_si
 def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
             priority: int = 0, tenant: str = "default", request_class: str | None = None,
             slo: Slo | Mapping[str, Any] | None = None, cache_salt: str | None = None,
-            field: str = "prompt", segments: Sequence[Sequence[int]] | None = None) -> PreparedRequest:
+            field: str = "prompt", segments: Sequence[Sequence[int]] | None = None,
+            segment_reuse: str | None = None) -> PreparedRequest:
     """Check and resolve one request. `request_class` (chat | rag | agent | batch, or any name)
     picks its class's targets (unset: `ctx.class_rules` classifies by lengths); `slo` adds the
     request's own targets on top (default: `params.slo`); `field` names the prompt in errors
-    (`messages` for a chat request); `segments`: reusable prompt spans (`check_segments`)."""
+    (`messages` for a chat request); `segments`: reusable prompt spans, none if `segment_reuse` is "off"."""
     params = _check_args(params, priority, tenant, cache_salt)
+    reuse = check_segment_reuse(segment_reuse, ctx.segment_reuse)
     ids = tokenize_prompt(prompt, ctx.tokenizer, ctx.vocab_size, field)
-    spans = check_segments(segments, len(ids))
+    spans = check_segments(segments, len(ids)) if reuse != "off" else ()
     if params.truncate_prompt_tokens is not None:   # vLLM's: keep the prompt's last k tokens
         keep = ctx.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
         if len(ids) > keep:
@@ -106,7 +110,7 @@ def prepare(ctx: PrepareContext, prompt: str | Sequence[int], params: SamplingPa
     own_slo = own if isinstance(own, Slo) else slo_from_request(own)
     targets = ctx.slo_set.for_class(rclass).merged(own_slo, ctx.allow_tighter_slo)
     return PreparedRequest(ids, params, priority, tenant, rclass, targets, cache_salt,
-                           prompt if isinstance(prompt, str) else None, segments=spans)
+                           prompt if isinstance(prompt, str) else None, segments=spans, segment_reuse=reuse)
 
 
 def _check_args(params: SamplingParams | None, priority: int, tenant: str, cache_salt: str | None) -> SamplingParams:

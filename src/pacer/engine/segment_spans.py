@@ -1,6 +1,8 @@
 """Segment spans on the way in (segment reuse, `pacer.sched.segments`): a prompt's spans checked
-once, the offline API's per-prompt argument spread over its prompts, and chat conversations
-rendered with the spans of their tool messages' contents. Errors are FieldErrors naming the field."""
+once, a request's own `segment_reuse` checked against the engine's mode, the offline API's
+per-prompt argument spread over its prompts, and chat conversations rendered with the spans of
+their segment messages' contents (tool messages, and any message marked `"segment": true`).
+Errors are FieldErrors naming the field."""
 
 from __future__ import annotations
 
@@ -9,7 +11,28 @@ from typing import Any
 
 from pacer.errors import FieldTypeError, FieldValueError
 
-__all__ = ["check_segments", "segments_per_prompt", "render_chats"]
+__all__ = ["REQUEST_SEGMENT_REUSE", "check_segments", "check_segment_reuse", "segments_per_prompt", "render_chats"]
+
+REQUEST_SEGMENT_REUSE = ("off", "approximate")   # a request's own segment_reuse: opt out, or the engine's default
+
+
+def check_segment_reuse(value: object, engine_mode: str) -> str | None:
+    """A request's own `segment_reuse`: None (the engine's mode), "off" (this request neither reuses
+    nor stores segments, as on an engine without segment reuse) or "approximate" (only where the
+    engine reuses segments: a request cannot turn it on)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise FieldTypeError("segment_reuse", f"segment_reuse must be one of {', '.join(REQUEST_SEGMENT_REUSE)}, "
+                                              f"got {value!r:.80}")
+    if value not in REQUEST_SEGMENT_REUSE:
+        raise FieldValueError("segment_reuse", f"segment_reuse must be one of {', '.join(REQUEST_SEGMENT_REUSE)}, "
+                                               f"got {value!r:.80}")
+    if value == "approximate" and engine_mode != "approximate":
+        raise FieldValueError("segment_reuse", f"segment_reuse 'approximate' needs an engine that reuses segments; "
+                                               f"this one runs with segment_reuse={engine_mode!r} (start it with "
+                                               f"--segment-reuse approximate)")
+    return value
 
 
 def check_segments(segments: Sequence[Sequence[int]] | None, num_prompt_tokens: int,
@@ -52,15 +75,17 @@ def segments_per_prompt(segments: Sequence[Any] | None, n: int) -> list[Any]:
     return list(segments)
 
 
-def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], roles: tuple[str, ...],
+def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], roles: tuple[str, ...] | None,
                  chat_template: str | None, kwargs: dict[str, Any]
                  ) -> tuple[list[list[int]], list[list[tuple[int, int]] | None]]:
     """Each conversation's token ids (its chat template render, a generation prompt added) and,
-    with `roles`, the token spans of those roles' message contents (None without)."""
+    unless `roles` is None, the token spans of its segment messages' contents (those roles', and
+    any message's that says `"segment": True`; None per conversation without)."""
     prompts: list[list[int]] = []
     spans: list[list[tuple[int, int]] | None] = []
     for c in convs:
-        if roles:
+        _check_marks(c)
+        if roles is not None:
             ids, found = tokenizer.chat_segments(list(c), roles, True, chat_template, **kwargs)
             prompts.append(ids)
             spans.append(found)
@@ -69,3 +94,11 @@ def render_chats(tokenizer: Any, convs: Sequence[Sequence[dict[str, Any]]], role
                                                          chat_template=chat_template, **kwargs))
             spans.append(None)
     return prompts, spans
+
+
+def _check_marks(messages: Sequence[dict[str, Any]]) -> None:
+    """A message's `segment` mark is a boolean (or absent)."""
+    for i, m in enumerate(messages):
+        mark = m.get("segment") if isinstance(m, dict) else None
+        if mark is not None and not isinstance(mark, bool):
+            raise FieldTypeError(f"messages[{i}].segment", f"messages[{i}].segment must be a boolean, got {mark!r:.80}")

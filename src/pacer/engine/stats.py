@@ -101,6 +101,7 @@ class EngineSnapshot:
     retention: Mapping[str, int] = field(default_factory=dict)   # session retention (pacer.kv.retention.RetentionStats)
     prefill_dedup: Mapping[str, int] = field(default_factory=dict)   # exact dedup (pacer.sched.dedup.DedupStats); {} off
     tenants: Mapping[str, Mapping[str, float]] = field(default_factory=dict)   # service per tenant (Scheduler.tenant_report)
+    segments: Mapping[str, int] = field(default_factory=dict)   # the segment store (`segment_stats`); {} off
 
     @property
     def num_preemptions(self) -> int:
@@ -128,6 +129,7 @@ class EngineSnapshot:
         d["structured"] = dict(self.structured)
         d["retention"] = dict(self.retention)
         d["prefill_dedup"] = dict(self.prefill_dedup)
+        d["segments"] = dict(self.segments)
         d["tenants"] = {t: dict(row) for t, row in self.tenants.items()}
         for name in ("num_preemptions", "prefix_cache_hit_rate", "swap_out_bytes", "swap_in_bytes"):
             d[name] = getattr(self, name)
@@ -161,4 +163,13 @@ def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_mod
         num_waiting_for_grammar=sched.num_waiting_for_grammar, structured=sched.structured.stats(),
         retention=asdict(kv.retention.stats),
         prefill_dedup={} if sched.dedup is None else asdict(sched.dedup.stats), tenants=sched.tenant_report(),
+        segments=segment_stats(kv),
     )
+
+
+def segment_stats(kv: KVCacheManager) -> dict[str, int]:
+    """The segment store's size (segments, blocks) and its counters (`SegmentStats`); {} when off."""
+    store = kv.segments
+    if not store.enabled:
+        return {}
+    return {"segments": len(store), "blocks": store.num_cached_blocks, **asdict(store.stats)}

@@ -79,6 +79,7 @@ class SegmentSlots:
         self._exact_limits[rid] = min(self._exact_limits.get(rid, start), start)
         self.segments.stats.reuses += 1
         self.segments.stats.reused_tokens += num_tokens
+        self.segments.stats.recomputed_tokens += offset   # the segment's tokens before the fill were computed
         return SegmentCopy(token_slots(entry.block_ids, offset, num_tokens, bs), token_slots(table, start, num_tokens, bs),
                            start - (entry.position + offset))
 

@@ -62,7 +62,14 @@ class SegmentStats:
     stored_tokens: int = 0
     reuses: int = 0             # fills out of the store
     reused_tokens: int = 0      # tokens copied (re-rotated) instead of computed
+    recomputed_tokens: int = 0  # of the reused segments, the tokens computed before each fill
     evicted: int = 0
+
+    def uncount_fill(self, num_tokens: int, recomputed: int) -> None:
+        """A counted fill was cancelled before it ran (its request preempted in the same step)."""
+        self.reuses -= 1
+        self.reused_tokens -= num_tokens
+        self.recomputed_tokens -= recomputed
 
 
 class SegmentStore:

@@ -124,8 +124,9 @@ class Tokenizer:
                       add_generation_prompt: bool = True, chat_template: str | None = None,
                       **template_kwargs: Any) -> tuple[list[int], list[tuple[int, int]]]:
         """`apply_chat_template`'s token ids, and the token span (start, length) of the content of
-        each message whose role is in `roles` (the tokens wholly inside its text in the render;
-        segment reuse's default segments: tool outputs)."""
+        each segment message (`with_segments`: role in `roles` unless the message says otherwise in
+        `"segment"`; the tokens wholly inside its text in the render; segment reuse's default
+        segments: tool outputs)."""
         if not chat_template and not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
         text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
@@ -135,7 +136,8 @@ class Tokenizer:
     def with_segments(self, text: str, messages: list[dict[str, Any]], roles: tuple[str, ...]
                       ) -> tuple[list[int], list[tuple[int, int]]]:
         """`text` (a chat render of `messages`) as token ids, and the token span (start, length) of
-        each `roles` message's content: the tokens wholly inside its text in the render."""
+        each segment message's content: the tokens wholly inside its text in the render. A message
+        is a segment when its `"segment"` says so (a client's mark), else when its role is in `roles`."""
         enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         spans: list[tuple[int, int]] = []
@@ -145,7 +147,7 @@ class Tokenizer:
             if not isinstance(content, str) or not content or (at := text.find(content, pos)) < 0:
                 continue
             pos = at + len(content)
-            if m.get("role") not in roles:
+            if not m.get("segment", m.get("role") in roles):
                 continue
             inside = [i for i, (a, b) in enumerate(offsets) if a >= at and b <= pos and b > a]
             if inside:

@@ -151,6 +151,7 @@ class SegmentPlanner:
         req.num_computed_tokens -= fill
         req.metrics.segment_reused_tokens -= fill
         req.metrics.segment_recomputed_tokens -= offset
+        self.kv.segments.stats.uncount_fill(fill, offset)
         self._locked.remove(entry)
         self.kv.segments.unlock(entry)
 

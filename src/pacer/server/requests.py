@@ -29,8 +29,9 @@ __all__ = ["RequestContext", "Spec", "RequestBuilder", "num_engine_requests"]
 
 
 class PromptIds(list[int]):
-    """A chat prompt's token ids and its segments (the tool messages' contents as token spans,
-    when the engine reuses segments: `pacer.sched.segments`)."""
+    """A chat prompt's token ids and its segments (the tool messages' contents and those of the
+    messages marked `"segment": true`, as token spans, when the engine reuses segments and the
+    request does not opt out: `pacer.sched.segments`)."""
 
     segments: list[tuple[int, int]] = []
 
@@ -87,7 +88,7 @@ class RequestBuilder:
                     raise bad_request("messages", "this model has no tokenizer / chat template")
                 tools = parsed.tools.tools if parsed.tools is not None else None
                 kwargs = {**self.chat_template_kwargs, **(parsed.chat_template_kwargs or {})}
-                if self.engine.config.cache.segment_reuse == "approximate":
+                if self.engine.config.cache.segment_reuse == "approximate" and parsed.segment_reuse != "off":
                     ids, spans = render_chat_segments(tok, parsed.messages, tools, self.chat_template, kwargs)
                     prompt = PromptIds(ids)
                     prompt.segments = spans
@@ -145,7 +146,8 @@ class RequestBuilder:
             prepared = self.engine.prepare(ids, params.for_sample(0), priority=parsed.priority, tenant=parsed.tenant,
                                            request_class=request_class, slo=own_slo, cache_salt=parsed.cache_salt,
                                            field="messages" if parsed.endpoint == "chat" else "prompt",
-                                           segments=getattr(ids, "segments", None))
+                                           segments=getattr(ids, "segments", None),
+                                           segment_reuse=parsed.segment_reuse)
             if parsed.session is None and parsed.kv_retention is None:
                 return prepared
             max_ttl = self.engine.retention_max_ttl

@@ -39,6 +39,7 @@ from pacer.server.tools.serving import ToolOptions, plan_tools
 from pacer.telemetry.collectors import (
     KVTierCollector,
     PrefillDedupCollector,
+    SegmentReuseCollector,
     SessionRetentionCollector,
     SpecDecodeCollector,
     StructuredOutputsCollector,
@@ -98,7 +99,7 @@ class Service:
         self._contexts: dict[str, RequestContext] = {}
         self._all_finished = asyncio.Event()   # set whenever _contexts empties
         for collector in (StructuredOutputsCollector, KVTierCollector, SpecDecodeCollector, SessionRetentionCollector,
-                          PrefillDedupCollector):   # read loop.state
+                          PrefillDedupCollector, SegmentReuseCollector):   # read loop.state
             self.metrics.registry.register(collector(lambda: self.loop.state, self.metrics.name, self.model_name))
         self.metrics.registry.register(TenantServiceCollector(lambda: self.loop.state, self.metrics.name,
                                                               self.model_name, self.metrics.tenant_label))

@@ -139,9 +139,11 @@ def _run_sim(args: argparse.Namespace) -> int:
         meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats(),
                      "budget": BudgetTally().extend(result.steps).as_dict(),
                      "tenant_weights": dict(config.scheduler.fair_tenant_weights or {})})
-        spec = engine.snapshot().spec_decode
-        if spec is not None:
-            meta["spec_decode"] = dict(spec)
+        snap = engine.snapshot()
+        if snap.spec_decode is not None:
+            meta["spec_decode"] = dict(snap.spec_decode)
+        if snap.segments:
+            meta["segments"] = dict(snap.segments)
         report = build_report(result.records, slo=slo, meta=meta)
         _print_report(report, f"pacer sim: {model.name} on {hw.name} x{args.tp}, {workload}, {arrivals}")
         print(f"simulated {result.sim_duration_s:.1f} s in {result.wall_s:.2f} s wall: "
@@ -150,6 +152,10 @@ def _run_sim(args: argparse.Namespace) -> int:
               f"{result.num_kv_blocks} KV blocks, {result.cost_model})")
         for line in utilisation_summary(result.steps, executor.costs):
             print(line)
+        if snap.segments:
+            seg = snap.segments
+            print(f"segment reuse: {seg['reuses']} fills, {seg['reused_tokens']} prompt tokens reused, "
+                  f"{seg['recomputed_tokens']} recomputed; {seg['stored']} segments stored, {seg['evicted']} evicted")
         if len(rates) > 1:
             s = report.summary[OVERALL]
             print(f"rate {rate:g}: {s['output_tok_s']:.1f} out tok/s, ttft p99 {_ms(s['ttft_p99'])}, "

@@ -147,7 +147,8 @@ class _ClusterLoop:
             choice.clock.set(arrive_at)   # an idle replica joins the timeline at the arrival
         params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, temperature=0.0)
         rid = choice.engine.add_request(req.prompt_token_ids, params, request_id=f"sim-{i}", priority=req.priority,
-                                        tenant=req.tenant, arrival_time=arrive_at, session=req.session)
+                                        tenant=req.tenant, arrival_time=arrive_at, session=req.session,
+                                        segments=getattr(req, "segments", None) or None)
         self.index_of[rid] = i
         self.replica_of[req.request_id] = choice.replica_id
         choice.num_routed += 1

@@ -31,7 +31,7 @@ from pacer.sched.reasoning import ThinkTags
 from pacer.sim.executor import SimExecutor
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, SimStructured, StructuredCost
 from pacer.sim.trace_requests import request_spans
-from pacer.workload.drive import DriveSpec, drive
+from pacer.workload.drive import DriveSpec, Handoff, drive
 from pacer.workload.report import RequestRecord
 
 __all__ = ["SimRequest", "TraceRequest", "SimResult", "build_sim_engine", "simulate", "resolve_dtype",
@@ -54,6 +54,7 @@ class SimRequest:
     session: str | None = None
     structured_outputs: StructuredOutputsParams | None = None   # priced by pacer.sim.structured
     thinking_token_budget: int | None = None   # the scheduler predicts its length from it, as served
+    segments: tuple[tuple[int, int], ...] = ()   # prompt spans whose KV may be reused (segment reuse)
 
 
 @dataclass(slots=True)
@@ -154,16 +155,19 @@ def simulate(engine: Engine, executor: SimExecutor, clock: VirtualClock, request
                      cost_model=executor.cost_model.name, executor=executor, steps=steps, extra={"t0": t0})
 
 
-def _prepare(r: TraceRequest) -> tuple[Sequence[int], SamplingParams]:
+def _prepare(r: TraceRequest) -> Handoff:
     """Outputs are forced to the trace's lengths (a simulator samples no real tokens); a
     request's `structured_outputs`, when it has one, is kept (its compile and masks are priced), and
-    so is its `thinking_token_budget` (the scheduler's predicted length)."""
+    so is its `thinking_token_budget` (the scheduler's predicted length) and its `segments` (segment
+    reuse: the copies are priced, the recomputed tokens are prefill)."""
     structured = getattr(r, "structured_outputs", None)
     budget = getattr(r, "thinking_token_budget", None)
+    segments = getattr(r, "segments", ())
     if structured is None:   # the params are frozen: requests of one length share them, checked once
-        return r.prompt_token_ids, _plain_params(r.output_tokens, budget)
-    return r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0,
-                                              structured_outputs=structured, thinking_token_budget=budget)
+        return Handoff(r.prompt_token_ids, _plain_params(r.output_tokens, budget), segments)
+    return Handoff(r.prompt_token_ids, SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0,
+                                                      structured_outputs=structured, thinking_token_budget=budget),
+                   segments)
 
 
 @functools.lru_cache(maxsize=4096)

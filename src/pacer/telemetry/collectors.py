@@ -13,7 +13,10 @@ its own thread is mutating. Three families, each absent or zero until its featur
 - fair share: each tenant's service in cost units, its share of all service and its deficit (how
   far its counter runs ahead of the least served waiting tenant), under the capped `tenant` label;
 - exact prefill dedup: steps requests sat out for another's prefill, the requests, and the
-  prompt tokens they then read from the cache.
+  prompt tokens they then read from the cache;
+- segment reuse: the segment store's segments and blocks, segments stored and evicted, fills out of
+  the store (hits), the tokens they reused and the reused segments' tokens recomputed; absent while
+  segment reuse is off.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
     from pacer.engine.stats import EngineSnapshot
 
 __all__ = ["SpecDecodeCollector", "KVTierCollector", "StructuredOutputsCollector", "SessionRetentionCollector",
-           "TenantServiceCollector", "PrefillDedupCollector", "SnapshotSource"]
+           "TenantServiceCollector", "PrefillDedupCollector", "SegmentReuseCollector", "SnapshotSource"]
 
 SnapshotSource = Callable[[], "EngineSnapshot"]
 
@@ -199,5 +202,34 @@ class PrefillDedupCollector(_SnapshotCollector):
         stats = self.state().prefill_dedup
         for key, help_ in _DEDUP_SERIES.items():
             family = CounterMetricFamily(self.name(f"prefill_dedup_{key}"), help_, labels=["model_name"])
+            family.add_metric([self.model_name], float(stats.get(key, 0)))
+            yield family
+
+
+_SEGMENT_SERIES = {   # series -> (help, the snapshot's `segments` key, gauge?)
+    "segment_store_segments": ("Segments the segment store holds (segment reuse).", "segments", True),
+    "segment_store_blocks": ("KV blocks the segment store holds (evictable unless a fill is reading them).",
+                             "blocks", True),
+    "segment_store_stored": ("Segments stored (their KV copied into the store after a request computed them).",
+                             "stored", False),
+    "segment_store_evictions": ("Segments evicted from the store (least recently used first).", "evicted", False),
+    "segment_reuse_hits": ("Fills out of the segment store (a request took a stored segment's KV).", "reuses", False),
+    "segment_reuse_reused_tokens": ("Prompt tokens filled from stored segments instead of computed.",
+                                    "reused_tokens", False),
+    "segment_reuse_recomputed_tokens": ("Of the reused segments, the tokens computed with the real context before "
+                                        "each fill (--segment-recompute).", "recomputed_tokens", False),
+}
+
+
+class SegmentReuseCollector(_SnapshotCollector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.state().segments
+        if not stats:
+            return
+        for series, (help_, key, gauge) in _SEGMENT_SERIES.items():
+            family: Any = (GaugeMetricFamily if gauge else CounterMetricFamily)(self.name(series), help_,
+                                                                                labels=["model_name"])
             family.add_metric([self.model_name], float(stats.get(key, 0)))
             yield family

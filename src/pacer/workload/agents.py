@@ -212,8 +212,9 @@ def add_agent_loop_args(p: Any) -> None:
     g.add_argument("--agent-system-len", type=int, default=64,
                    help="agent loop: tokens of the system prompt every agent shares")
     g.add_argument("--agent-task-len", type=int, default=48, help="agent loop: tokens of each agent's task")
-    g.add_argument("--tool-output-len", type=int, default=96,
-                   help="agent loop: tokens of each tool answer appended to the history")
+    g.add_argument("--tool-output-len", type=int, default=None,
+                   help="agent loop: tokens of each tool answer appended to the history (default 96); tool "
+                        "reuse: tokens of each shared tool output (default 1024)")
     g.add_argument("--no-agent-sessions", action="store_true",
                    help="agent loop: send the calls without naming their session (no retention windows)")
 
@@ -223,7 +224,7 @@ def loop_from_args(args: Any) -> AgentLoop:
     return AgentLoop(num_agents=args.concurrency or 8, turns=args.agent_turns, tool_latency=args.tool_latency,
                      tool_latency_dist=args.tool_latency_dist, chat_rate=args.chat_rate,
                      system_len=args.agent_system_len, task_len=args.agent_task_len,
-                     tool_output_len=args.tool_output_len,
+                     tool_output_len=96 if args.tool_output_len is None else args.tool_output_len,
                      output_len=args.output_len or 8, seed=args.seed)
 
 

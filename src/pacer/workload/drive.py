@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pacer.request import SamplingParams
@@ -22,7 +23,7 @@ from pacer.workload.report import STATUS_ERROR, STATUS_OK, STATUS_REJECTED, Requ
 if TYPE_CHECKING:
     from pacer.engine import Engine, RequestOutput
 
-__all__ = ["DriveSpec", "ARRIVAL_NOTE", "ClientSlots", "drive", "record_from_output"]
+__all__ = ["DriveSpec", "Handoff", "ARRIVAL_NOTE", "ClientSlots", "drive", "record_from_output"]
 
 ARRIVAL_NOTE = ("arrival = when the client hands a request over (its timestamp; under a concurrency cap or in "
                 "a closed loop, when a slot frees); the engine sees it at the next step boundary and the time "
@@ -50,8 +51,18 @@ class DriveSpec(Protocol):
     def session(self) -> str | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What the driver hands the engine for one spec: its prompt's token ids, its sampling params
+    and its segment spans (start, length) for segment reuse."""
+
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams
+    segments: Sequence[tuple[int, int]] = ()
+
+
 S = TypeVar("S", bound=DriveSpec)
-Prepare = Callable[[S], tuple[Sequence[int], SamplingParams]]
+Prepare = Callable[[S], Handoff]
 
 
 class ClientSlots:
@@ -91,8 +102,8 @@ def drive(engine: Engine, specs: Iterable[S], prepare: Prepare[S], *, concurrenc
           ) -> Iterator[RequestRecord]:
     """Feed `engine` from `specs` (open loop at their timestamps, or a closed loop: each spec
     sent when a slot frees) until they run out or `duration` seconds have passed, and yield
-    each request's record when it finishes (or is refused). `prepare(spec)` gives its prompt
-    token ids and sampling params, and is called at hand-off, in hand-off order. Records'
+    each request's record when it finishes (or is refused). `prepare(spec)` gives its `Handoff`
+    (prompt token ids, sampling params, segments), called at hand-off, in hand-off order. Records'
     times are from `t0` (default: the engine clock when the driver starts)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -146,10 +157,12 @@ def drive(engine: Engine, specs: Iterable[S], prepare: Prepare[S], *, concurrenc
 def _submit(engine: Engine, spec: S, prepare: Prepare[S], arrival: float, t0: float,
             in_flight: dict[str, S]) -> RequestRecord | None:
     """Add one request with its hand-off time as arrival; a refused one becomes an error record."""
-    ids, params = prepare(spec)
+    handoff = prepare(spec)
+    ids = handoff.prompt_token_ids
     try:
-        rid = engine.add_request(ids, params, priority=spec.priority, tenant=spec.tenant, arrival_time=arrival,
-                                 request_class=spec.request_class)
+        rid = engine.add_request(ids, handoff.params, priority=spec.priority, tenant=spec.tenant,
+                                 arrival_time=arrival, request_class=spec.request_class,
+                                 segments=handoff.segments or None)
     except (ValueError, TypeError) as e:
         return RequestRecord(spec.request_id, spec.request_class, arrival - t0, status=STATUS_ERROR,
                              error=str(e), finish_time=arrival - t0, prompt_tokens=len(ids))

@@ -22,13 +22,13 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pacer.workload.arrivals import ArrivalProcess, ClosedLoop, arrival_times
 from pacer.workload.text import Segment, TextSource, TokenizerLike
 
 __all__ = [
-    "LengthDist", "ClassSpec", "Workload", "ChatMessage", "RequestSpec", "WorkloadGenerator",
+    "LengthDist", "ClassSpec", "Workload", "ChatMessage", "RequestSpec", "RequestSource", "WorkloadGenerator",
     "BUILTIN_WORKLOADS", "builtin_workload", "load_workload", "iter_requests", "generate_requests",
 ]
 
@@ -103,10 +103,22 @@ class ClassSpec:
             raise ValueError(f"class {self.name!r}: concurrent_sessions must be >= 1")
 
 
+class RequestSource(Protocol):
+    """A workload that makes its own requests instead of drawing them from its classes (the
+    `tool-reuse` workload, `pacer.workload.tool_reuse`): an endless, deterministic stream."""
+
+    def requests(self, seed: int, tokenizer: TokenizerLike | None,
+                 max_model_len: int | None) -> Iterator[RequestSpec]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """A weighted mix of classes; with `source`, its requests come from the source and the
+    classes only describe them (the report's class table)."""
+
     name: str
     classes: tuple[ClassSpec, ...]
+    source: RequestSource | None = None
 
     def __post_init__(self) -> None:
         if not self.classes:
@@ -124,23 +136,35 @@ class Workload:
         classes = tuple(dataclasses.replace(c, prompt_len=fix(c.prompt_len, prompt_mean, prompt_cv),
                                             output_len=fix(c.output_len, output_mean, output_cv))
                         for c in self.classes)
-        return Workload(self.name, classes)
+        return Workload(self.name, classes, self.source)
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One chat message; `tool_call_id` on an assistant message is the id of the tool call it
+    makes (a `search` function), on a tool message the id of the call it answers."""
+
     role: str
     content: str
+    tool_call_id: str | None = None
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_call_id is not None and self.role == "assistant":
+            out["tool_calls"] = [{"id": self.tool_call_id, "type": "function",
+                                  "function": {"name": "search", "arguments": "{}"}}]
+        elif self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """One request to send. `prompt` (completions) and `messages` (chat) carry the same text;
     `prompt_token_ids` are its exact tokens under the generator's tokenizer. `arrival_time` is
-    seconds from the run's start, None in a closed loop (sent when a client is free)."""
+    seconds from the run's start, None in a closed loop (sent when a client is free).
+    `segments`: spans (start, length) of `prompt_token_ids` whose KV may be reused after another
+    prefix (segment reuse; over HTTP the chat messages with role tool carry them)."""
 
     request_id: str
     request_class: str
@@ -154,6 +178,7 @@ class RequestSpec:
     tenant: str = "default"
     priority: int = 0
     ignore_eos: bool = True
+    segments: tuple[tuple[int, int], ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -355,7 +380,9 @@ def iter_requests(workload: Workload, arrivals: ArrivalProcess, *, seed: int = 0
 
     Open loop stops after `num_requests` or past `duration`; closed loop stops after
     `num_requests` or never (the runner stops sending once `duration` has passed)."""
-    gen = WorkloadGenerator(workload, seed, tokenizer, max_model_len)
+    gen: Iterator[RequestSpec] = (workload.source.requests(seed, tokenizer, max_model_len)
+                                  if workload.source is not None else
+                                  WorkloadGenerator(workload, seed, tokenizer, max_model_len))
     if isinstance(arrivals, ClosedLoop):
         specs: Iterator[RequestSpec] = iter(gen)
         if num_requests is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pacer.workload.generator import Workload, builtin_workload, load_workload
+from pacer.workload.tool_reuse import TOOL_REUSE, tool_reuse_from_args
 
 __all__ = ["DEFAULT_NUM_PROMPTS", "add_workload_args", "parse_rates", "workload_from_args"]
 
@@ -18,10 +19,12 @@ def add_workload_args(p: argparse.ArgumentParser, *, num_prompts_help: str = "",
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default=None,
                    help="chat | rag | agent | batch | mixed | fixed | agent-loop (closed-loop agents over growing "
-                        "histories, job completion time), or a .yaml/.json spec (default chat; fixed when "
+                        "histories, job completion time) | tool-reuse (sessions with their own histories receive "
+                        "the same tool outputs: segment reuse), or a .yaml/.json spec (default chat; fixed when "
                         "--input-len is given)")
     w.add_argument("--input-len", type=int, default=None, help="fixed workload: prompt tokens per request")
-    w.add_argument("--output-len", type=int, default=None, help="fixed workload: output tokens per request")
+    w.add_argument("--output-len", type=int, default=None,
+                   help="fixed and tool-reuse workloads: output tokens per request")
     w.add_argument("--prompt-cv", type=float, default=None, help="override every class's prompt length CV")
     w.add_argument("--output-cv", type=float, default=None, help="override every class's output length CV")
     w.add_argument("--trace", default=None, help="replay a JSONL trace (timestamp, prompt|prompt_tokens, ...)")
@@ -37,8 +40,10 @@ def add_workload_args(p: argparse.ArgumentParser, *, num_prompts_help: str = "",
                    help=num_prompts_help or f"requests to send (default {DEFAULT_NUM_PROMPTS})")
     a.add_argument("--duration", type=float, default=None, help="send for this many seconds instead")
     from pacer.workload.agents import add_agent_loop_args
+    from pacer.workload.tool_reuse import add_tool_reuse_args
 
     add_agent_loop_args(p)
+    add_tool_reuse_args(p)
     r = p.add_argument_group("report")
     r.add_argument("--slo", action="append", default=[],
                    help="goodput targets, e.g. ttft=300ms,itl=50ms or per class rag:ttft=2s (repeatable)")
@@ -68,6 +73,11 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     if name == "agent-loop":
         raise ValueError("--workload agent-loop is a closed loop of agents, not a request stream: `pacer sim` and "
                          "`pacer bench` run it themselves (pacer.workload.agents)")
+    if name == TOOL_REUSE:
+        if args.input_len is not None or args.prompt_cv is not None or args.output_cv is not None:
+            raise ValueError("--input-len/--prompt-cv/--output-cv do not apply to --workload tool-reuse (its lengths: "
+                             "--tool-output-len, --history-len, --output-len)")
+        return tool_reuse_from_args(args)
     if name == "fixed":
         wl = builtin_workload("fixed", args.input_len, args.output_len)
     elif args.input_len is not None or args.output_len is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pacer.request import SamplingParams
 from pacer.workload.budget import BudgetTally
-from pacer.workload.drive import drive
+from pacer.workload.drive import Handoff, drive
 from pacer.workload.generator import RequestSpec
 from pacer.workload.report import RequestRecord
 
@@ -140,13 +140,16 @@ def run_inprocess(specs: Iterable[RequestSpec], engine: Engine, *, endpoint: str
     order: list[str] = []
     records: dict[str, RequestRecord] = {}
 
-    def prepare(spec: RequestSpec) -> tuple[list[int], SamplingParams]:
+    def prepare(spec: RequestSpec) -> Handoff:
         order.append(spec.request_id)
-        ids = list(spec.prompt_token_ids)
-        if endpoint == "chat" and engine.tokenizer is not None:
-            ids = engine.tokenizer.apply_chat_template([m.as_dict() for m in spec.messages])
-        return ids, SamplingParams(max_tokens=spec.output_tokens, temperature=temperature,
-                                   ignore_eos=spec.ignore_eos)
+        params = SamplingParams(max_tokens=spec.output_tokens, temperature=temperature, ignore_eos=spec.ignore_eos)
+        if endpoint != "chat" or engine.tokenizer is None:
+            return Handoff(list(spec.prompt_token_ids), params, spec.segments)
+        messages = [m.as_dict() for m in spec.messages]
+        if not spec.segments:
+            return Handoff(engine.tokenizer.apply_chat_template(messages), params)
+        ids, spans = engine.tokenizer.chat_segments(messages, ("tool",))   # as a server marks them
+        return Handoff(ids, params, tuple(spans))
 
     try:
         for rec in drive(engine, specs, prepare, concurrency=concurrency, closed_loop=closed_loop,

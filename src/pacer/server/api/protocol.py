@@ -13,6 +13,9 @@ returns vLLM's per-prompt-token entries. Unknown keys are ignored, as
 OpenAI-compatible servers commonly do. Structured outputs (`response_format`,
 `structured_outputs`, `guided_*`) are read by pacer.server.api.structured, `tools` /
 `tool_choice` by pacer.server.tools.api; a chat request with tools is also of class `agent`.
+Segment reuse's extensions: `segment_reuse` ("off" | "approximate", checked against the server's
+mode by the engine's prepare) and a chat message's `segment` (true: its content is a segment;
+false: a tool message's is not).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class ParsedRequest:
     session: str | None = None                      # agent session (body `session` or x-session-id header)
     kv_retention: dict[str, Any] | None = None      # its hint: {"ttl_s": 30} | {"release": true}
     chat_template_kwargs: dict[str, Any] | None = None   # chat: the template's extra variables (vLLM's)
+    segment_reuse: Any = None                       # the request's own (checked by `check_segment_reuse`)
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -157,7 +161,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             "cache_salt": salt, "tenant_given": body.get("tenant") is not None or body.get("user") is not None,
             "model": model, "sampling": _sampling(body), "stream": stream, "include_usage": include_usage,
             "priority": 0 if priority is None else priority, "tenant": _tenant(body), "n": n or 1, "slo": slo,
-            "return_metrics": bool(_opt_bool(body, "return_metrics"))}
+            "return_metrics": bool(_opt_bool(body, "return_metrics")), "segment_reuse": body.get("segment_reuse")}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +299,8 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             if not isinstance(call_id, str) or not call_id:
                 raise bad_request(f"messages[{i}].tool_call_id", "a tool message needs its tool_call_id")
             entry["tool_call_id"] = call_id
+        if msg.get("segment") is not None:   # segment reuse: mark (or unmark) this message's content
+            entry["segment"] = _opt_bool(msg, "segment", f"messages[{i}].segment")
         out.append(entry)
     return out
 

@@ -72,8 +72,9 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
 def render_chat_segments(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                          chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
                          roles: tuple[str, ...] = ("tool",)) -> tuple[list[int], list[tuple[int, int]]]:
-    """`render_chat`'s token ids and the token spans of the `roles` messages' contents (segment
-    reuse's default segments: tool outputs, `pacer.sched.segments`)."""
+    """`render_chat`'s token ids and the token spans of the segment messages' contents: the `roles`
+    messages' (segment reuse's default segments: tool outputs, `pacer.sched.segments`) and those a
+    client marked `"segment": true` (`Tokenizer.with_segments`)."""
     template = _template_for(tokenizer, tools, chat_template)
     if template is None and not tokenizer.hf.chat_template:
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
