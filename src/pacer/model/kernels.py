@@ -162,18 +162,28 @@ def _stage_sources(build: pathlib.Path, sources: dict[str, bytes]) -> None:
             tmp.replace(path)
 
 
-def _compile(name: str, csrc: pathlib.Path, cflags: tuple[str, ...], ldflags: tuple[str, ...]) -> Any:
+UNITY = "pacer_unity.cpp"
+
+
+def _compile(name: str, csrc: pathlib.Path, cflags: tuple[str, ...], ldflags: tuple[str, ...],
+             unity: bool = False) -> Any:
+    """Build `csrc` as one module. `unity`: as one translation unit that includes every source
+    (torch's headers, most of each file's compile time, are then parsed once, not once per file)."""
     from torch.utils import cpp_extension
 
     # ninja may be installed in this environment's bin (pip's `ninja`) without being on PATH
     bin_dir = os.path.dirname(sys.executable)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    build, sources = _build_dir(csrc, cflags, ldflags)
+    build, sources = _build_dir(csrc, cflags + (("-DPACER_UNITY_BUILD",) if unity else ()), ldflags)
+    cpps = [n for n in sorted(sources) if n.endswith(".cpp")]
+    if unity:
+        sources[UNITY] = "".join(f'#include "{n}"\n' for n in cpps).encode()
+        cpps = [UNITY]
     with _build_lock(build):
         _stage_sources(build, sources)
         return cpp_extension.load(
-            name=name, sources=[str(build / "src" / n) for n in sorted(sources) if n.endswith(".cpp")],
+            name=name, sources=[str(build / "src" / n) for n in cpps],
             build_directory=str(build), extra_cflags=list(cflags), extra_ldflags=list(ldflags), verbose=False,
         )
 
@@ -192,7 +202,7 @@ def load(isa: str | None = None) -> Any | None:
         module = None
         try:
             module = _compile(f"pacer_kernels_{level}", pathlib.Path(__file__).parent / "csrc",
-                              CFLAGS + ISA_LEVELS[level][1], LDFLAGS)
+                              CFLAGS + ISA_LEVELS[level][1], LDFLAGS, unity=True)
             module.isa = level
         except Exception as e:  # compiler, ninja or headers missing: use the torch path
             log.warning("pacer C++ kernels (%s) unavailable (%s); using the torch attention path", level, e)

@@ -192,6 +192,106 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// decode_avx512's plan in 8 lanes (the avx2 level): tiles of 8 tokens, one (request, kv heads)
+// task at a time, each score tile reduced across lanes at once (reduce8), exp8 for the softmax.
+template <int D, typename T, typename KV>
+void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
+                 const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
+                 int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
+  constexpr int C = D / 8;
+  const int64_t group = n_heads / n_kv;
+  const int64_t split = num_rows >= 2 * at::get_num_threads() ? 1 : n_kv;
+  const int64_t heads_per_task = n_kv / split;
+  const int64_t n_tasks = num_rows * split;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    const int64_t hq = heads_per_task * group;
+    const int64_t width = heads_per_task * D;
+    std::vector<float> scores, qs(hq * D), acc(hq * D), tile(8 * width), inv(hq);
+    for (int64_t task = next++; task < n_tasks; task = next++) {
+      const int64_t row = task / split, g0 = (task % split) * heads_per_task;
+      const int64_t ctx = ctx_lens[row];
+      const int64_t ctx8 = (ctx + 7) / 8 * 8;
+      const int64_t* table = tables + row * max_blocks;
+      scores.resize(hq * ctx8);
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t i = 0; i < D; ++i) qs[h * D + i] = to_f(q[row * q_stride + (g0 * group + h) * D + i]) * scale;
+      auto load_tile = [&](const KV& cache, int64_t t0, int64_t nk) {
+        const int64_t nt0 = t0 + 8, nn = std::min<int64_t>(8, ctx - nt0);
+        for (int64_t j = 0; j < nn; ++j) {   // the next tile's scattered rows, asked for now
+          const int64_t t = nt0 + j;
+          const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
+          for (int64_t b = 0; b < heads_per_task * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+        }
+        for (int64_t j = 0; j < 8; ++j) {
+          float* dst = tile.data() + j * width;
+          if (j < nk) {
+            const int64_t t = t0 + j;
+            for (int64_t g = 0; g < heads_per_task; ++g) cache.load(table[t / bs] * bs + t % bs, g0 + g, dst + g * D);
+          } else {
+            std::memset(dst, 0, width * sizeof(float));
+          }
+        }
+      };
+      for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
+        const int64_t nk = std::min<int64_t>(8, ctx - t0);
+        load_tile(kc, t0, nk);
+        const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk)), _CMP_LT_OQ);
+        for (int64_t h = 0; h < hq; ++h) {
+          const float* kt = tile.data() + (h / group) * D;
+          __m256 qv[C], part[8];
+          for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(qs.data() + h * D + c * 8);
+          for (int j = 0; j < 8; ++j) {
+            __m256 sacc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt + j * width));
+            for (int c = 1; c < C; ++c) sacc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt + j * width + c * 8), sacc);
+            part[j] = sacc;
+          }
+          const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), pacer::reduce8(part), valid);
+          _mm256_storeu_ps(scores.data() + h * ctx8 + t0, sc);
+        }
+      }
+      for (int64_t h = 0; h < hq; ++h) {
+        float* sh = scores.data() + h * ctx8;
+        __m256 mv = _mm256_set1_ps(neg_inf);
+        for (int64_t t = 0; t < ctx8; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sh + t));
+        const __m256 m = _mm256_set1_ps(pacer::hmax8(mv));
+        __m256 sv = _mm256_setzero_ps();
+        for (int64_t t = 0; t < ctx8; t += 8) {
+          const __m256 e = pacer::exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + t), m));
+          _mm256_storeu_ps(sh + t, e);
+          sv = _mm256_add_ps(sv, e);
+        }
+        const float l = pacer::hsum8(sv);
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
+        const int64_t nk = std::min<int64_t>(8, ctx - t0);
+        load_tile(vc, t0, nk);
+        for (int64_t h = 0; h < hq; ++h) {
+          const float* vt = tile.data() + (h / group) * D;
+          __m256 a[C];
+          for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc.data() + h * D + c * 8);
+          const float* ph = scores.data() + h * ctx8 + t0;
+          for (int64_t j = 0; j < nk; ++j) {
+            const __m256 p = _mm256_set1_ps(ph[j]);
+            for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + j * width + c * 8), a[c]);
+          }
+          for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc.data() + h * D + c * 8, a[c]);
+        }
+      }
+      for (int64_t h = 0; h < hq; ++h) {
+        T* op = out + row * out_stride + (g0 * group + h) * D;
+        for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv[h]);
+      }
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -217,6 +317,14 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
 #if defined(__AVX512F__)
       auto run = [&](auto dim) {
         decode_avx512<decltype(dim)::value, scalar_t>(
+            q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
+            out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, bs, bt.size(1), static_cast<float>(scale));
+      };
+      if (d == 64) return run(std::integral_constant<int, 64>{});
+      if (d == 128) return run(std::integral_constant<int, 128>{});
+#elif defined(__AVX2__) && defined(__FMA__)
+      auto run = [&](auto dim) {
+        decode_avx2<decltype(dim)::value, scalar_t>(
             q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
             out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, bs, bt.size(1), static_cast<float>(scale));
       };
