@@ -1,8 +1,8 @@
 """Quantized weights run as shipped, against the dequantized float32 path, side by side in one run.
 
 Models, all from the default GGUF (SmolLM2-135M-Instruct Q4_1, its LM head Q8_0): `float32`
-(`--quantization none`, the reference), `q-float` (packed blocks, float activations: the default),
-`q-int8` (packed blocks, int8 activations per token and block of 32).
+(`--quantization none`, the reference), `q-float` (packed blocks, float activations),
+`q-int8` (packed blocks, int8 activations per token and block of 32: the default engine's).
 
 Quality: each held-out chat's prompt plus the reference's own 64 greedy tokens, teacher-forced
 through every model in one prefill; per-token KL(float32 || model) and greedy (top-1) agreement
@@ -12,23 +12,26 @@ interleaved each repeat, medians: batch-1 decode ms/token at a 128-token context
 throughput of 32 sequences, and prefill tokens/s of one 256-token chunk. Load average and the
 CPU's flags are printed beside the figures.
 
-    PYTHONPATH=src python benchmarks/quantized.py [--threads 2] [--repeats 15]
+    PYTHONPATH=src python benchmarks/quantized.py [--threads 2] [--repeats 15] [--isa native|avx2]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import statistics
 import time
 from typing import Any
 
-import torch
+import isa_switch
 
-from pacer.model.attention import ChunkSpan, build_metadata
-from pacer.model.llama import LlamaModel
-from pacer.model.loader import load_checkpoint, quantize_checkpoint
+isa_switch.apply()   # before torch is imported: `--isa avx2` holds every library to AVX2
+
+import torch  # noqa: E402
+
+from pacer.model.attention import ChunkSpan, build_metadata  # noqa: E402
+from pacer.model.llama import LlamaModel  # noqa: E402
+from pacer.model.loader import load_checkpoint, quantize_checkpoint  # noqa: E402
 
 CHATS = [
     "Explain in two sentences why the sky looks blue at noon and red at sunset.",
@@ -37,15 +40,6 @@ CHATS = [
     "Give me three ideas for a rainy Sunday afternoon with two kids.",
 ]
 BS = 16
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")
-    return ",".join(f for f in want if f in flags.split())
 
 
 def load_line() -> str:
@@ -143,6 +137,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15, help="timed repeats per figure (medians)")
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per chat for the quality check")
     ap.add_argument("--tie", type=float, default=0.01, help="a reference top-2 gap (nats) counted as a near-tie")
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: every library held to its AVX2 paths, float32's oneDNN too (isa_switch.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(None)
@@ -154,7 +150,7 @@ def main() -> None:
                              quant_activations="int8"),
     }
     kvs = {k: m.allocate_kv_cache(32 * 512 // BS, BS) for k, m in models.items()}
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | cpu flags {cpu_flags()} "
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | {isa_switch.label()} "
           f"| {load_line()}", flush=True)
     with torch.inference_mode():
         quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie)
