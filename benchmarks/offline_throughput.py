@@ -2,7 +2,7 @@
 
   python benchmarks/offline_throughput.py [--quick] [--skip-hf] [--skip-vllm] [--skip-llamacpp]
                                          [--dtypes float32,bfloat16] [--weights none,gguf] [--repeats 3]
-                                         [--isa native|avx2]
+                                         [--isa native|avx2] [--batch1-only]
 
 Prints, for workload W (../shared/peers/workload_w.json: 32 x 256-token prompts, 64 outputs)
 output tokens/s of pacer (per weight format: `none` = the GGUF dequantized to float32, `gguf` =
@@ -161,8 +161,8 @@ def run_vllm(dtype: str, quick: bool, repeats: int) -> tuple[float, list[float]]
     return float(res["output_tokens"]) / stat(runs), runs
 
 
-def run_llamacpp(threads: int, quick: bool, repeats: int, n: int) -> dict | None:
-    """llama.cpp on pacer's own GGUF: W (one multi-sequence batch) and batch-1 decode, its RESULT."""
+def run_llamacpp(threads: int, quick: bool, repeats: int, n: int, w: bool = True) -> dict | None:
+    """llama.cpp on pacer's own GGUF: W (one multi-sequence batch; `w`) and batch-1 decode, its RESULT."""
     py = PEERS_DIR / "llamacpp-venv" / "bin" / "python"
     if not (py.is_file() and PEERS):
         line(f"  llama.cpp: skipped (build it with: PEERS_DIR={PEERS_DIR} bash ../shared/peers/setup.sh llamacpp)")
@@ -170,7 +170,7 @@ def run_llamacpp(threads: int, quick: bool, repeats: int, n: int) -> dict | None
     from pacer.model.loader import default_model_path
     workload = w_file(quick)
     cmd = [str(py), str(HERE / "llamacpp_peer.py"), "--model", str(default_model_path()), "--threads", str(threads),
-           "--workload", str(workload), "--repeats", str(repeats), "--tokens", str(n)]
+           *(["--workload", str(workload)] if w else []), "--repeats", str(repeats), "--tokens", str(n)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     for out_line in proc.stdout.splitlines():
         if out_line.startswith("RESULT "):
@@ -250,9 +250,10 @@ def run_w(dtype: str, args: argparse.Namespace, w_prompts: list[list[int]], w_ou
                   enable_prefix_caching=False, kv_cache_memory="2GiB", quantization=quant,
                   quant_activations=act or "float")
         name = "pacer" if wfmt == "none" else f"pacer-{wfmt}"
-        r[name] = run_pacer(llm, w_prompts, w_outs, args.repeats)
+        if not args.batch1_only:
+            r[name] = run_pacer(llm, w_prompts, w_outs, args.repeats)
         b1[f"{dtype} {name}"] = batch1_decode_ms(llm, args.repeats, args.batch1_tokens)
-        if dtype == "float32" and wfmt == "none":
+        if dtype == "float32" and wfmt == "none" and not args.batch1_only:
             line("[step split] " + step_split(llm, 16 if args.quick else 64))
         del llm
     return r
@@ -268,6 +269,7 @@ def main() -> None:
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-varied", action="store_true")
+    ap.add_argument("--batch1-only", action="store_true", help="only batch-1 decode, every engine (no W, no varied)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine and workload (median reported)")
     ap.add_argument("--batch1-tokens", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -284,20 +286,24 @@ def main() -> None:
     peer_b1: dict[str, float] = {}
     for dtype in dtypes:
         r = run_w(dtype, args, w_prompts, w_outs, b1)
-        if not args.skip_hf and dtype == "float32":
+        if not args.skip_hf and dtype == "float32" and not args.batch1_only:
             r["hf"] = run_hf_static(hf_model(torch.float32), w_prompts, w_outs, reps)
         if not args.skip_vllm:
-            r["vllm"] = run_vllm(dtype, args.quick, reps)
+            if not args.batch1_only:
+                r["vllm"] = run_vllm(dtype, args.quick, reps)
             if (ms := run_vllm_batch1(dtype, reps, args.batch1_tokens)) is not None:
                 peer_b1[f"vLLM {dtype}"] = ms
         if not args.skip_llamacpp and dtype == "float32" and (lc := run_llamacpp(args.threads, args.quick, reps,
-                                                                                args.batch1_tokens)):
-            r["llamacpp"] = (lc["output_tokens"] / stat(lc["runs_s"]), lc["runs_s"])
+                                                                                args.batch1_tokens,
+                                                                                not args.batch1_only)):
+            if "runs_s" in lc:
+                r["llamacpp"] = (lc["output_tokens"] / stat(lc["runs_s"]), lc["runs_s"])
             line(f"  llama.cpp {lc.get('version', '?')} built for: {lc.get('simd', '?')}")
             peer_b1["llama.cpp Q4_1"] = batch1_ms(lc["runs_one_s"], lc["runs_many_s"], args.batch1_tokens)
-        line(w_line(dtype, r, reps) + f" | load {loadavg()}")
+        if not args.batch1_only:
+            line(w_line(dtype, r, reps) + f" | load {loadavg()}")
     batch1_lines(b1, peer_b1, args.batch1_tokens, reps)
-    if not args.skip_varied:
+    if not (args.skip_varied or args.batch1_only):
         varied_line(args)
     line(f"# load average at the end {loadavg()}")
 
