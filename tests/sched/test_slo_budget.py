@@ -10,7 +10,7 @@ from pacer.perf.cost_model import make_cost_model
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams
-from pacer.sched.slo_policy import ARRIVAL_SHARE, BUDGET_SAFETY
+from pacer.sched.slo_policy import ARRIVAL_SHARE, BUDGET_SAFETY, FIRST_TOKEN_SHARE
 from pacer.sched.step_cost import FixedCostModel, StepShape
 from tests.fakes import make_engine, reference_output, run
 from tests.sched.test_slo_policy import chats_decoding
@@ -96,3 +96,43 @@ def test_every_chunk_added_to_a_step_keeps_the_whole_step_within_the_itl_target(
     for s in mixed:
         bound = float(s.budget_reason.split("ms")[0].removeprefix("itl "))
         assert cm.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * bound / 1000 + 1e-9, s.budget_reason
+
+
+def _chat_during_long_prefill(policy: str, chat_ttft: str) -> tuple[list, object]:
+    """A 3,000-token rag prompt (1 ms a token: a full 1,024-token step takes about 1 s) starts
+    prefilling; a 20-token chat arrives after its first chunk. Returns the steps and the chat's
+    first step (the one that answers it: 20 tokens need one)."""
+    cost = FixedCostModel(5e-3, 1e-3)
+    eng, ex = make_engine(scheduling_policy=policy, num_blocks=600, block_size=16, max_len=4096,
+                          max_num_batched_tokens=1024, slo=[f"chat:ttft={chat_ttft}", "rag:ttft=6s"], cost_model=cost)
+    eng.add_request(LONG, GREEDY, request_id="rag", request_class="rag")
+    eng.step()
+    eng.add_request([5] * 20, GREEDY, request_id="chat", request_class="chat")
+    finals = run(eng, ex)
+    assert finals["rag"].token_ids == reference_output(LONG, GREEDY)
+    assert finals["chat"].token_ids == reference_output([5] * 20, GREEDY)
+    chat_step = next(s for s in ex.steps if any(sr.request_id == "chat" for sr in s.scheduled))
+    return ex.steps, chat_step
+
+
+def test_a_step_that_answers_a_prompt_keeps_other_chunks_within_a_share_of_its_ttft() -> None:
+    """The rag prompt's deadline wants full steps (the queue's drain need), but a step that gives
+    the chat its first token adds only as much of the rag prompt as keeps it within
+    FIRST_TOKEN_SHARE of the chat's TTFT; fcfs puts a full step's chunk beside it."""
+    cost = FixedCostModel(5e-3, 1e-3)
+    steps, chat_step = _chat_during_long_prefill("slo", "1s")
+    assert steps[0].num_prefill_tokens == 1024 and steps[0].budget_reason.startswith("ttft drain")
+    rag_tokens = sum(len(sr.token_ids) for sr in chat_step.scheduled if sr.request_id == "rag")
+    predicted = cost.predict_step_s(StepShape.from_output(chat_step))
+    assert predicted <= FIRST_TOKEN_SHARE * 1.0 + 1e-9
+    assert rag_tokens > 400          # the rest of the share still prefills the rag prompt
+    assert steps.index(chat_step) == 1
+    _, fcfs_chat = _chat_during_long_prefill("fcfs", "1s")
+    assert cost.predict_step_s(StepShape.from_output(fcfs_chat)) > 1.5 * FIRST_TOKEN_SHARE * 1.0
+
+
+def test_a_short_late_prompt_goes_before_a_long_partial_one_with_slack_to_spare() -> None:
+    """A chat that cannot make its 1 ms TTFT any more is served in the next step, ahead of the rag
+    prompt's next chunk (which has seconds of slack), not after the rag prompt's prefill."""
+    steps, chat_step = _chat_during_long_prefill("slo", "1ms")
+    assert steps.index(chat_step) == 1

@@ -36,7 +36,7 @@ from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
-           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE"]
+           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "FIRST_TOKEN_SHARE"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
@@ -44,6 +44,7 @@ ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest conf
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
 DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
 BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
+FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
 _INF = math.inf
 
 
@@ -76,7 +77,7 @@ class SloBudget:
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
                                      need=lambda: self.drain_need(partial, waiting, now))
-        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit))
+        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, step))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float, need: Callable[[], float] | None = None) -> StepBudget:
@@ -171,11 +172,41 @@ class SloBudget:
             worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
         return worst + self.flow.arrival_rate(now)
 
-    def chunk_fitter(self, limit: float | None) -> Callable[[StepShape, int, int, bool, bool], int] | None:
-        """`fit_chunk` bound to a step's time limit (None without one)."""
-        if limit is None:
-            return None
-        return lambda shape, n, start, samples, first: self.fit_chunk(shape, n, start, samples, first, limit)
+    def chunk_fitter(self, limit: float | None, step: StepPlan | None = None,
+                     ) -> Callable[[StepShape, int, int, bool, bool], int] | None:
+        """`fit_chunk` bound to a step's time limit (None: no limit), and with `step`, to its
+        first-token limit: a chunk that does not end its prompt keeps the step within
+        FIRST_TOKEN_SHARE of the tightest TTFT among the rows that end theirs in it (or the
+        step so far, if longer), since their first tokens wait for the whole step. Past
+        saturation on a slow CPU a 2,048-token step ran 2.5 s: a 100-token chat that shared
+        it with a rag prompt's chunk waited all of it; the rag prompt's next step takes the rest."""
+        if step is None:
+            return None if limit is None else (
+                lambda shape, n, start, samples, first: self.fit_chunk(shape, n, start, samples, first, limit))
+
+        def fit(shape: StepShape, n: int, start: int, samples: bool, first: bool) -> int:
+            bound = limit
+            if not samples:
+                first_token = self.first_token_limit(step)
+                if first_token is not None:
+                    first_token = max(first_token, self.cost_model.predict_step_s(shape))
+                    bound = first_token if bound is None else min(bound, first_token)
+            return n if bound is None else self.fit_chunk(shape, n, start, samples, first, bound)
+
+        return fit
+
+    @staticmethod
+    def first_token_limit(step: StepPlan) -> float | None:
+        """FIRST_TOKEN_SHARE x the tightest TTFT target among the step's rows that end a prompt
+        not yet answered (their first token comes with the step); None without one."""
+        tightest = _INF
+        for rid, req in step.requests.items():
+            slo = req.slo
+            if slo is None or slo.ttft is None or req.num_output_tokens or slo.ttft >= tightest:
+                continue
+            if req.num_computed_tokens + step.num_tokens[rid] >= req.num_tokens:
+                tightest = slo.ttft
+        return FIRST_TOKEN_SHARE * tightest if math.isfinite(tightest) else None
 
     def fit_chunk(self, shape: StepShape, n: int, start: int, samples: bool, first: bool, limit: float) -> int:
         """Of a chunk of `n` tokens from `start` (sampling when whole: it ends the prompt), the

@@ -73,6 +73,7 @@ from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.slo_budget import (  # noqa: F401  (the budget's names, re-exported with the policy)
     ARRIVAL_SHARE,
     BACKLOG_RATE_SHARE,
+    FIRST_TOKEN_SHARE,
     BUDGET_SAFETY,
     DRAIN_DEADLINE_SHARE,
     DRAIN_SAFETY,
@@ -83,7 +84,7 @@ from pacer.sched.slo_budget import (  # noqa: F401  (the budget's names, re-expo
 from pacer.sched.step_cost import StepCostModel, StepShape
 
 __all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
-           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE"]
+           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "FIRST_TOKEN_SHARE"]
 
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
 STEAL_SAFETY = 2.0        # a hopeless request goes first when twice its prefill fits in the queue's spare slack
@@ -290,7 +291,19 @@ class SloPolicy(SloBudget, Policy):
         return max(own, (r.num_tokens - r.num_computed_tokens) / rate) if rate else own
 
     def serves_before(self, waiting: Request, partial: Request) -> bool:
-        return not self.is_hopeless(waiting, self._now) and self.key(waiting) < self.key(partial)
+        """By slack, among those that can still make it; and a shorter prompt with a TTFT target
+        whose prefill fits twice in the partial one's slack (or the partial one cannot make it
+        anyway): its first token then comes with a short step (the first-token limit caps the
+        partial prompt's chunk after it), not after the long prompt's chunk."""
+        now = self._now
+        if not self.is_hopeless(waiting, now) and self.key(waiting) < self.key(partial):
+            return True
+        if waiting.slo is None or waiting.slo.ttft is None or waiting.num_output_tokens:
+            return False
+        if waiting.num_tokens - waiting.num_computed_tokens >= partial.num_tokens - partial.num_computed_tokens:
+            return False
+        spare = self.latest_start(partial) - now
+        return spare < 0 or STEAL_SAFETY * self.queued_prefill_s(waiting) <= spare
 
     def outranks(self, a: Request, b: Request) -> bool:
         """Whether waiting `a` may preempt running `b` (when seats or KV hold `a` back): `a` can
