@@ -33,7 +33,7 @@ from pacer.sched.feasibility import (
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.queue_flow import QueueFlow
 from pacer.sched.step_cost import StepCostModel, StepShape
-from pacer.sched.step_plan import StepLimit, StepPlan
+from pacer.sched.step_plan import ChunkFit, StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
            "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "FIRST_TOKEN_SHARE"]
@@ -77,7 +77,7 @@ class SloBudget:
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
                                      need=lambda: self.drain_need(partial, waiting, now))
-        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, step))
+        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, step, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float, need: Callable[[], float] | None = None) -> StepBudget:
@@ -172,23 +172,23 @@ class SloBudget:
             worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
         return worst + self.flow.arrival_rate(now)
 
-    def chunk_fitter(self, limit: float | None, step: StepPlan | None = None,
-                     ) -> Callable[[StepShape, int, int, bool, bool], int] | None:
-        """`fit_chunk` bound to a step's time limit (None: no limit), and with `step`, to its
-        first-token limit: a chunk that does not end its prompt keeps the step within
-        FIRST_TOKEN_SHARE of the tightest TTFT among the rows that end theirs in it (or the
-        step so far, if longer), since their first tokens wait for the whole step. Past
-        saturation on a slow CPU a 2,048-token step ran 2.5 s: a 100-token chat that shared
-        it with a rag prompt's chunk waited all of it; the rag prompt's next step takes the rest."""
-        if step is None:
-            return None if limit is None else (
-                lambda shape, n, start, samples, first: self.fit_chunk(shape, n, start, samples, first, limit))
+    def chunk_fitter(self, limit: float | None, step: StepPlan, now: float) -> ChunkFit:
+        """`fit_chunk` bound to a step's time limit (None: no limit) and to its first-token limit:
+        once the step answers a prompt (a row ends a prompt not yet answered), a chunk of another
+        request that is not in a hurry keeps the step within FIRST_TOKEN_SHARE of the tightest
+        TTFT among those rows (or the step so far, if longer), since their first tokens wait for
+        the whole step; that request's next step takes the rest. In a hurry: it could not wait
+        one more step of that chunk's length and still start by its latest start. Past
+        saturation on a slow CPU a 2,048-token step ran 2.5-3 s: five 100-token chats that shared
+        it with a rag prompt's whole prompt waited all of it."""
 
-        def fit(shape: StepShape, n: int, start: int, samples: bool, first: bool) -> int:
+        def fit(shape: StepShape, req: Request, n: int, start: int, samples: bool, first: bool) -> int:
             bound = limit
-            if not samples:
-                first_token = self.first_token_limit(step)
-                if first_token is not None:
+            first_token = self.first_token_limit(step)
+            if first_token is not None:
+                full = self.cost_model.predict_step_s(shape.with_chunk(n, start, samples))
+                slack = self.latest_start(req) - now
+                if full > first_token and not 0 <= slack < full:
                     first_token = max(first_token, self.cost_model.predict_step_s(shape))
                     bound = first_token if bound is None else min(bound, first_token)
             return n if bound is None else self.fit_chunk(shape, n, start, samples, first, bound)
