@@ -11,7 +11,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
-  within its time limit.
+  within its time limit, and once the step answers a prompt, within FIRST_TOKEN_SHARE of that
+  prompt's TTFT (`chunk_fitter`, the first-token limit).
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   a missed chat still gets its answer soon, and no feasible request is made late by it. Without
   it, past saturation every short hopeless prompt waited behind every long feasible one, and
   chat TTFT p50 fell behind fcfs's.
+- **answers short prompts in short steps**: a step that gives a prompt its first token adds
+  other requests' chunks only up to FIRST_TOKEN_SHARE of that prompt's TTFT (the first-token
+  limit, `chunk_fitter`; a request that could not wait one more step is exempt), and a short
+  prompt with a TTFT target goes before a longer partial prefill that has twice its prefill in
+  slack to spare, or none to save (`serves_before`). Past saturation on the AVX2 stand-in a
+  2,048-token step ran 2.5-3 s, and five 100-token chats that shared one with a rag prompt
+  waited all of it (chat TTFT p50 3.6 s against fcfs's 0.9 s).
 - **refuses at admission what the queue already makes late** (`admission_margin`): a new
   request whose predicted TTFT, the time it has waited plus the prefill of every feasible
   request ahead of it in slack order and its own, exceeds `admission_margin` times its TTFT
@@ -73,10 +80,10 @@ from pacer.sched.reasoning import predicted_output_tokens
 from pacer.sched.slo_budget import (  # noqa: F401  (the budget's names, re-exported with the policy)
     ARRIVAL_SHARE,
     BACKLOG_RATE_SHARE,
-    FIRST_TOKEN_SHARE,
     BUDGET_SAFETY,
     DRAIN_DEADLINE_SHARE,
     DRAIN_SAFETY,
+    FIRST_TOKEN_SHARE,
     MIN_PREFILL_TOKENS,
     SloBudget,
     StepBudget,
