@@ -43,12 +43,16 @@ def _arrivals(requests: list[tuple[Any, ...]]) -> list[Arrival]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(request_strategy, min_size=2, max_size=10), num_blocks=st.integers(14, 40),
        recompute=st.sampled_from([0.0, 0.25, 1.0]), mode=st.sampled_from(["recompute", "swap"]),
-       chunk=st.sampled_from([8, 64]))
+       chunk=st.sampled_from([8, 64]), ttl=st.sampled_from([None, 0.05]))
 def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[tuple[Any, ...]], num_blocks: int,
-                                                                 recompute: float, mode: str, chunk: int) -> None:
+                                                                 recompute: float, mode: str, chunk: int,
+                                                                 ttl: float | None) -> None:
+    """`ttl` 0.05 s: five steps of the fake loop's clock, so stored segments and cached prefixes
+    also expire between the reuses."""
     eng, ex = make_engine(num_blocks=num_blocks, block_size=4, max_len=56, segment_reuse="approximate",
                           segment_recompute=recompute, tenant_isolation="isolated", preemption_mode=mode,
-                          num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk)
+                          num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk,
+                          cache_ttl=ttl)
     ex.check_tenants = True
     finals = drive_arrivals(eng, _arrivals(requests), lambda: None, max_steps=3000)
     store = eng.kv.segments
@@ -57,6 +61,10 @@ def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[
     assert len(finals) == len(requests)
     assert store.stats.reused_tokens == sum(o.metrics.segment_reused_tokens for o in finals.values())
     assert store.stats.recomputed_tokens == sum(o.metrics.segment_recomputed_tokens for o in finals.values())
+    if ttl is not None:   # long after the last use: everything stored has expired
+        eng.clock.advance(10 * ttl)
+        eng.kv.drop_expired()
+        assert len(store) == 0 and store.num_cached_blocks == 0
     eng.kv.reset_prefix_cache()
     assert eng.kv.num_available_blocks() == eng.kv.num_blocks   # everything came back
     eng.scheduler.check_invariants()

@@ -67,3 +67,29 @@ def test_eviction_is_lru_and_spares_locked_segments() -> None:
 
 def test_token_slots() -> None:
     assert token_slots([5, 9], 2, 4, 4) == (22, 23, 36, 37)
+
+
+def test_segments_unused_for_longer_than_the_ttl_expire_and_locked_ones_stay() -> None:
+    clock = VirtualClock()
+    store = SegmentStore(4, clock.now, ttl=10.0)
+    old = store.adopt("a", [1] * 8, [0, 1], 0)
+    clock.advance(6)
+    used = store.adopt("a", [2] * 4, [2], 0)
+    held = store.adopt("a", [3] * 4, [3], 0)
+    store.lock(held)
+    clock.advance(5)                      # `old` 11 s unused, `used` 5 s
+    assert store.expire() == [0, 1]
+    store.lock(used)
+    store.unlock(used)                    # a reuse: fresh again
+    clock.advance(9)
+    assert store.expire() == []           # `used` 9 s since its reuse; `held` is locked (17 s)
+    clock.advance(2)
+    assert store.expire() == [2]
+    assert store.find([3] * 4, ["a"]) is held and old not in list(store.iter_entries())
+    store.unlock(held)                    # its last use is now: it has a full TTL again
+    clock.advance(9.5)
+    assert store.expire() == []
+    store.check_invariants()
+    assert SegmentStore(4, clock.now).expire() == []
+    with pytest.raises(ValueError, match="ttl"):
+        SegmentStore(4, clock.now, ttl=0)

@@ -11,8 +11,9 @@ crosses tenants.
 
 Contract (the prefix cache's): `find` takes no references; `adopt` takes blocks the caller
 allocated (the store becomes their one holder); `lock`/`unlock` keep an entry from eviction while
-a copy out of it is pending; `evict(n)` drops least recently used unlocked entries and returns
-their block ids, which the caller frees. The store never touches the pool or requests. Evictable
+a copy out of it is pending; `evict(n)` drops least recently used unlocked entries and `expire()`
+those unused for longer than the TTL (the prefix cache's `cache_ttl`), each returning their block
+ids, which the caller frees. The store never touches the pool or requests. Evictable
 and cached block counts are kept incrementally (O(1) "can I admit this?").
 """
 
@@ -76,10 +77,14 @@ class SegmentStore:
     """Stored segments by fingerprint; `enabled=False` is the null store (finds nothing, adopts nothing)."""
 
     def __init__(self, block_size: int, now: Callable[[], float], enabled: bool = True,
-                 recompute: float | str = "auto") -> None:
-        """`recompute`: the operator's `segment_recompute` (the scheduler's planner reads it)."""
+                 recompute: float | str = "auto", ttl: float | None = None) -> None:
+        """`recompute`: the operator's `segment_recompute` (the scheduler's planner reads it);
+        `ttl`: seconds an unlocked segment may go unused before `expire` drops it (None: never)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"segment ttl must be > 0 seconds, got {ttl!r}")
+        self.ttl = ttl
         self.block_size = block_size
         self.enabled = enabled
         self.recompute = recompute
@@ -142,8 +147,9 @@ class SegmentStore:
         if entry.lock_ref <= 0:
             raise ValueError(f"segment {entry.fingerprint:016x} is not locked")
         entry.lock_ref -= 1
+        entry.last_used = self._now()
         if entry.lock_ref == 0:
-            self._evictable[entry.fingerprint] = entry   # most recently used: at the end
+            self._evictable[entry.fingerprint] = entry   # most recently used: at the end (last_used order)
             self.num_evictable_blocks += len(entry.block_ids)
 
     def evict(self, n: int) -> list[int]:
@@ -152,6 +158,22 @@ class SegmentStore:
         freed: list[int] = []
         while len(freed) < n and self._evictable:
             _, entry = self._evictable.popitem(last=False)
+            freed.extend(self._drop(entry))
+        return freed
+
+    def expire(self) -> list[int]:
+        """Drop the unlocked segments unused for longer than the TTL; returns their block ids.
+        The evictable order is last-use order (adopt and unlock append), so the scan stops at
+        the first one still fresh."""
+        freed: list[int] = []
+        if self.ttl is None or not self._evictable:
+            return freed
+        deadline = self._now() - self.ttl
+        while self._evictable:
+            fp, entry = next(iter(self._evictable.items()))
+            if entry.last_used >= deadline:
+                break
+            del self._evictable[fp]
             freed.extend(self._drop(entry))
         return freed
 
