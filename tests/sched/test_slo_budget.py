@@ -98,13 +98,13 @@ def test_every_chunk_added_to_a_step_keeps_the_whole_step_within_the_itl_target(
         assert cm.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * bound / 1000 + 1e-9, s.budget_reason
 
 
-def _chat_during_long_prefill(policy: str, chat_ttft: str) -> tuple[list, object]:
+def _chat_during_long_prefill(policy: str, chat_ttft: str, rag_ttft: str = "6s") -> tuple[list, object]:
     """A 3,000-token rag prompt (1 ms a token: a full 1,024-token step takes about 1 s) starts
     prefilling; a 20-token chat arrives after its first chunk. Returns the steps and the chat's
     first step (the one that answers it: 20 tokens need one)."""
     cost = FixedCostModel(5e-3, 1e-3)
     eng, ex = make_engine(scheduling_policy=policy, num_blocks=600, block_size=16, max_len=4096,
-                          max_num_batched_tokens=1024, slo=[f"chat:ttft={chat_ttft}", "rag:ttft=6s"], cost_model=cost)
+                          max_num_batched_tokens=1024, slo=[f"chat:ttft={chat_ttft}", f"rag:ttft={rag_ttft}"], cost_model=cost)
     eng.add_request(LONG, GREEDY, request_id="rag", request_class="rag")
     eng.step()
     eng.add_request([5] * 20, GREEDY, request_id="chat", request_class="chat")
@@ -136,3 +136,13 @@ def test_a_short_late_prompt_goes_before_a_long_partial_one_with_slack_to_spare(
     prompt's next chunk (which has seconds of slack), not after the rag prompt's prefill."""
     steps, chat_step = _chat_during_long_prefill("slo", "1ms")
     assert steps.index(chat_step) == 1
+
+
+def test_the_first_token_limit_spares_a_prompt_that_cannot_wait_another_step() -> None:
+    """With a 2.5 s TTFT the rag prompt's remaining ~2 s of prefill must start within 0.5 s: one
+    more step of its chunk (about 1 s) would make it late, so the chat's step takes its whole chunk."""
+    cost = FixedCostModel(5e-3, 1e-3)
+    steps, chat_step = _chat_during_long_prefill("slo", "1s", rag_ttft="2.5s")
+    rag_tokens = sum(len(sr.token_ids) for sr in chat_step.scheduled if sr.request_id == "rag")
+    assert steps.index(chat_step) == 1 and rag_tokens == 1024 - 20
+    assert cost.predict_step_s(StepShape.from_output(chat_step)) > 2 * FIRST_TOKEN_SHARE * 1.0
