@@ -2,7 +2,8 @@
 of two isolated tenants carry shared segments after their own histories, arrive and abort at
 random steps on a KV cache small enough to evict and preempt (by recompute or swap). After every
 step the KV invariants hold (free + cached + stored + held == total, ref counts == holders, the
-store's counts); the fake executor checks every position a request reads holds its own token at
+store's counts), and a consumer of the store's KV events (medium SEGMENT) holds exactly its blocks;
+the fake executor checks every position a request reads holds its own token at
 that position (a fill shifts a stored segment's positions as RoPE re-rotation does) and was
 written by a request of the reader's tenant, so a reused segment is never another tenant's; and
 every output equals the fake model's."""
@@ -14,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pacer.kv.events import MEDIUM_SEGMENT, BlockRemovedEvent, BlockStoredEvent
 from pacer.request import SamplingParams
 from tests.fakes import Arrival, drive_arrivals, make_engine
 
@@ -54,7 +56,20 @@ def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[
                           num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk,
                           cache_ttl=ttl)
     ex.check_tenants = True
-    finals = drive_arrivals(eng, _arrivals(requests), lambda: None, max_steps=3000)
+    eng.kv.enable_events()
+    mirror: set[int] = set()   # a consumer of the segment store's events (medium SEGMENT)
+
+    def apply_events() -> None:
+        for e in eng.kv.take_events():
+            if isinstance(e, BlockStoredEvent) and e.medium == MEDIUM_SEGMENT:
+                assert not mirror & set(e.block_hashes)   # never stored twice
+                mirror.update(e.block_hashes)
+            elif isinstance(e, BlockRemovedEvent) and e.medium == MEDIUM_SEGMENT:
+                assert set(e.block_hashes) <= mirror      # never removed unless stored
+                mirror.difference_update(e.block_hashes)
+        assert mirror == {h for entry in eng.kv.segments.iter_entries() for h in entry.hashes}
+
+    finals = drive_arrivals(eng, _arrivals(requests), apply_events, max_steps=3000)
     store = eng.kv.segments
     assert all(e.lock_ref == 0 for e in store.iter_entries())   # no fill outlives its step
     # the store's counters (/metrics) equal the requests' own, fills cancelled by a preemption uncounted
@@ -66,6 +81,8 @@ def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[
         eng.kv.drop_expired()
         assert len(store) == 0 and store.num_cached_blocks == 0
     eng.kv.reset_prefix_cache()
+    apply_events()
+    assert not mirror
     assert eng.kv.num_available_blocks() == eng.kv.num_blocks   # everything came back
     eng.scheduler.check_invariants()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pacer.clock import VirtualClock
+from pacer.kv.events import MEDIUM_SEGMENT, BlockEventLog, BlockRemovedEvent, BlockStoredEvent
 from pacer.kv.segment_store import SegmentStore, segment_fingerprint, token_slots
 
 
@@ -93,3 +94,28 @@ def test_segments_unused_for_longer_than_the_ttl_expire_and_locked_ones_stay() -
     assert SegmentStore(4, clock.now).expire() == []
     with pytest.raises(ValueError, match="ttl"):
         SegmentStore(4, clock.now, ttl=0)
+
+
+def test_stores_and_removals_are_reported_as_segment_events_of_whole_blocks() -> None:
+    clock = VirtualClock()
+    store = SegmentStore(4, clock.now, ttl=5.0)
+    early = store.adopt("a", [7] * 6, [9, 10], 0)        # stored before anyone listened
+    log = BlockEventLog()
+    store.record_events(log)
+    (first,) = log.take()                                # reported at once, its whole block only
+    assert isinstance(first, BlockStoredEvent) and first.medium == MEDIUM_SEGMENT
+    assert first.block_hashes == early.hashes and len(early.hashes) == 1 and first.token_ids == (7,) * 4
+    a = store.adopt("a", [1] * 8, [0, 1], 3)
+    b = store.adopt("b", [1] * 8, [2, 3], 3)             # the same tokens in another namespace
+    stored = log.take()
+    assert [e.block_hashes for e in stored] == [a.hashes, b.hashes] and len(a.hashes) == 2
+    assert not set(a.hashes) & set(b.hashes) and stored[1].extra_keys == ("b",)
+    assert all(e.parent_block_hash is None for e in stored)
+    assert store.evict(1) == [9, 10]
+    clock.advance(6)
+    assert sorted(store.expire()) == [0, 1, 2, 3]
+    removed = log.take()
+    assert all(isinstance(e, BlockRemovedEvent) and e.medium == MEDIUM_SEGMENT for e in removed)
+    assert sorted(h for e in removed for h in e.block_hashes) == sorted(early.hashes + a.hashes + b.hashes)
+    store.adopt("a", [5, 5], [4], 0)                     # no whole block: nothing to report
+    assert log.take() == []

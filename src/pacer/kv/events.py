@@ -8,7 +8,10 @@ hash is stable across processes and machines (sha256, not Python's `hash`), so a
 can compute a request's block hashes itself and look them up in the replicas' events.
 
 The prefix cache records one `BlockStoredEvent` when a node adopts blocks and one
-`BlockRemovedEvent` when blocks leave it (eviction, TTL); node splits change no block. A
+`BlockRemovedEvent` when blocks leave it (eviction, TTL); node splits change no block. The
+segment store (segment reuse) reports its segments' whole blocks the same way with medium
+`SEGMENT`: their hashes chain from the segment's fingerprint (no parent block: a segment is
+reused at any position), so a prefix index, which reads medium `GPU` only, never matches them. A
 `BlockEventLog` collects them until the engine takes them once per step and publishes
 them (`pacer.telemetry.kv_events` turns them into vLLM's `KVEventBatch` frames).
 """
@@ -26,10 +29,11 @@ if TYPE_CHECKING:
 
 __all__ = ["EventSinks", "BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
            "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "SALTED", "MEDIUM_DEVICE",
-           "MEDIUM_HOST"]
+           "MEDIUM_HOST", "MEDIUM_SEGMENT"]
 
 MEDIUM_DEVICE = "GPU"   # vLLM's medium names: the device tier (the radix tree), whatever the device
 MEDIUM_HOST = "CPU"     # the host tier (kv_offloading_size); its block hashes are the device's
+MEDIUM_SEGMENT = "SEGMENT"   # the segment store (segment reuse): not prefix blocks; chained from the segment's fingerprint
 SALTED = "salted"   # what events say in place of a cache_salt
 SALT_SEPARATOR = "\x1f"   # owner = tenant + SALT_SEPARATOR + cache_salt (tenant is "" in shared mode)
 _HASH_MASK = (1 << 63) - 1   # non-negative 63-bit ints: every msgpack and Go/Rust consumer reads them

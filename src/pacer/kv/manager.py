@@ -254,9 +254,11 @@ class KVCacheManager(SegmentSlots):
 
     def enable_events(self) -> BlockEventLog | None:
         """Start recording the prefix cache's store/remove events, the host tier's (medium CPU)
-        in the same log; None without prefix caching (no events to record)."""
+        and the segment store's (medium SEGMENT) in the same log; None without prefix caching
+        (no events to record)."""
         log = self.cache.enable_events()
         self.offload.record_events(log)
+        self.segments.record_events(log)
         return log
 
     def take_events(self) -> list[BlockEvent]:

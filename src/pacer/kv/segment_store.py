@@ -24,6 +24,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from pacer.kv.events import (
+    MEDIUM_SEGMENT,
+    BlockEventLog,
+    BlockRemovedEvent,
+    BlockStoredEvent,
+    chain_hashes,
+    namespace_keys,
+)
+
 __all__ = ["SegmentEntry", "SegmentStore", "SegmentCopy", "segment_fingerprint", "token_slots"]
 
 
@@ -49,6 +58,7 @@ class SegmentEntry:
     lock_ref: int = 0
     num_reuses: int = 0
     last_used: float = field(default=0.0)
+    hashes: tuple[int, ...] = ()   # its whole blocks' identities in KV events (when the engine publishes them)
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +104,7 @@ class SegmentStore:
         self.num_cached_blocks = 0
         self.num_evictable_blocks = 0
         self.stats = SegmentStats()
+        self.events: BlockEventLog | None = None   # KV events (medium SEGMENT), when the engine publishes them
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -132,7 +143,27 @@ class SegmentStore:
         self.num_evictable_blocks += len(block_ids)
         self.stats.stored += 1
         self.stats.stored_tokens += len(tokens)
+        if self.events is not None:
+            self._record_stored(entry)
         return entry
+
+    def record_events(self, log: BlockEventLog | None) -> None:
+        """Report stores and removals to `log` from now on (None: stop); the segments stored
+        already are reported as stored at once, so a consumer's view starts complete."""
+        self.events = log
+        if log is not None:
+            for entry in self._entries.values():
+                if not entry.hashes:
+                    self._record_stored(entry)
+
+    def _record_stored(self, entry: SegmentEntry) -> None:
+        whole = entry.num_tokens // self.block_size * self.block_size   # events name whole blocks only
+        if not whole or self.events is None:
+            return
+        root = entry.fingerprint & ((1 << 63) - 1)
+        entry.hashes = tuple(chain_hashes(root, entry.token_ids[:whole], self.block_size, entry.owner))
+        self.events.append(BlockStoredEvent(entry.hashes, None, entry.token_ids[:whole], self.block_size,
+                                            namespace_keys(entry.owner), MEDIUM_SEGMENT))
 
     def lock(self, entry: SegmentEntry) -> None:
         if self._entries.get(entry.fingerprint) is not entry:
@@ -183,6 +214,8 @@ class SegmentStore:
 
     def _drop(self, entry: SegmentEntry) -> list[int]:
         del self._entries[entry.fingerprint]
+        if self.events is not None and entry.hashes:
+            self.events.append(BlockRemovedEvent(entry.hashes, MEDIUM_SEGMENT))
         self.num_cached_blocks -= len(entry.block_ids)
         self.num_evictable_blocks -= len(entry.block_ids)
         self.stats.evicted += 1
