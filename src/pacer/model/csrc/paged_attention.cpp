@@ -85,6 +85,33 @@ void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const
   });
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// One tile of TILE tokens' keys or values, every kv head of a task (`heads` from `g0`), into
+// `tile` (row j: token t0 + j, `heads * D` floats; rows from `nk` on zeroed), after asking for
+// the next tile's rows: blocks are scattered, so the hardware prefetcher cannot guess where the
+// next one is. Shared by the avx512 (16-token) and avx2 (8-token) decode tiles.
+template <int TILE, typename KV>
+inline void load_kv_tile(const KV& cache, const int64_t* table, int64_t bs, int64_t ctx, int64_t t0, int64_t nk,
+                         int64_t g0, int64_t heads, int64_t D, float* tile) {
+  const int64_t width = heads * D;
+  const int64_t nt0 = t0 + TILE, nn = std::min<int64_t>(TILE, ctx - nt0);
+  for (int64_t j = 0; j < nn; ++j) {
+    const int64_t t = nt0 + j;
+    const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
+    for (int64_t b = 0; b < heads * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  }
+  for (int64_t j = 0; j < TILE; ++j) {
+    float* dst = tile + j * width;
+    if (j < nk) {
+      const int64_t t = t0 + j;
+      for (int64_t g = 0; g < heads; ++g) cache.load(table[t / bs] * bs + t % bs, g0 + g, dst + g * D);
+    } else {
+      std::memset(dst, 0, width * sizeof(float));
+    }
+  }
+}
+#endif
+
 #if defined(__AVX512F__)
 template <int D, typename T, typename KV>
 void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
@@ -114,29 +141,10 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
           _mm512_storeu_ps(qs.data() + h * D + c * 16,
                            _mm512_mul_ps(pacer::load16(q + row * q_stride + (g0 * group + h) * D + c * 16),
                                          _mm512_set1_ps(scale)));
-      auto load_tile = [&](const KV& cache, int64_t t0, int64_t nk) {
-        // ask for the next tile's rows now: blocks are scattered, so the hardware
-        // prefetcher cannot guess where the next one is
-        const int64_t nt0 = t0 + 16, nn = std::min<int64_t>(16, ctx - nt0);
-        for (int64_t j = 0; j < nn; ++j) {
-          const int64_t t = nt0 + j;
-          const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
-          for (int64_t b = 0; b < heads_per_task * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        for (int64_t j = 0; j < 16; ++j) {
-          float* dst = tile.data() + j * width;
-          if (j < nk) {
-            const int64_t t = t0 + j;
-            for (int64_t g = 0; g < heads_per_task; ++g) cache.load(table[t / bs] * bs + t % bs, g0 + g, dst + g * D);
-          } else {
-            std::memset(dst, 0, width * sizeof(float));
-          }
-        }
-      };
       // scores; query head h reads kv head h / group of the tile
       for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
         const int64_t nk = std::min<int64_t>(16, ctx - t0);
-        load_tile(kc, t0, nk);
+        load_kv_tile<16>(kc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
         const __mmask16 valid = nk >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << nk) - 1);
         for (int64_t h = 0; h < hq; ++h) {
           const float* kt = tile.data() + (h / group) * D;
@@ -170,7 +178,7 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
         const int64_t nk = std::min<int64_t>(16, ctx - t0);
-        load_tile(vc, t0, nk);
+        load_kv_tile<16>(vc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
         for (int64_t h = 0; h < hq; ++h) {
           const float* vt = tile.data() + (h / group) * D;
           __m512 a[C];
@@ -219,26 +227,9 @@ void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const i
       scores.resize(hq * ctx8);
       for (int64_t h = 0; h < hq; ++h)
         for (int64_t i = 0; i < D; ++i) qs[h * D + i] = to_f(q[row * q_stride + (g0 * group + h) * D + i]) * scale;
-      auto load_tile = [&](const KV& cache, int64_t t0, int64_t nk) {
-        const int64_t nt0 = t0 + 8, nn = std::min<int64_t>(8, ctx - nt0);
-        for (int64_t j = 0; j < nn; ++j) {   // the next tile's scattered rows, asked for now
-          const int64_t t = nt0 + j;
-          const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
-          for (int64_t b = 0; b < heads_per_task * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        for (int64_t j = 0; j < 8; ++j) {
-          float* dst = tile.data() + j * width;
-          if (j < nk) {
-            const int64_t t = t0 + j;
-            for (int64_t g = 0; g < heads_per_task; ++g) cache.load(table[t / bs] * bs + t % bs, g0 + g, dst + g * D);
-          } else {
-            std::memset(dst, 0, width * sizeof(float));
-          }
-        }
-      };
       for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
         const int64_t nk = std::min<int64_t>(8, ctx - t0);
-        load_tile(kc, t0, nk);
+        load_kv_tile<8>(kc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
         const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk)), _CMP_LT_OQ);
         for (int64_t h = 0; h < hq; ++h) {
           const float* kt = tile.data() + (h / group) * D;
@@ -270,7 +261,7 @@ void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const i
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
         const int64_t nk = std::min<int64_t>(8, ctx - t0);
-        load_tile(vc, t0, nk);
+        load_kv_tile<8>(vc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
         for (int64_t h = 0; h < hq; ++h) {
           const float* vt = tile.data() + (h / group) * D;
           __m256 a[C];
