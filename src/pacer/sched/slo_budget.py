@@ -78,7 +78,7 @@ class SloBudget:
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
                                      need=lambda: self.drain_need(partial, waiting, now))
-        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, step, now))
+        return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float, need: Callable[[], float] | None = None) -> StepBudget:
@@ -173,7 +173,7 @@ class SloBudget:
             worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
         return worst + self.flow.arrival_rate(now)
 
-    def chunk_fitter(self, limit: float | None, step: StepPlan, now: float) -> ChunkFit:
+    def chunk_fitter(self, limit: float | None, now: float) -> ChunkFit:
         """`fit_chunk` bound to a step's time limit (None: no limit) and to its first-token limit:
         once the step answers a prompt (a row ends a prompt not yet answered), a chunk of another
         request that is not in a hurry keeps the step within FIRST_TOKEN_SHARE of the tightest
@@ -183,7 +183,7 @@ class SloBudget:
         saturation on a slow CPU a 2,048-token step ran 2.5-3 s: five 100-token chats that shared
         it with a rag prompt's whole prompt waited all of it."""
 
-        def fit(shape: StepShape, req: Request, n: int, start: int, samples: bool, first: bool) -> int:
+        def fit(step: StepPlan, shape: StepShape, req: Request, n: int, start: int, samples: bool, first: bool) -> int:
             bound = limit
             first_token = self.first_token_limit(step)
             if first_token is not None:

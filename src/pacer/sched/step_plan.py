@@ -13,9 +13,10 @@ from pacer.sched.step_cost import StepShape
 
 __all__ = ["Budget", "StepPlan", "StepLimit", "ChunkFit"]
 
-# (the step so far, the request, tokens wanted, chunk start, whether the whole chunk samples,
-# whether it is the step's first prefill chunk) -> tokens that fit
-ChunkFit = Callable[[StepShape, Request, int, int, bool, bool], int]
+# (the plan, the step so far, the request, tokens wanted, chunk start, whether the whole chunk
+# samples, whether it is the step's first prefill chunk) -> tokens that fit; the plan is passed,
+# never captured (a plan holding a closure over itself would be a reference cycle every step)
+ChunkFit = Callable[["StepPlan", StepShape, Request, int, int, bool, bool], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,7 @@ class StepPlan:
             return n
         shape = self.shape()
         first = not shape.chunks and shape.num_sampled == shape.num_seqs   # only sampling one-token rows yet
-        return self.chunk_fit(shape, req, n, start, n >= req.num_tokens - start, first)
+        return self.chunk_fit(self, shape, req, n, start, n >= req.num_tokens - start, first)
 
     def add(self, req: Request, n: int, blocks: list[int], is_new: bool) -> None:
         rid = req.request_id
