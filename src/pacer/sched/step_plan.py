@@ -13,9 +13,8 @@ from pacer.sched.step_cost import StepShape
 
 __all__ = ["Budget", "StepPlan", "StepLimit", "ChunkFit"]
 
-# (the plan, the step so far, the request, tokens wanted, chunk start, whether the whole chunk
-# samples, whether it is the step's first prefill chunk) -> tokens that fit; the plan is passed,
-# never captured (a plan holding a closure over itself would be a reference cycle every step)
+# (the plan: passed, not captured, or a plan holding it is a cycle; the step so far, the request, tokens
+# wanted, chunk start, whether the whole chunk samples, whether it is the step's first chunk) -> tokens that fit
 ChunkFit = Callable[["StepPlan", StepShape, Request, int, int, bool, bool], int]
 
 
