@@ -16,7 +16,7 @@ from pacer.config import EngineConfig
 from pacer.config.slo import Slo, parse_slo
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.request import Request, SamplingParams
-from pacer.sched.feasibility import FEASIBLE, TTFT_INFEASIBLE
+from pacer.sched.feasibility import FEASIBLE, REGIME_HOLD_S, TTFT_INFEASIBLE
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.slo_policy import SloPolicy
 from pacer.sched.step_cost import FixedCostModel
@@ -81,7 +81,14 @@ def test_refusals_leave_the_queue_able_to_meet_its_targets_and_log_the_regime_on
     queue.add(_req(10, 100, 20.0, 0.5))                           # a loose target still fits
     queue.refresh(0.5)
     assert policy.shed(queue, 0.5) == []
-    assert policy.admission.regime == FEASIBLE
+    assert policy.admission.regime == TTFT_INFEASIBLE             # refused 0.5 s ago: not left yet
+    later = REGIME_HOLD_S + 0.1
+    queue.add(_req(11, 100, 20.0, later))
+    queue.refresh(later)
+    with caplog.at_level(logging.WARNING, logger="pacer.sched.feasibility"):
+        assert policy.shed(queue, later) == []
+    assert policy.admission.regime == FEASIBLE and policy.admission.num_flips == 2
+    assert len(caplog.records) == 2                               # one line each way
 
 
 def test_without_a_margin_nothing_is_refused() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
-from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, FeasibilityTracker
+from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, REGIME_HOLD_S, FeasibilityTracker
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.slo_policy import BACKLOG_RATE_SHARE, DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
@@ -99,6 +99,9 @@ def test_a_policy_under_an_impossible_itl_logs_its_regime_once_per_change(caplog
             now = 1.0 + step * 0.01
             itl = 1e-6 if step < 10 else 1.0      # impossible for ten steps, then easy
             policy.prefill_budget([_decoding(i, 20, itl, now) for i in range(4)], head, 2048, now)
+        assert policy.feasibility.num_flips == 1   # easy for 0.1 s only: not left yet (the hold)
+        now += REGIME_HOLD_S
+        policy.prefill_budget([_decoding(i, 20, 1.0, now) for i in range(4)], head, 2048, now)
     assert policy.feasibility.num_flips == 2
     assert len(caplog.records) == 2
 
@@ -151,3 +154,13 @@ def test_a_hopeless_backlog_keeps_prefill_near_its_best_rate(
     best_n = min(tokens_left, max(backlog, MIN_PREFILL_TOKENS))
     best = best_n / cost.predict_step_s(shape.with_chunk(best_n, 0))
     assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= BACKLOG_RATE_SHARE * best * (1 - 1e-9)
+
+
+def test_a_regime_is_left_only_after_the_hold_without_it() -> None:
+    """Refusal, admission, refusal, ... within the hold: one flip, not one per arrival; the way back
+    is reported once the hold has passed without the other regime."""
+    tracker = FeasibilityTracker("ttft", hold_s=5.0)
+    flips = [tracker.observe(regime, now=t) for t, regime in
+             [(0.0, "ttft infeasible"), (0.5, FEASIBLE), (1.0, "ttft infeasible"), (3.0, FEASIBLE),
+              (5.9, FEASIBLE), (6.1, FEASIBLE), (6.2, "ttft infeasible")]]
+    assert flips == [True, False, False, False, False, True, True] and tracker.num_flips == 3

@@ -99,14 +99,14 @@ class SloBudget:
         over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             detail = f"decodes {over * 1e3:.1f}ms > {reason}"
-            self.feasibility.observe(ITL_INFEASIBLE, detail)
+            self.feasibility.observe(ITL_INFEASIBLE, detail, now)
             if need is None:
                 return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
             rate = need()
             n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
             what = "throughput" if n == tokens_left else "drain"
             return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} ({what}: the queue needs {rate:.0f} tok/s)")
-        self.feasibility.observe(FEASIBLE)
+        self.feasibility.observe(FEASIBLE, now=now)
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
         if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
             return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)

@@ -34,7 +34,8 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   by the cost model alone (a lower bound: decodes share every step) or, once the queue has
   been backlogged for a while, at the prefill rate measured over that backlog
   (pacer.sched.queue_flow), whichever is longer.
-  The regime (`ttft infeasible`) is logged once per change, as the ITL one.
+  The regime (`ttft infeasible`) is logged once per change, as the ITL one, and left only after
+  REGIME_HOLD_S without a refusal (not a flip back and forth per arrival).
 - **budgets each step by ITL** (`step_limit`, from `prefill_budget`; pacer.sched.slo_budget, mixed in): the most prefill tokens that keep the
   predicted step within the tightest inter-token target among the step's decodes (minus the
   time since their last token), never above `max_num_batched_tokens` and never below
@@ -73,7 +74,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 
 from pacer.request import Request
-from pacer.sched.feasibility import FEASIBLE, TTFT_INFEASIBLE, FeasibilityTracker
+from pacer.sched.feasibility import FEASIBLE, REGIME_HOLD_S, TTFT_INFEASIBLE, FeasibilityTracker
 from pacer.sched.policy import DEFAULT_MAX_QUEUE_DELAY_S, Key, Policy, PolicyContext, WaitingQueue
 from pacer.sched.queue_flow import QueueFlow
 from pacer.sched.reasoning import predicted_output_tokens
@@ -118,8 +119,8 @@ class SloPolicy(SloBudget, Policy):
         self.prefill_chunk = max(1, prefill_chunk)
         self.shed_hopeless = shed_hopeless
         self.admission_margin = admission_margin
-        self.feasibility = FeasibilityTracker()
-        self.admission = FeasibilityTracker("ttft")
+        self.feasibility = FeasibilityTracker(hold_s=REGIME_HOLD_S)
+        self.admission = FeasibilityTracker("ttft", hold_s=REGIME_HOLD_S)
         self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
         self.flow = QueueFlow()   # the measured arrival and prefill rates
         self._now = -_INF
@@ -248,9 +249,9 @@ class SloPolicy(SloBudget, Policy):
                 ahead -= self.prefill_s(r)
                 tokens -= own
                 self.admission.observe(TTFT_INFEASIBLE, f"predicted ttft {predicted:.2f}s > "
-                                       f"{self.admission_margin:g} x {ttft:g}s of {r.request_id}")
+                                       f"{self.admission_margin:g} x {ttft:g}s of {r.request_id}", now)
             else:
-                self.admission.observe(FEASIBLE)
+                self.admission.observe(FEASIBLE, now=now)
         self._admitted_seq = newest
         return refused
 
