@@ -182,6 +182,13 @@ class CacheConfig:
         if self.tenant_quotas and self.tenant_isolation != "partitioned":
             raise ValueError("tenant_quotas apply only with tenant_isolation='partitioned'")
 
+    def resolved_ttl(self) -> float | None:
+        """Seconds an unused cached block (a prefix node, a stored segment) may stay: `cache_ttl`,
+        else 30 minutes under the ttl eviction policy, else None (no expiry)."""
+        if self.cache_ttl is None and self.eviction_policy == "ttl":
+            return 1800.0
+        return self.cache_ttl
+
     def resolve_num_blocks(self, bytes_per_token: int) -> int:
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 
 __all__ = ["EventSinks", "BlockStoredEvent", "BlockRemovedEvent", "AllBlocksClearedEvent", "BlockEvent", "BlockEventLog",
            "block_hash", "chain_hashes", "namespace", "namespace_keys", "SALT_SEPARATOR", "SALTED", "MEDIUM_DEVICE",
-           "MEDIUM_HOST", "MEDIUM_SEGMENT"]
+           "MEDIUM_HOST", "MEDIUM_SEGMENT", "HASH_MASK"]
 
 MEDIUM_DEVICE = "GPU"   # vLLM's medium names: the device tier (the radix tree), whatever the device
 MEDIUM_HOST = "CPU"     # the host tier (kv_offloading_size); its block hashes are the device's
 MEDIUM_SEGMENT = "SEGMENT"   # the segment store (segment reuse): not prefix blocks; chained from the segment's fingerprint
 SALTED = "salted"   # what events say in place of a cache_salt
 SALT_SEPARATOR = "\x1f"   # owner = tenant + SALT_SEPARATOR + cache_salt (tenant is "" in shared mode)
-_HASH_MASK = (1 << 63) - 1   # non-negative 63-bit ints: every msgpack and Go/Rust consumer reads them
+HASH_MASK = (1 << 63) - 1   # non-negative 63-bit ints: every msgpack and Go/Rust consumer reads them
 
 
 def namespace(tenant: str, cache_salt: str | None) -> str:
@@ -62,7 +62,7 @@ def block_hash(parent: int | None, token_ids: Sequence[int], owner: str) -> int:
     h.update(struct.pack(f">{len(token_ids)}q", *token_ids))
     if owner:
         h.update(owner.encode("utf-8"))
-    return int.from_bytes(h.digest()[:8], "big") & _HASH_MASK
+    return int.from_bytes(h.digest()[:8], "big") & HASH_MASK
 
 
 def chain_hashes(parent: int | None, token_ids: Sequence[int], block_size: int, owner: str) -> list[int]:

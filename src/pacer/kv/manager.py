@@ -37,7 +37,7 @@ from pacer.kv.checks import check_kv_invariants
 from pacer.kv.events import BlockEvent, BlockEventLog
 from pacer.kv.interface import PrefixCacheProtocol, PrefixOffloadProtocol
 from pacer.kv.null_cache import NullPrefixCache
-from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch, configured_ttl
+from pacer.kv.prefix_cache import PUBLIC, PrefixCache, PrefixMatch
 from pacer.kv.retention import SessionRetention
 from pacer.kv.segment_slots import SegmentSlots
 from pacer.kv.segment_store import SegmentStore
@@ -135,7 +135,7 @@ class KVCacheManager(SegmentSlots):
                    num_cpu_blocks=num_cpu, reserve_blocks=-(-max_model_len // config.block_size), host_tier=host,
                    retention=retention, queue_aware_eviction=config.queue_aware_eviction,
                    segments=SegmentStore(config.block_size, now, enabled=config.segment_reuse == "approximate",
-                                         recompute=config.segment_recompute, ttl=configured_ttl(config)))
+                                         recompute=config.segment_recompute, ttl=config.resolved_ttl()))
 
     # ------------------------------------------------------------------ sizes
 

@@ -49,16 +49,9 @@ from pacer.kv.radix_node import (
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
 
-__all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES", "configured_ttl"]
+__all__ = ["PrefixCache", "PrefixMatch", "PUBLIC", "EVICTION_POLICIES"]
 
 
-
-def configured_ttl(config: CacheConfig) -> float | None:
-    """Seconds an unused cached block (a prefix node, a stored segment) may stay: `cache_ttl`,
-    else 30 minutes under the ttl eviction policy, else None (no expiry)."""
-    if config.cache_ttl is None and config.eviction_policy == "ttl":
-        return 1800.0
-    return config.cache_ttl
 
 class PrefixCache:
     """Radix tree of cached blocks. `now` is a clock function (injected; never `time`).
@@ -107,7 +100,7 @@ class PrefixCache:
     def from_config(cls, config: CacheConfig, now: Callable[[], float],
                     group_of: Callable[[str], str] | None = None) -> PrefixCache:
         """The cache a CacheConfig describes (the ttl policy's TTL defaults to 30 minutes)."""
-        ttl = configured_ttl(config)
+        ttl = config.resolved_ttl()
         return cls(config.block_size, now, config.eviction_policy, tenant_weights=config.tenant_weights, ttl=ttl,
                    group_of=group_of)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pacer.kv.events import (
+    HASH_MASK,
     MEDIUM_SEGMENT,
     BlockEventLog,
     BlockRemovedEvent,
@@ -160,7 +161,7 @@ class SegmentStore:
         whole = entry.num_tokens // self.block_size * self.block_size   # events name whole blocks only
         if not whole or self.events is None:
             return
-        root = entry.fingerprint & ((1 << 63) - 1)
+        root = entry.fingerprint & HASH_MASK
         entry.hashes = tuple(chain_hashes(root, entry.token_ids[:whole], self.block_size, entry.owner))
         self.events.append(BlockStoredEvent(entry.hashes, None, entry.token_ids[:whole], self.block_size,
                                             namespace_keys(entry.owner), MEDIUM_SEGMENT))

@@ -202,8 +202,10 @@ class SloBudget:
         not yet answered (their first token comes with the step); None without one."""
         tightest = _INF
         for rid, req in step.requests.items():
+            if req.output_token_ids:   # the decode rows, most of a step's: answered already
+                continue
             slo = req.slo
-            if slo is None or slo.ttft is None or req.num_output_tokens or slo.ttft >= tightest:
+            if slo is None or slo.ttft is None or slo.ttft >= tightest:
                 continue
             if req.num_computed_tokens + step.num_tokens[rid] >= req.num_tokens:
                 tightest = slo.ttft

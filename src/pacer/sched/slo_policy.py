@@ -275,9 +275,14 @@ class SloPolicy(SloBudget, Policy):
             return first
         spare = self.spare_s(items, first, now)
         for j in range(i):
-            if STEAL_SAFETY * self.queued_prefill_s(items[j][1]) <= spare:
+            if self.fits_in_spare(items[j][1], spare):
                 return j
         return first
+
+    def fits_in_spare(self, r: Request, spare: float) -> bool:
+        """Whether `r` may go before requests that have `spare` seconds of slack to give
+        (STEAL_SAFETY times its queued prefill fits in it)."""
+        return STEAL_SAFETY * self.queued_prefill_s(r) <= spare
 
     def spare_s(self, items: list[tuple[Key, Request]], first: int, now: float) -> float:
         """Seconds of prefill the feasible queue (`items[first:]`, in slack order) can let pass
@@ -311,7 +316,7 @@ class SloPolicy(SloBudget, Policy):
         if waiting.num_tokens - waiting.num_computed_tokens >= partial.num_tokens - partial.num_computed_tokens:
             return False
         spare = self.latest_start(partial) - now
-        return spare < 0 or STEAL_SAFETY * self.queued_prefill_s(waiting) <= spare
+        return spare < 0 or self.fits_in_spare(waiting, spare)
 
     def outranks(self, a: Request, b: Request) -> bool:
         """Whether waiting `a` may preempt running `b` (when seats or KV hold `a` back): `a` can
