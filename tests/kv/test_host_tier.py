@@ -194,6 +194,23 @@ def test_the_host_tier_publishes_its_blocks_as_medium_cpu_under_the_device_tiers
     assert [e.block_hashes for e in removed] == [(device[1],)] and removed[0].medium == "CPU"
 
 
+def test_transient_blocks_are_neither_published_nor_tracked_for_the_disk() -> None:
+    """A segment's chain (transient) is kept and found like any other, but produces no KV events
+    and no keys for the disk tier to write through; evicted, it leaves no trace."""
+    from pacer.kv.events import BlockEventLog
+
+    t, _ = tier(3)
+    t.events = BlockEventLog()
+    t.track_demotions()
+    copies = t.demote("a", "a", 77, [1, 2, 3], [0, 1], transient=True)   # a partial last block
+    assert len(copies) == 2 and len(t.transient) == 2
+    assert t.events.take() == [] and t.take_demoted() == []
+    t.end_step()
+    t.demote("a", "a", ROOT_KEY, [5, 6, 7, 8], [2, 3])                  # needs a slot: a transient one goes
+    assert len(t.transient) == 1 and t.take_demoted() and t.events.take()
+    t.check_invariants()
+
+
 def test_demotions_planned_in_an_idle_step_are_still_copied() -> None:
     """A TTL expiry while nothing runs demotes blocks in a step with nothing scheduled: its
     copies must still reach the executor, or a later promotion reads a slot never filled."""

@@ -45,16 +45,17 @@ def _arrivals(requests: list[tuple[Any, ...]]) -> list[Arrival]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(request_strategy, min_size=2, max_size=10), num_blocks=st.integers(14, 40),
        recompute=st.sampled_from([0.0, 0.25, 1.0]), mode=st.sampled_from(["recompute", "swap"]),
-       chunk=st.sampled_from([8, 64]), ttl=st.sampled_from([None, 0.05]))
+       chunk=st.sampled_from([8, 64]), ttl=st.sampled_from([None, 0.05]), host=st.booleans())
 def test_segment_reuse_keeps_the_kv_invariants_and_tenants_apart(requests: list[tuple[Any, ...]], num_blocks: int,
                                                                  recompute: float, mode: str, chunk: int,
-                                                                 ttl: float | None) -> None:
+                                                                 ttl: float | None, host: bool) -> None:
     """`ttl` 0.05 s: five steps of the fake loop's clock, so stored segments and cached prefixes
-    also expire between the reuses."""
+    also expire between the reuses. `host`: a host tier of 40 blocks (shared with swap) takes the
+    evicted segments and prefixes, and look-ups promote them back."""
     eng, ex = make_engine(num_blocks=num_blocks, block_size=4, max_len=56, segment_reuse="approximate",
                           segment_recompute=recompute, tenant_isolation="isolated", preemption_mode=mode,
-                          num_cpu_blocks=12, max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk,
-                          cache_ttl=ttl)
+                          num_cpu_blocks=40 if host else 12, max_num_batched_tokens=chunk,
+                          long_prefill_token_threshold=chunk, cache_ttl=ttl, kv_offloading_size=1.0 if host else None)
     ex.check_tenants = True
     eng.kv.enable_events()
     mirror: set[int] = set()   # a consumer of the segment store's events (medium SEGMENT)
@@ -127,3 +128,24 @@ def _request(prompt: list[int]) -> Any:
     from pacer.request import Request
 
     return Request("probe", prompt, SamplingParams(max_tokens=1), arrival_time=0.0)
+
+
+def test_an_evicted_segment_comes_back_from_the_host_tier() -> None:
+    """A stored segment evicted by a long request is demoted to the host tier (its KV copied out),
+    and the next request carrying it promotes it back and fills from it: no token of it recomputed,
+    every position it reads checked by the fake executor."""
+    eng, ex = make_engine(num_blocks=16, block_size=4, max_len=64, segment_reuse="approximate",
+                          segment_recompute=0.0, kv_offloading_size=1.0, num_cpu_blocks=16)
+    seg = SEGMENTS[2]   # 22 tokens: 6 blocks in the store
+    p = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    arrivals = [Arrival(0, "a", [1, 2, 3, 4] + seg + [9], p, None, {"segments": [(4, len(seg))]}),
+                Arrival(4, "big", list(range(100, 156)), p, None, {}),   # 14 blocks: the store must give way
+                Arrival(8, "b", [5, 6, 7] + seg + [9], p, None, {"segments": [(3, len(seg))]})]
+    finals = drive_arrivals(eng, arrivals, lambda: None, max_steps=100)
+    stats = eng.kv.segments.stats
+    assert stats.stored == 1 and stats.demoted >= 1 and stats.promoted == 1
+    assert finals["b"].metrics.segment_reused_tokens == len(seg) and ex.num_filled == len(seg)
+    assert finals["b"].metrics.prefill_tokens == 3 + 1
+    eng.kv.reset_prefix_cache()
+    eng.scheduler.check_invariants()
+    assert eng.kv.num_available_blocks() == eng.kv.num_blocks

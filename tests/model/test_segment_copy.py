@@ -90,3 +90,28 @@ def test_recomputing_the_whole_segment_equals_full_prefill(base: Engine) -> None
     assert outs["r1"] == outs["full"]                        # nothing reused: exactly full prefill
     assert [n for _, n in outs["r1"]] == [0, 0]
     assert [n for _, n in outs["r0"]] == [0, len(seg)]       # the second request reused all of it
+
+
+def test_a_segment_promoted_from_the_host_tier_fills_as_the_stored_one(base: Engine) -> None:
+    """The store is emptied into the host tier (`reset_prefix_cache` demotes what it drops); the
+    same request then promotes the segment back and fills from it: the same tokens reused and the
+    same greedy output as the fill straight from the store (the KV moved by exact copies)."""
+    seg, hist_a, hist_b = _prompts(base)
+    tail = base.tokenizer.encode(" What does it say?")
+    eng = make(base, segment_reuse="approximate", segment_recompute=0.1, kv_offloading_size=0.05)
+
+    def run(prompt: list[int], start: int) -> tuple[list[int], int]:
+        rid = eng.add_request(eng.prepare(prompt, GREEDY, segments=[(start, len(seg))]))
+        final = None
+        while final is None:
+            final = next((o for o in eng.step() if o.request_id == rid and o.finished), None)
+        return list(final.token_ids), final.metrics.segment_reused_tokens
+
+    run(hist_a + seg + tail, len(hist_a))                    # computes and stores the segment
+    from_store = run(hist_b + seg + tail, len(hist_b))
+    eng.kv.reset_prefix_cache()
+    assert len(eng.kv.segments) == 0
+    from_host = run(hist_b + seg + tail, len(hist_b))
+    stats = eng.kv.segments.stats
+    assert stats.demoted == 1 and stats.promoted == 1 and stats.stored == 1
+    assert from_store[1] == len(seg) - 4 and from_host == from_store

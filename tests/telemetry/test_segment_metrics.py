@@ -1,6 +1,6 @@
 """The segment store's /metrics series (`SegmentReuseCollector`, which `pacer serve` registers):
-gauges of the segments and blocks it holds, counters of segments stored and evicted, fills (hits),
-reused and recomputed tokens, read from the engine snapshot; absent while segment reuse is off."""
+gauges of the segments and blocks it holds, counters of segments stored, evicted, demoted to the
+host tier and promoted back, fills (hits), reused and recomputed tokens, read from the engine snapshot; absent while segment reuse is off."""
 
 from __future__ import annotations
 
@@ -53,6 +53,20 @@ def test_the_store_series_count_stores_hits_tokens_and_evictions() -> None:
     assert got["segment_store_segments"] == 1
     snap = eng.snapshot().as_dict()["segments"]
     assert snap["reused_tokens"] == 48 and snap["evicted"] == 1
+
+
+def test_the_host_tier_series_count_demotions_and_promotions() -> None:
+    eng, _ = make_engine(num_blocks=24, block_size=4, max_len=80, segment_reuse="approximate",
+                         segment_recompute=0.25, kv_offloading_size=1.0, num_cpu_blocks=32)
+    seg = list(range(500, 532))
+    _run(eng, list(range(100, 108)) + seg + [7], [(8, 32)])             # stores it
+    _run(eng, list(range(300, 372)), None)                            # evicts it: demoted
+    got = _series(eng)
+    assert got["segment_store_demotions_total"] == 1 and got["segment_store_promotions_total"] == 0
+    _run(eng, list(range(110, 118)) + seg + [7], [(8, 32)])             # promoted back, then filled from
+    got = _series(eng)
+    assert got["segment_store_promotions_total"] == 1 and got["segment_reuse_hits_total"] == 1
+    assert got["segment_store_stored_total"] == 1 and got["segment_store_segments"] == 1
 
 
 def test_no_series_while_segment_reuse_is_off() -> None:

@@ -44,6 +44,7 @@ from pacer.kv.segment_store import SegmentStore
 from pacer.kv.tenancy import OTHER_TENANTS, TenantSpaces, group_fn
 from pacer.kv.tiers.host import HostKVTier
 from pacer.kv.tiers.offload import NullOffload, PrefixOffload
+from pacer.kv.tiers.segment_offload import SegmentOffload
 from pacer.kv.tiers.swap import CpuSwapTier, SwapPairs
 from pacer.request import FinishReason, Request, TokenPrefix
 
@@ -111,6 +112,9 @@ class KVCacheManager(SegmentSlots):
         self.retention = retention if retention is not None else SessionRetention(None, lambda: 0.0, enabled=False)
         self.queue_aware_eviction = queue_aware_eviction
         self.segments = segments if segments is not None else SegmentStore(block_size, lambda: 0.0, enabled=False)
+        # evicted segments demoted to the host tier and promoted back on a look-up, when there is one
+        self.segment_offload = (SegmentOffload(host_tier, self.segments)
+                                if host_tier is not None and self.segments.enabled else None)
         self._exact_limits: dict[str, int] = {}
 
     @classmethod
@@ -503,6 +507,10 @@ class KVCacheManager(SegmentSlots):
         demoted, promoted = self.offload.take_ops()   # demotions after swap-outs, promotions after swap-ins
         out.extend(demoted)
         ins.extend(promoted)
+        if self.segment_offload is not None:          # then the segments': before the step's segment fills
+            demoted, promoted = self.segment_offload.take_ops()
+            out.extend(demoted)
+            ins.extend(promoted)
         return out, ins
 
     # ------------------------------------------------------------------ checks

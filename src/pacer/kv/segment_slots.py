@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pacer.kv.block_pool import BlockPool
 from pacer.kv.interface import PrefixCacheProtocol
 from pacer.kv.segment_store import SegmentCopy, SegmentEntry, SegmentStore, token_slots
+from pacer.kv.tiers.segment_offload import SegmentOffload
 from pacer.request import Request
 
 __all__ = ["SegmentSlots"]
@@ -27,6 +28,7 @@ class SegmentSlots:
     pool: BlockPool
     cache: PrefixCacheProtocol
     segments: SegmentStore
+    segment_offload: SegmentOffload | None
     block_tables: dict[str, list[int]]
     _exact_limits: dict[str, int]   # request id -> tokens of its KV that are exact (cacheable)
 
@@ -36,8 +38,26 @@ class SegmentSlots:
         def _release(self, block_ids: list[int], reason: str) -> None: ...
 
     def find_segment(self, req: Request, token_ids: Sequence[int]) -> SegmentEntry | None:
-        """The stored segment with these tokens that `req` may read (its own namespaces only)."""
-        return self.segments.find(token_ids, self._owners(req))
+        """The stored segment with these tokens that `req` may read (its own namespaces only); one
+        the host tier holds is promoted back into the store first (fresh blocks taken from the free
+        list or the prefix cache's evictable ones, filled by this step's copies), when they fit."""
+        found = self.segments.find(token_ids, self._owners(req))
+        if found is not None or self.segment_offload is None:
+            return found
+        demoted = self.segment_offload.find(token_ids, self._owners(req))
+        blocks = self._store_blocks(len(token_ids)) if demoted is not None else None
+        return None if blocks is None or demoted is None else self.segment_offload.promote(*demoted, blocks)
+
+    def _store_blocks(self, num_tokens: int) -> list[int] | None:
+        """Blocks for a segment of `num_tokens` tokens from the free list or the prefix cache's
+        evictable ones (never another segment's or a request's); None: they do not fit."""
+        need = self.segments.blocks_for(num_tokens)
+        if need > self.pool.num_free_blocks + self.cache.num_evictable_blocks:
+            return None
+        short = need - self.pool.num_free_blocks
+        if short > 0:
+            self._release(self.cache.evict(short), "capacity")
+        return self.pool.allocate(need)
 
     def store_segment(self, req: Request, start: int, num_tokens: int) -> SegmentCopy | None:
         """After a step that computed `req`'s prompt span [start, start + num_tokens): keep a copy
@@ -55,13 +75,9 @@ class SegmentSlots:
         owner = self._owner(req)
         if store.find(tokens, (owner,)) is not None:
             return None
-        need = store.blocks_for(num_tokens)
-        if need > self.pool.num_free_blocks + self.cache.num_evictable_blocks:
+        blocks = self._store_blocks(num_tokens)
+        if blocks is None:
             return None
-        short = need - self.pool.num_free_blocks
-        if short > 0:
-            self._release(self.cache.evict(short), "capacity")
-        blocks = self.pool.allocate(need)
         store.adopt(owner, tokens, blocks, start)
         return SegmentCopy(token_slots(table, start, num_tokens, bs), token_slots(blocks, 0, num_tokens, bs), 0)
 

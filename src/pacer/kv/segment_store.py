@@ -13,7 +13,8 @@ Contract (the prefix cache's): `find` takes no references; `adopt` takes blocks 
 allocated (the store becomes their one holder); `lock`/`unlock` keep an entry from eviction while
 a copy out of it is pending; `evict(n)` drops least recently used unlocked entries and `expire()`
 those unused for longer than the TTL (the prefix cache's `cache_ttl`), each returning their block
-ids, which the caller frees. The store never touches the pool or requests. Evictable
+ids, which the caller frees (with a host tier, `on_drop` demotes each dropped segment first:
+`pacer.kv.tiers.segment_offload`). The store never touches the pool or requests. Evictable
 and cached block counts are kept incrementally (O(1) "can I admit this?").
 """
 
@@ -76,6 +77,8 @@ class SegmentStats:
     reused_tokens: int = 0      # tokens copied (re-rotated) instead of computed
     recomputed_tokens: int = 0  # of the reused segments, the tokens computed before each fill
     evicted: int = 0
+    demoted: int = 0            # evicted segments kept whole in the host tier (kv_offloading_size)
+    promoted: int = 0           # segments copied back from the host tier on a look-up
 
     def uncount_fill(self, num_tokens: int, recomputed: int) -> None:
         """A counted fill was cancelled before it ran (its request preempted in the same step)."""
@@ -106,6 +109,7 @@ class SegmentStore:
         self.num_evictable_blocks = 0
         self.stats = SegmentStats()
         self.events: BlockEventLog | None = None   # KV events (medium SEGMENT), when the engine publishes them
+        self.on_drop: Callable[[SegmentEntry], None] | None = None   # the host tier's demotion, when there is one
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,10 +128,12 @@ class SegmentStore:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def adopt(self, owner: str, token_ids: Sequence[int], block_ids: list[int], position: int) -> SegmentEntry:
+    def adopt(self, owner: str, token_ids: Sequence[int], block_ids: list[int], position: int,
+              promoted: bool = False) -> SegmentEntry:
         """Keep `block_ids` (the caller allocated them, one ref each, and copies the KV in) as the
-        segment `token_ids` of `owner` computed from `position`. Raises ValueError when the store is
-        off, the blocks do not fit the tokens, or the segment is stored already."""
+        segment `token_ids` of `owner` computed from `position` (`promoted`: copied back from the
+        host tier, counted there, not as stored). Raises ValueError when the store is off, the
+        blocks do not fit the tokens, or the segment is stored already."""
         tokens = tuple(token_ids)
         if not self.enabled:
             raise ValueError("segment store is off (segment_reuse != 'approximate')")
@@ -142,8 +148,9 @@ class SegmentStore:
         self._evictable[fp] = entry
         self.num_cached_blocks += len(block_ids)
         self.num_evictable_blocks += len(block_ids)
-        self.stats.stored += 1
-        self.stats.stored_tokens += len(tokens)
+        if not promoted:
+            self.stats.stored += 1
+            self.stats.stored_tokens += len(tokens)
         if self.events is not None:
             self._record_stored(entry)
         return entry
@@ -220,6 +227,8 @@ class SegmentStore:
         self.num_cached_blocks -= len(entry.block_ids)
         self.num_evictable_blocks -= len(entry.block_ids)
         self.stats.evicted += 1
+        if self.on_drop is not None:
+            self.on_drop(entry)
         return entry.block_ids
 
     def iter_entries(self) -> Iterator[SegmentEntry]:

@@ -155,7 +155,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         if snap.segments:
             seg = snap.segments
             print(f"segment reuse: {seg['reuses']} fills, {seg['reused_tokens']} prompt tokens reused, "
-                  f"{seg['recomputed_tokens']} recomputed; {seg['stored']} segments stored, {seg['evicted']} evicted")
+                  f"{seg['recomputed_tokens']} recomputed; {seg['stored']} segments stored, {seg['evicted']} evicted"
+                  + (f" ({seg['demoted']} to the host tier, {seg['promoted']} promoted back)" if seg['demoted'] else ""))
         if len(rates) > 1:
             s = report.summary[OVERALL]
             print(f"rate {rate:g}: {s['output_tok_s']:.1f} out tok/s, ttft p99 {_ms(s['ttft_p99'])}, "

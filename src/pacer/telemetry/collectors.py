@@ -14,7 +14,8 @@ its own thread is mutating. Three families, each absent or zero until its featur
   far its counter runs ahead of the least served waiting tenant), under the capped `tenant` label;
 - exact prefill dedup: steps requests sat out for another's prefill, the requests, and the
   prompt tokens they then read from the cache;
-- segment reuse: the segment store's segments and blocks, segments stored and evicted, fills out of
+- segment reuse: the segment store's segments and blocks, segments stored, evicted, demoted to the
+  host tier and promoted back, fills out of
   the store (hits), the tokens they reused and the reused segments' tokens recomputed; absent while
   segment reuse is off.
 """
@@ -213,6 +214,9 @@ _SEGMENT_SERIES = {   # series -> (help, the snapshot's `segments` key, gauge?)
     "segment_store_stored": ("Segments stored (their KV copied into the store after a request computed them).",
                              "stored", False),
     "segment_store_evictions": ("Segments evicted from the store (least recently used first).", "evicted", False),
+    "segment_store_demotions": ("Evicted segments the host tier kept whole (--kv-offloading-size).", "demoted", False),
+    "segment_store_promotions": ("Segments copied back from the host tier into the store on a look-up.", "promoted",
+                                 False),
     "segment_reuse_hits": ("Fills out of the segment store (a request took a stored segment's KV).", "reuses", False),
     "segment_reuse_reused_tokens": ("Prompt tokens filled from stored segments instead of computed.",
                                     "reused_tokens", False),

@@ -209,7 +209,7 @@ class DiskTier:
         self._pending.extend(self.host.take_demoted())       # demoted since the last plan: not copied yet
         pending = set(self._pending) | set(self._planned)
         for key, slot, parent, owner, tokens in self.host.entries():
-            if key not in self.index.keys and key not in pending:
+            if key not in self.index.keys and key not in pending and key not in self.host.transient:
                 self._write_host(key, slot, parent, owner, tokens)
         return self.index.stats.written - before
 

@@ -118,6 +118,7 @@ class HostKVTier:
         self._locked: set[int] = set()                  # chain keys copied this step
         self.swap_slots = 0                              # slots held by swapped-out requests
         self._demoted: list[int] | None = None           # keys demoted since `take_demoted`, when tracked
+        self.transient: set[int] = set()                 # keys of entries kept in memory only (segments)
         self.events: BlockEventLog | None = None         # KV events (medium CPU), when the engine publishes them
         self.stats = HostTierStats()
 
@@ -171,10 +172,11 @@ class HostKVTier:
     # ------------------------------------------------------------------ offload
 
     def demote(self, owner: str, tenant: str, parent: int, token_ids: Sequence[int],
-               device_blocks: Sequence[int]) -> list[tuple[int, int]]:
+               device_blocks: Sequence[int], transient: bool = False) -> list[tuple[int, int]]:
         """Keep evicted device blocks: `device_blocks[i]` holds tokens
         `token_ids[i*bs:(i+1)*bs]`, the first following the block of chain key `parent`.
-        Returns the (device block, host slot) copies to run before the device blocks are reused."""
+        Returns the (device block, host slot) copies to run before the device blocks are reused.
+        `transient`: kept in memory only (a segment's chain): never written to disk nor published."""
         copies: list[tuple[int, int]] = []
         if not self.offload:
             return copies
@@ -193,6 +195,8 @@ class HostKVTier:
                 entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
                 self._entries[key] = entry
                 self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
+                if transient:
+                    self.transient.add(key)
                 self._stored(key, entry)
                 copies.append((dev, entry.slot))
                 self.stats.demotions += 1
@@ -357,6 +361,8 @@ class HostKVTier:
         return dropped
 
     def _stored(self, key: int, entry: _Entry, demoted: bool = True) -> None:
+        if key in self.transient:
+            return
         if demoted and self._demoted is not None:
             self._demoted.append(key)
         if self.events is not None:
@@ -366,11 +372,12 @@ class HostKVTier:
 
     def _drop(self, key: int, reason: str) -> None:
         entry = self._entries.pop(key)
-        if self.events is not None:
+        if self.events is not None and key not in self.transient:
             self.events.append(BlockRemovedEvent((key,), MEDIUM_HOST))
         self._group_sizes[entry.group] -= 1
         self.pool.free([entry.slot])
         self.stats.evictions[reason] = self.stats.evictions.get(reason, 0) + 1
+        self.transient.discard(key)
 
     # ------------------------------------------------------------------ checks
 
