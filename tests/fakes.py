@@ -245,7 +245,8 @@ def drive_arrivals(eng: Engine, arrivals: list[Arrival], check_step: Callable[[]
             a = pending.pop(0)
             kw = dict(a.add_kwargs)
             if "segments" in kw:   # segments travel in a prepared request
-                prepared = eng.prepare(a.prompt, a.params, tenant=kw.pop("tenant", "default"), segments=kw.pop("segments"))
+                prepared = eng.prepare(a.prompt, a.params, tenant=kw.pop("tenant", "default"), segments=kw.pop("segments"),
+                                       slo=kw.pop("slo", None))
                 eng.add_request(prepared, request_id=a.request_id, **kw)
             else:
                 eng.add_request(a.prompt, a.params, request_id=a.request_id, **kw)

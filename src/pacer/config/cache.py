@@ -101,8 +101,9 @@ class CacheConfig:
                           "recomputed; not bit-identical to full prefill)."})
     segment_recompute: float | str = field(
         default="auto",
-        metadata={"help": "approximate segment reuse: fraction of each reused segment recomputed from its start "
-                          "with the real context (0..1), or auto (see docs/features/segment-reuse.md)."})
+        metadata={"help": "approximate segment reuse: the floor of each reused segment recomputed from its start "
+                          "with the real context (0..1), or auto (0.05); the slo policy recomputes up to 0.3 of it where "
+                          "a request's TTFT slack allows (see docs/features/segment-reuse.md)."})
     session_retention: bool = field(
         default=True,
         metadata={"help": "Agent sessions: a finished turn of a named session (x-session-id) keeps its "

@@ -111,6 +111,12 @@ class Policy:
         partial prefill (the slo policy: by slack; the others finish what they started)."""
         return False
 
+    def recompute_allowance(self, req: Request, now: float) -> int:
+        """Prompt tokens `req` may compute beyond its floor of a reused segment's recomputation
+        (`segment_recompute`) without missing its targets (the slo policy: from its TTFT slack;
+        the others: none, so the floor is exact)."""
+        return 0
+
     def prefill_cap(self, req: Request, cap: int) -> int:
         """The most prompt tokens `req` may prefill in one step (`cap`: the scheduler's chunk
         limit; the fair policy chunks a tenant holding more than its share of the seats finer)."""

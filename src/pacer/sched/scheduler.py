@@ -77,7 +77,7 @@ class Scheduler:
         self.structured: StructuredOutputs = NullStructuredOutputs() if structured is None else structured
         self.dedup = InflightPrefills(kv.block_size, kv.cache_owner, kv.cache_owners, kv.exact_tokens) \
             if config.prefill_dedup and kv.prefix_caching else None
-        self.segments = SegmentPlanner(kv, kv.segments.recompute)   # segment reuse (off: never plans)
+        self.segments = SegmentPlanner(kv, kv.segments.recompute, self.policy, clock)   # segment reuse
         self.reasoning = ReasoningTracker()   # the engine installs the model's think tags (--reasoning-parser)
         delay = config.max_queue_delay if config.max_queue_delay is not None else self.policy.default_max_queue_delay
         self.waiting = WaitingQueue(self.policy, delay)

@@ -11,8 +11,12 @@ store in one fill (a copy the executor runs before the step's forward, K re-rota
 new positions), and computes everything after the segment normally. The one token rule holds: a
 fill advances `num_computed_tokens` without computing, like a prefix-cache hit in the middle.
 
-`k` is `ceil(recompute * length)` for a fraction, or with `auto` `AUTO_RECOMPUTE` of it; the last
-prompt token is always computed (its logits are needed). A segment a request computes in full
+How many tokens to recompute is a scheduling decision above the operator's floor: `k` is at least
+`ceil(recompute * length)` (with `auto`, `AUTO_RECOMPUTE` of it), and grows toward
+`MAX_RECOMPUTE` of the segment by what the policy allows the request (`recompute_allowance`: the
+slo policy spends a share of its TTFT slack; the others nothing, so their `k` is the floor), never
+past this step's chunk for it (a larger `k` never costs the request a step). The last prompt token
+is always computed (its logits are needed). A segment a request computes in full
 (none stored yet, or reuse off for it) is stored after the step that completes it.
 """
 
@@ -20,17 +24,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pacer.kv.manager import KVCacheManager, PrefixHit
 from pacer.kv.segment_store import SegmentCopy, SegmentEntry
 from pacer.request import Request
 from pacer.sched.contract import ScheduledRequest
 
-__all__ = ["SegmentPlanner", "AUTO_RECOMPUTE", "FillPlan"]
+if TYPE_CHECKING:
+    from pacer.clock import Clock
+    from pacer.sched.policy import Policy
+
+__all__ = ["SegmentPlanner", "AUTO_RECOMPUTE", "MAX_RECOMPUTE", "FillPlan"]
 
 # fraction recomputed with segment_recompute="auto": on the agent benchmark KL to full prefill halves
 # from k = 0 to 5% and barely moves past it (docs/features/segment-reuse.md)
 AUTO_RECOMPUTE = 0.05
+# the most of a segment the scheduler recomputes on its own (more buys little: 15% -> 30% moves KL
+# 0.0071 -> 0.0064 on the agent benchmark); a higher floor is the operator's
+MAX_RECOMPUTE = 0.3
 
 FillPlan = tuple[int, int, SegmentEntry | None, int]   # (tokens filled, tokens computed, entry, offset in it)
 
@@ -38,8 +50,11 @@ FillPlan = tuple[int, int, SegmentEntry | None, int]   # (tokens filled, tokens 
 class SegmentPlanner:
     """The scheduler's segment decisions for one engine; a no-op when the store is off."""
 
-    def __init__(self, kv: KVCacheManager, recompute: float | str = "auto") -> None:
+    def __init__(self, kv: KVCacheManager, recompute: float | str = "auto", policy: Policy | None = None,
+                 clock: Clock | None = None) -> None:
+        """`policy` and `clock`: whose `recompute_allowance` lifts `k` above the floor (None: never)."""
         self.kv = kv
+        self.policy, self.clock = policy, clock
         self.enabled = kv.segments.enabled
         self.fraction = AUTO_RECOMPUTE if recompute == "auto" else float(recompute)
         self._fills: dict[str, tuple[SegmentCopy, SegmentEntry, int, int]] = {}   # this step's, by request
@@ -49,9 +64,18 @@ class SegmentPlanner:
     def active(self, req: Request) -> bool:
         return self.enabled and bool(req.segments) and req.segment_reuse != "off"
 
-    def recompute_tokens(self, num_tokens: int) -> int:
-        """k: tokens of a reused segment of `num_tokens` computed with the real context."""
-        return min(num_tokens, math.ceil(self.fraction * num_tokens))
+    def recompute_tokens(self, num_tokens: int, extra: int = 0) -> int:
+        """k: tokens of a reused segment of `num_tokens` computed with the real context: the floor,
+        plus up to `extra` more while under `MAX_RECOMPUTE` of it."""
+        floor = min(num_tokens, math.ceil(self.fraction * num_tokens))
+        top = max(floor, math.ceil(MAX_RECOMPUTE * num_tokens))
+        return min(num_tokens, floor + max(0, min(extra, top - floor)))
+
+    def allowance(self, req: Request) -> int:
+        """Tokens the policy lets `req` recompute above the floor now."""
+        if self.policy is None or self.clock is None:
+            return 0
+        return self.policy.recompute_allowance(req, self.clock.now())
 
     def end_step(self) -> None:
         """The step's fills have run: their segments may be evicted again."""
@@ -68,6 +92,7 @@ class SegmentPlanner:
         segment's recompute boundary)."""
         fill, entry, offset = 0, None, 0
         last = req.num_prompt_tokens - 1   # the last prompt token is always computed
+        allowance: int | None = None
         for start, length in req.segments:   # sorted, disjoint
             at = computed + fill
             end = min(start + length, last)
@@ -75,12 +100,16 @@ class SegmentPlanner:
                 continue
             if start >= at + n:
                 break
-            boundary = start + self.recompute_tokens(length)
-            if boundary >= end:
+            k = self.recompute_tokens(length)
+            if start + k >= end:
                 continue
             found = self.kv.find_segment(req, req.prompt_token_ids[start:start + length])
             if found is None:
                 continue   # computed in full here, and stored after
+            if at < start + k < at + n:   # this step's chunk reaches past the floor: recompute more?
+                allowance = self.allowance(req) if allowance is None else allowance
+                k = self.recompute_tokens(length, min(allowance, at + n - start - k))
+            boundary = min(start + k, end - 1)
             if at < boundary:
                 return fill, min(n, boundary - at), entry, offset
             if fill:

@@ -97,6 +97,7 @@ __all__ = ["SloPolicy", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "AR
 PREEMPT_MARGIN_S = 1.0    # slack a victim must have beyond the waiting request's (no thrash)
 STEAL_SAFETY = 2.0        # a hopeless request goes first when twice its prefill fits in the queue's spare slack
 STEAL_SCAN = 64           # feasible requests the spare slack is judged over
+RECOMPUTE_SLACK_SHARE = 0.25   # of a request's TTFT slack, what recomputing more of a reused segment may spend
 _INF = math.inf
 
 
@@ -192,6 +193,17 @@ class SloPolicy(SloBudget, Policy):
             left = max(0, predicted_output_tokens(r.sampling_params) - r.num_output_tokens)
             return r.arrival_time + slo.e2e - self.decode_step_s(r) * left
         return _INF
+
+    def recompute_allowance(self, r: Request, now: float) -> int:
+        """A share (`RECOMPUTE_SLACK_SHARE`) of the request's TTFT slack, in prompt tokens at its
+        predicted prefill rate (that rate ignores the reuse, so the allowance errs low)."""
+        left = r.num_tokens - r.num_computed_tokens
+        if r.slo is None or r.num_output_tokens or left <= 0:
+            return 0
+        slack, per_token = self.latest_start(r) - now, self.prefill_s(r) / left
+        if not slack > 0 or not per_token > 0 or not math.isfinite(slack):
+            return 0
+        return int(RECOMPUTE_SLACK_SHARE * slack / per_token)
 
     # ---------------------------------------------------------------- ordering
 
