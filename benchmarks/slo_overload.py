@@ -8,6 +8,11 @@ Per engine and rate: output tok/s, goodput, attainment, refusals, and per class 
 p50 / p99. Then the issue's verdicts past saturation (the highest rate): slo's throughput vs
 fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and ITL p99.
 
+`--repeats N` runs every trace N times, each repeat on freshly started servers (empty caches) with
+the engines taking turns, so a drift in the machine's load falls on all of them; the tables then
+show each repeat, and the verdicts are judged on the medians over the repeats (each figure's own
+median), with how many single repeats agree.
+
     .venv/bin/python benchmarks/slo_overload.py                       # rates 0.1,0.3,0.6; seed 1
     .venv/bin/python benchmarks/slo_overload.py --vllm /tmp/pacer-peers/vllm-venv \\
         --vllm-model /tmp/pacer-peers/smollm2-hf --seeds 1,2,3
@@ -24,6 +29,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,6 +154,8 @@ def main() -> int:
     p.add_argument("--pacer-args", default="", help="extra pacer serve flags (e.g. '--dtype bfloat16')")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every trace, each on fresh servers; verdicts on "
+                   "the medians")
     p.add_argument("--isa", default="native", choices=["native", "avx2"],
                    help="avx2: this script and every server held to their AVX2 paths (isa_switch.py)")
     args = p.parse_args()
@@ -165,22 +173,13 @@ def main() -> int:
     # rate takes the given seeds, each lower rate seed + 10 x its distance from the top
     runs = [(r, seeds[0] + 10 * (len(rates) - 1 - i)) for i, r in enumerate(rates[:-1])]
     runs += [(rates[-1], s) for s in seeds]
-    results: dict[tuple[str, float, int], dict[str, Any]] = {}
-    for name, cmd, env in engines(args, port := _free_port()):
-        tag = name.replace(" ", "-")
-        with server(cmd, port, work / f"{tag}.log", env) as url:
-            # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
-            bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", args.vllm_model if name.startswith("vllm") else None)
-            for rate, seed in runs:
-                results[name, rate, seed] = bench(url, rate, seed, args.num_prompts,
-                                                  work / f"{tag}-r{rate}-s{seed}.json",
-                                                  args.vllm_model if name.startswith("vllm") else None)
-                print(f"# {name} rate {rate} seed {seed} done, load {loadavg()}", flush=True)
+    results = measure(args, runs, work)
     for rate, seed in runs:
         print(f"\n## rate {rate} req/s, seed {seed}, {args.num_prompts} prompts, load {loadavg()}")
         print(HEADER)
         for name, *_ in engines(args, 0):
-            print(row(name, results[name, rate, seed]))
+            for rep in range(args.repeats):
+                print(row(name if args.repeats == 1 else f"{name} #{rep + 1}", results[name, rate, seed][rep]))
             if not args.no_sim and name.startswith("pacer"):
                 policy = name.split()[1]
                 sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json")
@@ -189,27 +188,76 @@ def main() -> int:
     return 0
 
 
-def verdicts(results: dict[tuple[str, float, int], dict[str, Any]], rate: float, seeds: list[int],
+def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
+            ) -> dict[tuple[str, float, int], list[dict[str, Any]]]:
+    """Every engine's summary of every run, one per repeat; each repeat starts each server anew."""
+    results: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    for rep in range(args.repeats):
+        for name, cmd, env in engines(args, port := _free_port()):
+            tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
+            tokenizer = args.vllm_model if name.startswith("vllm") else None
+            with server(cmd, port, work / f"{tag}.log", env) as url:
+                # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
+                bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", tokenizer)
+                for rate, seed in runs:
+                    results.setdefault((name, rate, seed), []).append(
+                        bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer))
+                    print(f"# {name} rate {rate} seed {seed} repeat {rep + 1} done, load {loadavg()}", flush=True)
+    return results
+
+
+def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the repeats (a figure some repeat lacks: over the others)."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = {}
+    for key in {k for r in runs for k in r}:
+        vals = [r[key] for r in runs if key in r and r[key] is not None]
+        if vals and isinstance(vals[0], dict):
+            out[key] = median_summary(vals)
+        elif vals and all(isinstance(v, (int, float)) for v in vals):
+            out[key] = statistics.median(vals)
+        else:
+            out[key] = vals[0] if vals else None
+    return out
+
+
+def checks(f: dict[str, Any], s: dict[str, Any], v: dict[str, Any] | None) -> dict[str, tuple[str, bool]]:
+    """The issue's verdicts on one pair of summaries (fcfs, slo; and vLLM's): name -> (text, met)."""
+    fo, so = f["overall"], s["overall"]
+    tput = so["output_tok_s"] / fo["output_tok_s"] if fo["output_tok_s"] else float("nan")
+    out = {"tput": (f"throughput {tput:.2f}x fcfs (>= 0.95: ", tput >= 0.95),
+           "good": (f"goodput {so['goodput_req_s']:.3f} vs fcfs {fo['goodput_req_s']:.3f} (",
+                    so["goodput_req_s"] >= fo["goodput_req_s"])}
+    if v is not None:
+        vo = v["overall"]
+        out["vllm"] = (f"vs vllm {vo['goodput_req_s']:.3f} (", so["goodput_req_s"] >= vo["goodput_req_s"])
+    fc, sc = f.get("chat", {}), s.get("chat", {})
+    if fc.get("ttft_p50") and sc.get("ttft_p50") is not None:
+        out["chat"] = (f"chat ttft p50 {sc['ttft_p50']:.2f}s vs {fc['ttft_p50']:.2f}s (",
+                       sc["ttft_p50"] <= 1.1 * fc["ttft_p50"])
+    if fo.get("itl_p99") and so.get("itl_p99") is not None:
+        out["itl"] = (f"itl p99 {so['itl_p99'] * 1e3:.0f} vs {fo['itl_p99'] * 1e3:.0f} ms (", so["itl_p99"] < fo["itl_p99"])
+    return out
+
+
+def verdicts(results: dict[tuple[str, float, int], list[dict[str, Any]]], rate: float, seeds: list[int],
              vllm: bool) -> None:
-    print(f"\n## past saturation ({rate} req/s): slo vs fcfs" + (" and vllm" if vllm else ""))
+    repeats = len(results["pacer fcfs", rate, seeds[0]])
+    print(f"\n## past saturation ({rate} req/s): slo vs fcfs" + (" and vllm" if vllm else "")
+          + (f", medians of {repeats} repeats [single repeats that agree]" if repeats > 1 else ""))
     for seed in seeds:
-        f, s = results["pacer fcfs", rate, seed], results["pacer slo", rate, seed]
-        fo, so = f["overall"], s["overall"]
-        tput = so["output_tok_s"] / fo["output_tok_s"] if fo["output_tok_s"] else float("nan")
-        line = [f"seed {seed}: throughput {tput:.2f}x fcfs (>= 0.95: {'yes' if tput >= 0.95 else 'NO'})",
-                f"goodput {so['goodput_req_s']:.3f} vs fcfs {fo['goodput_req_s']:.3f} "
-                f"({'yes' if so['goodput_req_s'] >= fo['goodput_req_s'] else 'NO'})"]
-        if vllm:
-            vo = results["vllm serve", rate, seed]["overall"]
-            line.append(f"vs vllm {vo['goodput_req_s']:.3f} ({'yes' if so['goodput_req_s'] >= vo['goodput_req_s'] else 'NO'})")
-        fc, sc = f.get("chat", {}), s.get("chat", {})
-        if fc.get("ttft_p50") and sc.get("ttft_p50") is not None:
-            ok = sc["ttft_p50"] <= 1.1 * fc["ttft_p50"]
-            line.append(f"chat ttft p50 {sc['ttft_p50']:.2f}s vs {fc['ttft_p50']:.2f}s ({'yes' if ok else 'NO'})")
-        if fo.get("itl_p99") and so.get("itl_p99") is not None:
-            ok = so["itl_p99"] < fo["itl_p99"]
-            line.append(f"itl p99 {so['itl_p99'] * 1e3:.0f} vs {fo['itl_p99'] * 1e3:.0f} ms ({'yes' if ok else 'NO'})")
-        print("; ".join(line))
+        runs = {name: results[name, rate, seed] for name in ("pacer fcfs", "pacer slo", "vllm serve") if vllm or
+                name != "vllm serve"}
+        med = checks(*(median_summary(runs[n]) for n in ("pacer fcfs", "pacer slo")),
+                     median_summary(runs["vllm serve"]) if vllm else None)
+        singles = [checks(runs["pacer fcfs"][i], runs["pacer slo"][i], runs["vllm serve"][i] if vllm else None)
+                   for i in range(repeats)]
+        line = []
+        for key, (text, ok) in med.items():
+            agree = sum(1 for one in singles if key in one and one[key][1] == ok)
+            line.append(f"{text}{'yes' if ok else 'NO'})" + (f" [{agree}/{repeats}]" if repeats > 1 else ""))
+        print(f"seed {seed}: " + "; ".join(line))
 
 
 if __name__ == "__main__":
