@@ -9,10 +9,10 @@ and before its segment fills and forward; the segment is stored again at its old
 until the step's copies are handed out, so nothing evicts it before they run.
 
 A segment's blocks are a chain of host entries rooted at its fingerprint (owner namespace and
-tokens) and stored position, the last one partial; the chain's keys and the segment's stored position are kept here.
-They are kept in host memory only (`transient`): the disk tier neither writes nor publishes them,
-since a restart could not place a chain without this index. A segment whose chain lost a block to
-the host tier's own eviction is forgotten at its next look-up.
+tokens) and stored position, the last one partial; the chain's keys and the stored position are
+kept here. They live in host memory only (`transient`): the disk tier neither writes nor publishes
+them, since a restart could not place a chain without this index. A segment whose chain lost a
+block to the host tier's own eviction is forgotten at its next look-up.
 """
 
 from __future__ import annotations
