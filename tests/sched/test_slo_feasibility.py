@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
-from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, REGIME_HOLD_S, FeasibilityTracker
+from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, REGIME_HOLD_S, TTFT_DRAIN, FeasibilityTracker
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.slo_policy import BACKLOG_RATE_SHARE, DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
@@ -43,7 +43,7 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
     now = 100.0
     decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
     head = Request("head", [7] * head_len, PARAMS, arrival_time=now, slo=Slo(ttft=10.0))
-    budget = policy.prefill_budget(decodes, head, tokens_left, now, None if need is None else lambda: need)
+    budget = policy.prefill_budget(decodes, head, tokens_left, now, None if need is None else lambda share: need)
     shape = StepShape()
     for r in decodes:
         shape = shape.with_decode(r.num_tokens)
@@ -62,6 +62,31 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
             assert (n - 1) / cost.predict_step_s(shape.with_chunk(n - 1, 0)) < DRAIN_SAFETY * need
     else:
         assert policy.feasibility.regime == FEASIBLE
+
+
+@pytest.mark.parametrize("ttft_s", [8.0, 3.0])
+def test_the_arrival_limit_yields_only_to_the_need_at_the_deadlines_themselves(ttft_s: float) -> None:
+    """A lone 1,898-token prompt (as past saturation on the AVX2 stand-in, where the old rule ran it
+    as one 2.6 s step that a chat arriving meanwhile waited out) is chunked within the arrival
+    limit while that limit's prefill rate meets its deadline (8 s); a tighter deadline (3 s) still
+    takes what it needs."""
+    cost = FixedCostModel(0.1, 1 / 716)
+    policy = SloPolicy(cost, 4096, 512, arrival_ttft_s=1.0)
+    now = 100.0
+    batch = Request("b", [1] * 200, PARAMS, arrival_time=0.0, slo=Slo(e2e=120.0))
+    batch.num_computed_tokens = 200
+    batch.output_token_ids.append(1)
+    head = Request("rag", [7] * 1898, PARAMS, arrival_time=now, slo=Slo(ttft=ttft_s))
+    budget = policy.prefill_budget([batch], head, 2048, now, lambda share: 1898 / (share * ttft_s))
+    shape = StepShape().with_decode(batch.num_tokens)
+    n = budget.tokens
+    rate = n / cost.predict_step_s(shape.with_chunk(n, 0))
+    if ttft_s == 8.0:
+        assert budget.reason.startswith("arrival ttft") and cost.predict_step_s(shape.with_chunk(n, 0)) <= 0.5
+        assert rate >= 1898 / ttft_s
+    else:
+        assert budget.reason.startswith(TTFT_DRAIN) and n < 2048
+        assert rate >= 1898 / ttft_s and (n - 1) / cost.predict_step_s(shape.with_chunk(n - 1, 0)) < 1898 / ttft_s
 
 
 def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:

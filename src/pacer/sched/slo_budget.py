@@ -7,7 +7,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   TTFT configured, with a margin for prediction noise; never below MIN_PREFILL_TOKENS.
 - **Not below the queue's need** (`drain_need`, `_drain_tokens`): the share whose predicted
   prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need; when the
-  decodes alone exceed the limit (an unreachable ITL), that share alone, or fcfs's budget.
+  decodes alone exceed the limit (an unreachable ITL), that share alone, or fcfs's budget. The
+  arrival limit (no decode's ITL binds) yields only to the need at the deadlines themselves.
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -77,15 +78,18 @@ class SloBudget:
         head = partial[0] if partial else (waiting.peek() if waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
-                                     need=lambda: self.drain_need(partial, waiting, now))
+                                     need=lambda share: self.drain_need(partial, waiting, now, share))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
-                       now: float, need: Callable[[], float] | None = None) -> StepBudget:
+                       now: float, need: Callable[[float], float] | None = None) -> StepBudget:
         """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
-        queue's prefill need in tokens per second (`drain_need`), is the share's floor: an ITL
-        budget never starves the queue's TTFTs below it, and it sizes the infeasible regime's
-        share (None: no floor; fcfs's budget in that regime)."""
+        queue's prefill need in tokens per second (`drain_need`, given the share of each deadline
+        to aim for), is the share's floor: an ITL budget never starves the queue's TTFTs below it,
+        and it sizes the infeasible regime's share (None: no floor; fcfs's budget in that regime).
+        The arrival limit (no decode's ITL binds, only the tightest configured TTFT, for requests
+        not here yet) yields only to the need at the queue's own deadlines, without margins: a lone
+        long prompt with slack to spare is chunked, not run as one step every arrival waits for."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -102,7 +106,7 @@ class SloBudget:
             self.feasibility.observe(ITL_INFEASIBLE, detail, now)
             if need is None:
                 return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
-            rate = need()
+            rate = need(DRAIN_DEADLINE_SHARE)
             n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
             what = "throughput" if n == tokens_left else "drain"
             return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} ({what}: the queue needs {rate:.0f} tok/s)")
@@ -112,8 +116,9 @@ class SloBudget:
             return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
         n = self._largest_within(shape, start, floor, tokens_left, True, limit)
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
-            rate = need()
-            drain = self._drain_tokens(shape, start, tokens_left, rate)
+            by_itl = owner is not None
+            rate = need(DRAIN_DEADLINE_SHARE if by_itl else 1.0)
+            drain = self._drain_tokens(shape, start, tokens_left, rate, DRAIN_SAFETY if by_itl else 1.0)
             if drain > n:
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
         backlog = self._backlog_tokens(shape, start, tokens_left)
@@ -134,11 +139,12 @@ class SloBudget:
         return self._drain_tokens(shape, start, min(tokens_left, max(self._backlog, MIN_PREFILL_TOKENS)),
                                   BACKLOG_RATE_SHARE * best / DRAIN_SAFETY)
 
-    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
+    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float,
+                      safety: float = DRAIN_SAFETY) -> int:
         """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
-        of the step they make, covers DRAIN_SAFETY x `need`; `tokens_left` when none does."""
+        of the step they make, covers `safety` x `need`; `tokens_left` when none does."""
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        want = DRAIN_SAFETY * need
+        want = safety * need
         predict = self.cost_model.predict_step_s
 
         def rate(n: int) -> float:
@@ -155,11 +161,12 @@ class SloBudget:
                 lo = mid + 1
         return lo
 
-    def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float) -> float:
+    def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
+                   share: float = DRAIN_DEADLINE_SHARE) -> float:
         """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
         tokens plus the highest, over the waiting and partial requests that can still make their
-        TTFT (slack order), of the tokens up to and including each over DRAIN_DEADLINE_SHARE of
-        the time to its deadline."""
+        TTFT (slack order), of the tokens up to and including each over `share` of the time to
+        its deadline."""
         worst, tokens = 0.0, 0
         # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
         for r in heapq.merge(partial, waiting, key=self.latest_start):
@@ -170,7 +177,7 @@ class SloBudget:
             if left <= 0 or self.latest_start(r) < now:
                 continue   # hopeless: it goes behind, the rate cannot save it
             tokens += r.num_tokens - r.num_computed_tokens
-            worst = max(worst, tokens / (DRAIN_DEADLINE_SHARE * left))
+            worst = max(worst, tokens / (share * left))
         return worst + self.flow.arrival_rate(now)
 
     def chunk_fitter(self, limit: float | None, now: float) -> ChunkFit:
