@@ -8,7 +8,7 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 - **Not below the queue's need** (`drain_need`, `_drain_tokens`): the share whose predicted
   prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need; when the
   decodes alone exceed the limit (an unreachable ITL), that share alone, or fcfs's budget. The
-  arrival limit (no decode's ITL binds) yields only to the need at the deadlines themselves.
+  arrival limit (no decode's ITL binds) yields only to the need over the whole time left.
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -88,8 +88,9 @@ class SloBudget:
         to aim for), is the share's floor: an ITL budget never starves the queue's TTFTs below it,
         and it sizes the infeasible regime's share (None: no floor; fcfs's budget in that regime).
         The arrival limit (no decode's ITL binds, only the tightest configured TTFT, for requests
-        not here yet) yields only to the need at the queue's own deadlines, without margins: a lone
-        long prompt with slack to spare is chunked, not run as one step every arrival waits for."""
+        not here yet) yields only to the need over each prompt's whole time left, not half of it:
+        a lone long prompt with slack to spare is chunked, not run as one step every arrival
+        waits for."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -116,9 +117,8 @@ class SloBudget:
             return StepBudget(tokens_left, f"max_num_batched_tokens ({reason} allows more)", limit)
         n = self._largest_within(shape, start, floor, tokens_left, True, limit)
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
-            by_itl = owner is not None
-            rate = need(DRAIN_DEADLINE_SHARE if by_itl else 1.0)
-            drain = self._drain_tokens(shape, start, tokens_left, rate, DRAIN_SAFETY if by_itl else 1.0)
+            rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
+            drain = self._drain_tokens(shape, start, tokens_left, rate)
             if drain > n:
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
         backlog = self._backlog_tokens(shape, start, tokens_left)
@@ -139,12 +139,11 @@ class SloBudget:
         return self._drain_tokens(shape, start, min(tokens_left, max(self._backlog, MIN_PREFILL_TOKENS)),
                                   BACKLOG_RATE_SHARE * best / DRAIN_SAFETY)
 
-    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float,
-                      safety: float = DRAIN_SAFETY) -> int:
+    def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
         """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
-        of the step they make, covers `safety` x `need`; `tokens_left` when none does."""
+        of the step they make, covers DRAIN_SAFETY x `need`; `tokens_left` when none does."""
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        want = safety * need
+        want = DRAIN_SAFETY * need
         predict = self.cost_model.predict_step_s
 
         def rate(n: int) -> float:
