@@ -65,7 +65,7 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
 
 
 @pytest.mark.parametrize("ttft_s", [8.0, 3.0])
-def test_the_arrival_limit_yields_only_to_the_need_at_the_deadlines_themselves(ttft_s: float) -> None:
+def test_the_arrival_limit_yields_only_to_the_need_over_the_whole_time_left(ttft_s: float) -> None:
     """A lone 1,898-token prompt (as past saturation on the AVX2 stand-in, where the old rule ran it
     as one 2.6 s step that a chat arriving meanwhile waited out) is chunked within the arrival
     limit while that limit's prefill rate covers its need over its whole time left (8 s); a
