@@ -30,7 +30,6 @@ it when it commits its hit, counting the tokens the window kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pacer.kv.block_pool import BlockPool, kept_blocks
@@ -38,7 +37,7 @@ from pacer.kv.checks import check_kv_invariants
 from pacer.kv.interface import PrefixCacheProtocol, PrefixOffloadProtocol
 from pacer.kv.null_cache import NullPrefixCache
 from pacer.kv.prefix_cache import PrefixCache, PrefixMatch
-from pacer.kv.prefix_slots import PrefixHit, PrefixSlots
+from pacer.kv.prefix_slots import KVStats, PrefixHit, PrefixSlots
 from pacer.kv.retention import SessionRetention
 from pacer.kv.segment_slots import SegmentSlots
 from pacer.kv.segment_store import SegmentStore
@@ -53,21 +52,6 @@ if TYPE_CHECKING:
     from pacer.config import CacheConfig
 
 __all__ = ["KVCacheManager", "KVStats", "PrefixHit", "OTHER_TENANTS"]
-
-
-@dataclass(slots=True)
-class KVStats:
-    """Engine-level counters (monotonic); `Engine.snapshot()` exports them."""
-
-    queried_tokens: int = 0       # tokens looked up in the prefix cache at admission
-    hit_tokens: int = 0           # of those, served from the cache
-    evicted_blocks: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "quota": 0,
-                                                                 "release": 0})
-    swap_out_requests: int = 0
-    swap_out_blocks: int = 0
-    swap_in_requests: int = 0
-    swap_in_blocks: int = 0
-    swap_fallbacks: int = 0       # swap preemptions that had to recompute (tier full)
 
 
 class KVCacheManager(PrefixSlots, SegmentSlots):

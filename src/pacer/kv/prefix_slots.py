@@ -11,7 +11,7 @@ cache adopted (one ref each), eviction drops the cache's ref (`_release`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pacer.kv.block_pool import BlockPool
@@ -24,10 +24,7 @@ from pacer.kv.tenancy import TenantSpaces
 from pacer.kv.tiers.swap import CpuSwapTier
 from pacer.request import FinishReason, Request, TokenPrefix
 
-if TYPE_CHECKING:
-    from pacer.kv.manager import KVStats
-
-__all__ = ["PrefixHit", "PrefixSlots"]
+__all__ = ["KVStats", "PrefixHit", "PrefixSlots"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +38,21 @@ class PrefixHit:
     num_queried_tokens: int    # the request's tokens looked up (counted when committed; 0 without a cache)
     promoted: tuple[tuple[int, int], ...] = ()   # host-tier blocks continuing `match`: (chain key, host slot)
 
+
+
+@dataclass(slots=True)
+class KVStats:
+    """Engine-level counters (monotonic); `Engine.snapshot()` exports them."""
+
+    queried_tokens: int = 0       # tokens looked up in the prefix cache at admission
+    hit_tokens: int = 0           # of those, served from the cache
+    evicted_blocks: dict[str, int] = field(default_factory=lambda: {"capacity": 0, "ttl": 0, "quota": 0,
+                                                                 "release": 0})
+    swap_out_requests: int = 0
+    swap_out_blocks: int = 0
+    swap_in_requests: int = 0
+    swap_in_blocks: int = 0
+    swap_fallbacks: int = 0       # swap preemptions that had to recompute (tier full)
 
 
 class PrefixSlots:
