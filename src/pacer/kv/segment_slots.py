@@ -45,8 +45,10 @@ class SegmentSlots:
         if found is not None or self.segment_offload is None:
             return found
         demoted = self.segment_offload.find(token_ids, self._owners(req))
-        blocks = self._store_blocks(len(token_ids)) if demoted is not None else None
-        return None if blocks is None or demoted is None else self.segment_offload.promote(*demoted, blocks)
+        if demoted is None:
+            return None
+        blocks = self._store_blocks(len(token_ids))
+        return None if blocks is None else self.segment_offload.promote(*demoted, blocks)
 
     def _store_blocks(self, num_tokens: int) -> list[int] | None:
         """Blocks for a segment of `num_tokens` tokens from the free list or the prefix cache's
