@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pacer.kv.events import MEDIUM_SEGMENT, BlockRemovedEvent, BlockStoredEvent
@@ -43,6 +43,9 @@ def _arrivals(requests: list[tuple[Any, ...]]) -> list[Arrival]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# a segment evicted before its save ran held no KV: demoting it copied nothing into the host tier
+@example(requests=[(0, "A", [1] * 9, 2, [1], 2, None), (0, "A", [1], 2, [1], 1, None)], num_blocks=14,
+         recompute=0.0, mode="recompute", chunk=8, ttl=None, host=True)
 @given(requests=st.lists(request_strategy, min_size=2, max_size=10), num_blocks=st.integers(14, 40),
        recompute=st.sampled_from([0.0, 0.25, 1.0]), mode=st.sampled_from(["recompute", "swap"]),
        chunk=st.sampled_from([8, 64]), ttl=st.sampled_from([None, 0.05]), host=st.booleans())

@@ -59,7 +59,8 @@ def test_the_host_tier_series_count_demotions_and_promotions() -> None:
     eng, _ = make_engine(num_blocks=24, block_size=4, max_len=80, segment_reuse="approximate",
                          segment_recompute=0.25, kv_offloading_size=1.0, num_cpu_blocks=32)
     seg = list(range(500, 532))
-    _run(eng, list(range(100, 108)) + seg + [7], [(8, 32)])             # stores it
+    _run(eng, list(range(100, 108)) + seg + [7], [(8, 32)])             # stores it (its save runs next step)
+    _run(eng, [900, 901, 902], None)                                  # that step: the store holds its KV
     _run(eng, list(range(300, 372)), None)                            # evicts it: demoted
     got = _series(eng)
     assert got["segment_store_demotions_total"] == 1 and got["segment_store_promotions_total"] == 0

@@ -80,7 +80,7 @@ class SegmentSlots:
         blocks = self._store_blocks(num_tokens)
         if blocks is None:
             return None
-        store.adopt(owner, tokens, blocks, start)
+        store.await_save(store.adopt(owner, tokens, blocks, start))
         return SegmentCopy(token_slots(table, start, num_tokens, bs), token_slots(blocks, 0, num_tokens, bs), 0)
 
     def fill_segment(self, req: Request, entry: SegmentEntry, offset: int, num_tokens: int) -> SegmentCopy:

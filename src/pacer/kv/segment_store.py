@@ -61,6 +61,7 @@ class SegmentEntry:
     num_reuses: int = 0
     last_used: float = field(default=0.0)
     hashes: tuple[int, ...] = ()   # its whole blocks' identities in KV events (when the engine publishes them)
+    written: bool = True           # False from a store until the step carrying its save copy is handed out
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +111,7 @@ class SegmentStore:
         self.stats = SegmentStats()
         self.events: BlockEventLog | None = None   # KV events (medium SEGMENT), when the engine publishes them
         self.on_drop: Callable[[SegmentEntry], None] | None = None   # the host tier's demotion, when there is one
+        self._unwritten: list[SegmentEntry] = []   # stored, their save copies not handed to an executor yet
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -154,6 +156,17 @@ class SegmentStore:
         if self.events is not None:
             self._record_stored(entry)
         return entry
+
+    def await_save(self, entry: SegmentEntry) -> None:
+        """`entry`'s KV is copied in by a save the next step runs: until then it holds nothing to demote."""
+        entry.written = False
+        self._unwritten.append(entry)
+
+    def saves_taken(self) -> None:
+        """The queued save copies went into a step (they run before anything later reads the blocks)."""
+        for entry in self._unwritten:
+            entry.written = True
+        self._unwritten.clear()
 
     def record_events(self, log: BlockEventLog | None) -> None:
         """Report stores and removals to `log` from now on (None: stop); the segments stored

@@ -206,4 +206,5 @@ class SegmentPlanner:
         if not self._saves and not self._fills:
             return [], []
         saves, self._saves = self._saves, []
+        self.kv.segments.saves_taken()
         return saves, [copy for copy, _, _, _ in self._fills.values()]

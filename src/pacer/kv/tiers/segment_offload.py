@@ -52,7 +52,10 @@ class SegmentOffload:
 
     def _on_drop(self, entry: SegmentEntry) -> None:
         """The store dropped `entry`: copy the blocks the host tier lacks (a segment promoted
-        earlier may still be whole there: no copy) and remember the chain when all of it is kept."""
+        earlier may still be whole there: no copy) and remember the chain when all of it is kept. A
+        segment whose save has not run yet holds no KV: there is nothing to keep."""
+        if not entry.written:
+            return
         tenant = entry.owner.partition(SALT_SEPARATOR)[0]
         # rooted at the fingerprint and the stored position: a segment computed again elsewhere
         # (after its host copy was made) is another chain, never mistaken for the one kept here
