@@ -88,6 +88,51 @@ def test_the_arrival_limit_yields_only_to_the_need_over_the_whole_time_left(ttft
         assert budget.reason.startswith(TTFT_DRAIN) and n == 2048
 
 
+@settings(max_examples=60, deadline=None)
+@given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), per_pair=st.floats(0.0, 2e-6),
+       num_decodes=st.integers(0, 16), start=st.integers(0, 4000), tokens_left=st.integers(1, 2048),
+       need=st.floats(0.0, 1e5))
+def test_the_drain_takes_the_fewest_tokens_that_cover_the_need_or_the_best_rate_when_none_do(
+        per_step: float, per_token: float, per_pair: float, num_decodes: int, start: int,
+        tokens_left: int, need: float) -> None:
+    """With attention priced (a chunk's cost grows with its length squared), the prefill rate
+    rises with the chunk and then falls: the drain is the fewest tokens whose rate covers
+    DRAIN_SAFETY x the need, or, when no chunk's does, the chunk with the best rate (checked
+    against every size), not the whole budget."""
+    cost = FixedCostModel(per_step, per_token, per_pair)
+    policy = SloPolicy(cost, 4096, 512)
+    shape = StepShape()
+    for i in range(num_decodes):
+        shape = shape.with_decode(100 + i)
+    n = policy._drain_tokens(shape, start, tokens_left, need)
+    floor = min(tokens_left, MIN_PREFILL_TOKENS)
+
+    def rate(m: int) -> float:
+        return m / cost.predict_step_s(shape.with_chunk(m, start))
+
+    assert floor <= n <= tokens_left
+    want = DRAIN_SAFETY * need
+    rates = [rate(m) for m in range(floor, tokens_left + 1)]
+    if max(rates) >= want:
+        assert rate(n) >= want * (1 - 1e-9)
+        assert n == floor or rate(n - 1) < want
+    else:
+        assert rate(n) >= max(rates) * (1 - 1e-9)
+
+
+def test_a_drain_no_chunk_can_cover_runs_the_best_rate_chunk_not_the_whole_budget() -> None:
+    """A 2,048-token chunk of a small model on a CPU runs slower per token than a 500-token one
+    (its attention); a queue that needs more than any chunk gives is drained at the best rate,
+    in steps a quarter as long, instead of one 2.7 s step every arrival waits out."""
+    cost = FixedCostModel(0.05, 1 / 1500, 6e-7)   # 2,048 tokens: 2.7 s, as measured
+    policy = SloPolicy(cost, 4096, 512)
+    n = policy._drain_tokens(StepShape(), 0, 2048, 10_000.0)
+    best = max(range(16, 2049), key=lambda m: m / cost.predict_step_s(StepShape().with_chunk(m, 0)))
+    assert abs(n - best) <= 1 and n < 2048 // 4
+    rate = n / cost.predict_step_s(StepShape().with_chunk(n, 0))
+    assert rate > 1.3 * 2048 / cost.predict_step_s(StepShape().with_chunk(2048, 0))
+
+
 def test_the_drain_need_counts_arrivals_and_the_deadlines_ahead() -> None:
     """Two waiting prompts of 1,000 tokens with 2 s and 10 s left: the first needs 1,000 tok/s to be
     done in half its time, both together 400; 3,000 prompt tokens arrived over the last 10 s add 300."""
