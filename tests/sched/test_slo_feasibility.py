@@ -233,3 +233,36 @@ def test_a_regime_is_left_only_after_the_hold_without_it() -> None:
              [(0.0, "ttft infeasible"), (0.5, FEASIBLE), (1.0, "ttft infeasible"), (3.0, FEASIBLE),
               (5.9, FEASIBLE), (6.1, FEASIBLE), (6.2, "ttft infeasible")]]
     assert flips == [True, False, False, False, False, True, True] and tracker.num_flips == 3
+
+
+@pytest.mark.parametrize("bound_by", ["itl", "arrival"])
+def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arrival_limit_the_fewest_tokens(
+        bound_by: str) -> None:
+    """A queue that needs more prefill than the step's limit allows: past a decode's ITL budget the
+    step misses that target however long it is (a stream's ITL is judged on its p99 gap: the count
+    of such steps costs), so it takes the whole budget; held only by the limit for arrivals (no
+    decode's target at stake) it takes the fewest tokens that cover the need, a short step
+    arrivals wait out."""
+    cost = FixedCostModel(0.05, 1 / 1500, 6e-7)
+    now = 100.0
+    if bound_by == "itl":
+        policy = SloPolicy(cost, 4096, 512)
+        decodes = [_decoding(0, 300, 0.2, now)]
+    else:
+        policy = SloPolicy(cost, 4096, 512, arrival_ttft_s=0.4)
+        decodes = []
+    head = Request("rag", [7] * 1898, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
+    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 840.0)
+    assert budget.reason.startswith(TTFT_DRAIN), budget
+    shape = StepShape()
+    for r in decodes:
+        shape = shape.with_decode(r.num_tokens)
+
+    def rate(m: int) -> float:
+        return m / cost.predict_step_s(shape.with_chunk(m, 0))
+
+    if bound_by == "itl":
+        assert budget.tokens == 2048
+    else:
+        n = budget.tokens
+        assert n < 1024 and rate(n) >= DRAIN_SAFETY * 840.0 > rate(n - 1)

@@ -5,10 +5,12 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 - **By ITL** (`prefill_budget`): the most prefill tokens that keep the predicted step within the
   tightest inter-token target among the step's decodes, and within ARRIVAL_SHARE of the tightest
   TTFT configured, with a margin for prediction noise; never below MIN_PREFILL_TOKENS.
-- **Not below the queue's need** (`drain_need`, `_drain_tokens`): the share whose predicted
-  prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need; when the
-  decodes alone exceed the limit (an unreachable ITL), that share alone, or fcfs's budget. The
-  arrival limit (no decode's ITL binds) yields only to the need over the whole time left.
+- **Not below the queue's need** (`drain_need`, `_drain_tokens`): the fewest tokens whose
+  predicted prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need,
+  or the chunk with the best rate when none does (the rate falls past a peak: attention); when
+  the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
+  (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
+  budget yields to the need with the whole budget (one missed gap, made the most of).
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -90,7 +92,10 @@ class SloBudget:
         The arrival limit (no decode's ITL binds, only the tightest configured TTFT, for requests
         not here yet) yields only to the need over each prompt's whole time left, not half of it:
         a lone long prompt with slack to spare is chunked, not run as one step every arrival
-        waits for."""
+        waits for, and the drain that overrides it is the fewest tokens that cover the need (or
+        the best-rate chunk). A drain past a decode's ITL budget misses that target however long
+        the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
+        such steps costs, not their length: the step takes the whole budget."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -119,6 +124,8 @@ class SloBudget:
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
             if drain > n:
+                if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
+                    drain = tokens_left
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
         backlog = self._backlog_tokens(shape, start, tokens_left)
         if backlog > n:
