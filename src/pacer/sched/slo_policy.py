@@ -53,12 +53,13 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   smallest prefill share whose predicted prefill rate (tokens per second of step) meets the
   queue's need: the recent arrival rate of prompt tokens plus, for every waiting or partial
   request in slack order that can still make it, the tokens up to it over half the time left
-  to its TTFT deadline (`drain_need`: step times are noisy, so aim early), never below MIN_PREFILL_TOKENS; fcfs's budget when no share
-  meets it. So the queue drains as fast as fcfs would drain it whenever that is needed, and
-  otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
+  to its TTFT deadline (`drain_need`: step times are noisy, so aim early), never below MIN_PREFILL_TOKENS; the best-rate chunk when no
+  share meets it. So the queue drains as fast as a step can drain it whenever that is needed,
+  and otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
   change is logged once. The same need is the floor of a feasible ITL budget: an ITL target
   never starves the queue's TTFTs (`budget_reason` "ttft drain: ..."), since a missed TTFT
-  fails a request whole and a long step only stretches one gap.
+  fails a request whole and a long step only stretches one gap (so such a step takes the
+  whole budget: one missed gap, made the most of).
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
