@@ -150,7 +150,7 @@ class SloBudget:
         of the step they make, covers DRAIN_SAFETY x `need`; when none does, the chunk with the
         best rate (`_best_rate_tokens`), which is not the whole budget where a long chunk's
         attention costs more than the step's fixed cost it shares (a small model on a CPU: a
-        2,048-token chunk ran at 0.6x a 512-token chunk's rate)."""
+        2,048-token chunk ran at 0.6-0.8x a 524-token chunk's rate)."""
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
         want = DRAIN_SAFETY * need
         predict = self.cost_model.predict_step_s
