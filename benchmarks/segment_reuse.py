@@ -11,7 +11,7 @@ KL(full || mode) of the next-token distribution over them, and the change in the
 continuation's mean log-likelihood.
 
     PYTHONPATH=src python benchmarks/segment_reuse.py [--sessions 5] [--tools 300,700,1400]
-        [--recompute 0,auto,0.15,0.3] [--threads 1] [--repeats 2] [--skip-quality]
+        [--recompute 0,auto,0.15,0.3] [--threads 1] [--repeats 2] [--skip-quality] [--quantization auto|none]
 
 Numbers depend on the machine and its load (printed); nothing here asserts.
 """
@@ -87,7 +87,7 @@ class LogitCapture:
 
 def make_llm(args: argparse.Namespace, **kw: Any) -> LLM:
     torch.set_num_threads(args.threads)
-    llm = LLM(num_kv_blocks=args.kv_blocks, **kw)
+    llm = LLM(num_kv_blocks=args.kv_blocks, quantization=args.quantization, **kw)
     llm.generate("Warm up the kernels with a short prompt about the weather.", SamplingParams(max_tokens=4))
     llm.engine.kv.reset_prefix_cache()
     return llm
@@ -181,9 +181,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="TTFT passes over the workload, from empty caches")
     ap.add_argument("--skip-quality", action="store_true", help="TTFT only")
+    ap.add_argument("--quantization", default="auto",
+                    help="the weights every engine runs (auto: the GGUF packed, int8 activations; none: float32)")
     args = ap.parse_args()
-    print(f"cpu flags: {cpu_flag_line()}; torch threads {args.threads}; load average {loadavg()} (start)")
-    probe = LLM(num_kv_blocks=64)
+    print(f"cpu flags: {cpu_flag_line()}; torch threads {args.threads}; quantization {args.quantization}; "
+          f"load average {loadavg()} (start)")
+    probe = LLM(num_kv_blocks=64, quantization=args.quantization)
     prompts = build_prompts(probe, args.sessions, [int(x) for x in args.tools.split(",")], args.seed)
     probe.close()
     lens = [len(ids) for ids, _ in prompts]
