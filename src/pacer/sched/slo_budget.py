@@ -142,8 +142,8 @@ class SloBudget:
             return 0
         cap = min(tokens_left, max(self._backlog, MIN_PREFILL_TOKENS))
         peak = self._best_rate_tokens(shape, start, MIN_PREFILL_TOKENS, cap)
-        best = peak / self.cost_model.predict_step_s(shape.with_chunk(peak, start))
-        return self._drain_tokens(shape, start, cap, BACKLOG_RATE_SHARE * best / DRAIN_SAFETY)
+        best = self._chunk_rate(shape, start, peak)
+        return self._fewest_at_rate(shape, start, MIN_PREFILL_TOKENS, peak, BACKLOG_RATE_SHARE * best)
 
     def _drain_tokens(self, shape: StepShape, start: int, tokens_left: int, need: float) -> int:
         """The fewest prefill tokens (at least the floor) whose predicted rate, tokens per second
@@ -152,23 +152,26 @@ class SloBudget:
         attention costs more than the step's fixed cost it shares (a small model on a CPU: a
         2,048-token chunk ran at 0.6-0.8x a 524-token chunk's rate)."""
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
-        want = DRAIN_SAFETY * need
-        predict = self.cost_model.predict_step_s
-
-        def rate(n: int) -> float:
-            return n / predict(shape.with_chunk(n, start))
-
         if floor >= tokens_left:
             return tokens_left
+        want = DRAIN_SAFETY * need
         hi = tokens_left
-        if rate(hi) < want:     # the rate rises, then may fall: search below its peak
+        if self._chunk_rate(shape, start, hi) < want:     # the rate rises, then may fall: search below its peak
             hi = self._best_rate_tokens(shape, start, floor, tokens_left)
-            if rate(hi) < want:
+            if self._chunk_rate(shape, start, hi) < want:
                 return hi
-        lo = floor
-        while lo < hi:   # the rate rises up to hi: the fewest tokens that cover the need
+        return self._fewest_at_rate(shape, start, floor, hi, want)
+
+    def _chunk_rate(self, shape: StepShape, start: int, n: int) -> float:
+        """Predicted prefill tokens per second of the step `shape` plus a chunk of `n` from `start`."""
+        return n / self.cost_model.predict_step_s(shape.with_chunk(n, start))
+
+    def _fewest_at_rate(self, shape: StepShape, start: int, lo: int, hi: int, want: float) -> int:
+        """The fewest tokens in [lo, hi] whose rate is at least `want`, given that hi's is and that
+        the rate rises up to hi (hi at or below the rate's peak, or within the span that covers)."""
+        while lo < hi:
             mid = (lo + hi) // 2
-            if rate(mid) >= want:
+            if self._chunk_rate(shape, start, mid) >= want:
                 hi = mid
             else:
                 lo = mid + 1
