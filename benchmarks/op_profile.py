@@ -72,7 +72,7 @@ def measure(workload: str, threads: int) -> dict[str, Any]:
             table["lm_head" if self is lm_head else "linear"] += time.perf_counter() - t
     linear_mod.Linear.__call__ = linear_call   # type: ignore[method-assign]
     llama_mod.paged_attention = _timed(table, "attention", llama_mod.paged_attention)
-    for name, part in (("_qkv_rope_write", "rope+kv write"), ("_add_norm", "norm"), ("_silu_mul", "silu_and_mul")):
+    for name, part in (("_qkv_rope_write", "rope+kv write"), ("_add_norm", "norm"), ("_act_mul", "silu_and_mul")):
         setattr(model, name, _timed(table, part, getattr(model, name)))
     sampler_mod.Sampler.sample = _timed(table, "sampler", sampler_mod.Sampler.sample)   # type: ignore[method-assign]
     forward = model.forward

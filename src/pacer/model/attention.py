@@ -11,6 +11,9 @@ With a quantized cache (`kv_cache_dtype` int8 / fp8, kv_quant.py) keys and value
 quantised as they are written and dequantised as they are read, by the C++ kernels in
 registers and here with the same arithmetic; every chunk then reads its keys from the cache,
 so both paths see the same numbers.
+
+A sliding-window layer (`window` > 0, Gemma 3) lets each query see only its `window` latest keys,
+itself included (HF's and llama.cpp's rule); only the torch path runs it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class AttentionMetadata:
     prefills: list[PrefillSeq]
     # C++ path: (q_starts, q_lens, start_positions, padded block tables) of `prefills`, one row each
     prefill_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # torch path, sliding layers: `single_mask` narrowed to the window, built by the first such layer
+    single_window_mask: tuple[int, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +120,14 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, fmt: KVFormat | None
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     kernel: Any = None, fmt: KVFormat | None = None,
-                    kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+                    kv_scales: tuple[float, float] = (1.0, 1.0), window: int = 0) -> torch.Tensor:
     """q [T, n_heads, d]; k, v [T, n_kv, d] (already written to the cache). Returns [T, n_heads, d].
 
     `kernel`: the compiled module of `kernels.py`, or None for the torch reference path;
-    `fmt` / `kv_scales`: the cache's format and this layer's (k, v) scales."""
+    `fmt` / `kv_scales`: the cache's format and this layer's (k, v) scales; `window`: the layer's
+    sliding window (0: none; the torch path only)."""
+    if window and kernel is not None:
+        raise ValueError("the C++ attention kernels have no sliding window: run this model on the torch path")
     out = torch.empty_like(q)
     n_single = meta.num_single
     if n_single and kernel is not None:
@@ -127,11 +135,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         kernel.paged_decode_attention(out[:n_single], q[:n_single], k_cache, v_cache,
                                       meta.single_block_tables, meta.single_context_lens, scale, *kv_scales)
     elif n_single:
-        _single_rows(out, q, k_cache, v_cache, meta, scale, fmt, kv_scales)
+        _single_rows(out, q, k_cache, v_cache, meta, scale, fmt, kv_scales, window)
     if meta.prefills and kernel is not None and meta.prefill_batch is not None:
         kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, *kv_scales)
     elif meta.prefills:
-        _prefill_rows(out, q, k, v, k_cache, v_cache, meta.prefills, scale, fmt, kv_scales)
+        _prefill_rows(out, q, k, v, k_cache, v_cache, meta.prefills, scale, fmt, kv_scales, window)
     return out
 
 
@@ -142,24 +150,32 @@ def _compute_dtype(q: torch.Tensor, fmt: KVFormat | None) -> torch.dtype:
 
 def _single_rows(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata, scale: float, fmt: KVFormat | None,
-                 kv_scales: tuple[float, float]) -> None:
+                 kv_scales: tuple[float, float], window: int = 0) -> None:
     assert meta.single_block_tables is not None and meta.single_mask is not None
     n, cdt = meta.num_single, _compute_dtype(q, fmt)
+    mask = meta.single_mask
+    if window:
+        if meta.single_window_mask is None or meta.single_window_mask[0] != window:
+            assert meta.single_context_lens is not None
+            keys_at = torch.arange(mask.shape[-1], device=mask.device).unsqueeze(0)
+            newest = (keys_at >= meta.single_context_lens.unsqueeze(1) - window)[:, None, None, :]
+            meta.single_window_mask = (window, mask & newest)
+        mask = meta.single_window_mask[1]
     keys = _gather(k_cache, meta.single_block_tables, fmt, kv_scales[0], cdt).transpose(1, 2)   # [D, n_kv, S, d]
     vals = _gather(v_cache, meta.single_block_tables, fmt, kv_scales[1], cdt).transpose(1, 2)
     qs = q[:n].to(cdt).unsqueeze(2)                                               # [D, n_heads, 1, d]
-    o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=meta.single_mask, scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
     out[:n] = o.squeeze(2)
 
 
 def _prefill_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, prefills: list[PrefillSeq], scale: float, fmt: KVFormat | None,
-                  kv_scales: tuple[float, float]) -> None:
+                  kv_scales: tuple[float, float], window: int = 0) -> None:
     cdt = _compute_dtype(q, fmt)
     reads_cache = fmt is not None and fmt.quantized   # then its own keys too, as stored
     for p in prefills:
         qs = q[p.q_start:p.q_start + p.q_len].to(cdt).transpose(0, 1).unsqueeze(0)   # [1, H, L, d]
-        if p.start_pos == 0 and not reads_cache:
+        if p.start_pos == 0 and not reads_cache and not (window and p.q_len > window):
             ks = k[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             vs = v[p.q_start:p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
@@ -169,6 +185,9 @@ def _prefill_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
             ks = _gather(k_cache, p.block_table, fmt, kv_scales[0], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
             vs = _gather(v_cache, p.block_table, fmt, kv_scales[1], cdt)[:ctx].transpose(0, 1).unsqueeze(0)
             rows = torch.arange(p.q_len, device=q.device).unsqueeze(1) + p.start_pos
-            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
+            keys_at = torch.arange(ctx, device=q.device).unsqueeze(0)
+            mask = keys_at <= rows
+            if window:
+                mask &= keys_at > rows - window
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[p.q_start:p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)

@@ -20,9 +20,11 @@ __all__ = ["ModelArch", "Checkpoint", "as_token_ids", "expected_shapes", "check_
 
 @dataclass(frozen=True, slots=True)
 class ModelArch:
-    """Shape and conventions of a Llama-family decoder."""
+    """Shape and conventions of a Llama-family decoder (Gemma 3 is one with the fields after
+    `name` set: sandwich norms, GELU, scaled embeddings, sliding-window layers with their own
+    rope base)."""
 
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,6 +42,21 @@ class ModelArch:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     name: str
+    activation: str = "silu"  # of the gated MLP: "silu" | "gelu_tanh" (gemma)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size) (gemma)
+    sandwich_norms: bool = False  # a norm after attention and around the MLP too (gemma)
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included (0: none)
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend through the window
+    rope_local_theta: float = 0.0  # the sliding layers' rope base (0: rope_theta; never scaled)
+    attention_scale: float = 0.0  # softmax scale (0: head_dim ** -0.5)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_scale or self.head_dim ** -0.5
+
+    def window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: it attends to the whole context)."""
+        return self.sliding_window if layer in self.sliding_layers else 0
 
 
 @dataclass
@@ -85,6 +102,8 @@ def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (h, arch.intermediate_size),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }
+        if arch.sandwich_norms:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
         if arch.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}

@@ -74,7 +74,7 @@ class ModelExecutor:
             saved = torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).to("cpu")
             for i, (_, slot) in enumerate(out.swap_out):
                 self._cpu_blocks[slot] = saved[:, :, i].clone()
-        apply_segment_copies(self.kv_caches, out.segment_saves, self.kv_format, self.model.inv_freq)
+        apply_segment_copies(self.kv_caches, out.segment_saves, self.kv_format, self.model.layer_inv_freqs)
         if out.swap_in:
             idx = torch.tensor([d for _, d in out.swap_in], device=self.device)
             # a copy: the host slot keeps its KV (the offload tier may promote it again) until reused
@@ -82,7 +82,7 @@ class ModelExecutor:
             for layer, (k, v) in enumerate(self.kv_caches):
                 _as_copyable(k).index_copy_(0, idx, _as_copyable(blocks[layer, 0]))
                 _as_copyable(v).index_copy_(0, idx, _as_copyable(blocks[layer, 1]))
-        apply_segment_copies(self.kv_caches, out.segment_fills, self.kv_format, self.model.inv_freq)
+        apply_segment_copies(self.kv_caches, out.segment_fills, self.kv_format, self.model.layer_inv_freqs)
 
     def _sync_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_ids:

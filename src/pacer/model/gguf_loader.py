@@ -30,7 +30,7 @@ __all__ = ["load_gguf", "load_gguf_blocks"]
 
 logger = logging.getLogger(__name__)
 
-_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -42,6 +42,13 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+# Gemma's four norms per layer; llama.cpp's converter stores them with Gemma's +1 already added,
+# so they are plain RMSNorm weights here (HF's Gemma3RMSNorm adds the 1 at run time)
+_GEMMA_NORM_NAMES = {
+    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA3_SWA_PATTERN, _GEMMA3_LOCAL_ROPE_BASE = 6, 10000.0   # as llama.cpp sets them for gemma3
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ARCH_METADATA_KEY = "pacer.arch"
 
@@ -61,7 +68,7 @@ def load_gguf(path: Path, cache_dir: str | None = None) -> Checkpoint:
         reader = gguf.GGUFReader(str(path))
         arch = _arch_from_gguf(reader, path)
         tokenizer = Tokenizer.load(str(path), cache_dir=cache_dir, gguf_reader=reader)
-        tensors = {_hf_name(t.name, path): _dequantize(t) for t in reader.tensors}
+        tensors = {_hf_name(t.name, path, arch.arch): _dequantize(t) for t in reader.tensors}
         check_tensors(arch, tensors, str(path))
         if arch.arch == "llama":  # undo llama.cpp's interleaved-rope row order
             for i in range(arch.num_layers):
@@ -84,7 +91,7 @@ def load_gguf_blocks(path: Path, arch: ModelArch) -> dict[str, QuantWeight]:
     out: dict[str, QuantWeight] = {}
     for t in gguf.GGUFReader(str(path)).tensors:
         tied_head = t.name == "token_embd.weight" and arch.tie_word_embeddings
-        name = "lm_head.weight" if tied_head else _hf_name(t.name, path)
+        name = "lm_head.weight" if tied_head else _hf_name(t.name, path, arch.arch)
         if name not in wanted or t.tensor_type.name not in GGUF_BLOCK_TYPES:
             continue
         shape = (int(t.shape[1]), int(t.shape[0]))   # GGUF lists dims innermost first
@@ -126,28 +133,39 @@ def _arch_from_gguf(reader: Any, path: Path) -> ModelArch:
     scaling = ({"rope_type": "linear", "factor": float(_field(fields, f"{a}.rope.scaling.factor"))}
                if scaling_type == "linear" else None)
     eos = as_token_ids(*(_field(fields, f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")))
+    layers = int(_field(fields, f"{a}.block_count"))
+    gemma: dict[str, Any] = {}
+    if a == "gemma3":
+        gemma = dict(activation="gelu_tanh", scale_embeddings=True, sandwich_norms=True,
+                     sliding_window=int(_field(fields, f"{a}.attention.sliding_window")),
+                     sliding_layers=tuple(i for i in range(layers) if (i + 1) % _GEMMA3_SWA_PATTERN),
+                     rope_local_theta=_GEMMA3_LOCAL_ROPE_BASE,
+                     # llama.cpp's rule: the 27B (62 layers) scales by hidden / heads, the rest by head_dim
+                     attention_scale=(hidden / heads) ** -0.5 if layers == 62 else 0.0)
     return ModelArch(
         arch=a, vocab_size=int(shapes["token_embd.weight"][-1]), hidden_size=hidden,
         intermediate_size=int(_field(fields, f"{a}.feed_forward_length")),
-        num_layers=int(_field(fields, f"{a}.block_count")), num_heads=heads,
+        num_layers=layers, num_heads=heads,
         num_kv_heads=int(_field(fields, f"{a}.attention.head_count_kv", heads)), head_dim=head_dim,
         rms_norm_eps=float(_field(fields, f"{a}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(_field(fields, f"{a}.rope.freq_base", 10000.0)), rope_scaling=scaling,
         max_position_embeddings=int(_field(fields, f"{a}.context_length")),
-        tie_word_embeddings="output.weight" not in shapes, attention_bias=a == "qwen2", qk_norm=a == "qwen3",
+        tie_word_embeddings="output.weight" not in shapes, attention_bias=a == "qwen2",
+        qk_norm=a in ("qwen3", "gemma3"),
         bos_token_id=next(iter(as_token_ids(_field(fields, "tokenizer.ggml.bos_token_id", None))), None),
         eos_token_ids=eos,
-        name=str(_field(fields, "general.name", path.stem)),
+        name=str(_field(fields, "general.name", path.stem)), **gemma,
     )
 
 
-def _hf_name(gguf_name: str, path: Path) -> str:
+def _hf_name(gguf_name: str, path: Path, arch: str) -> str:
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     m = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _GGUF_LAYER_NAMES:
+    names = _GGUF_LAYER_NAMES | _GEMMA_NORM_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    if m is None or m.group(2) not in names:
         raise ValueError(f"{path.name}: unexpected GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def _dequantize(t: Any) -> torch.Tensor:
@@ -172,6 +190,7 @@ def _read_cache(path: Path) -> tuple[ModelArch, dict[str, torch.Tensor]] | None:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})[_ARCH_METADATA_KEY])
         meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
+        meta["sliding_layers"] = tuple(meta.get("sliding_layers", ()))
         return ModelArch(**meta), load_file(str(path))
     except (OSError, KeyError, TypeError, ValueError) as e:  # unreadable or stale: rebuild it
         logger.warning("ignoring GGUF cache %s: %s", path, e)

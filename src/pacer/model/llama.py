@@ -1,9 +1,13 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over packed batches.
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Gemma 3) over packed batches.
 
 One forward takes every scheduled token of the step — prefill chunks and decode tokens
 mixed — with their positions and a slot mapping into the paged KV cache. Projections are
 fused (qkv, gate+up) so each layer runs a handful of large matmuls for the whole batch.
 Only the rows that need a next token go through the final norm and the LM head.
+
+Gemma 3 is the same decoder with four norms a layer, a GELU MLP, scaled embeddings and five of
+every six layers attending through a sliding window with their own rope base; it runs on the
+torch path (the C++ kernels have no window and one rope table).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ Proj = Linear | QuantLinear
 __all__ = ["LlamaModel", "rope_inv_freq"]
 
 
-def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
-    """Inverse frequencies, with llama3 / linear scaling applied as HF transformers does."""
+def rope_inv_freq(arch: ModelArch, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies, with llama3 / linear scaling applied as HF transformers does.
+    `local`: the sliding layers' (their own base when the arch names one, never scaled)."""
     d = arch.head_dim
-    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = arch.rope_scaling or {}
+    theta = arch.rope_local_theta if local and arch.rope_local_theta else arch.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = {} if local else arch.rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind in ("default", None):
         return inv.float()
@@ -51,7 +57,8 @@ def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
 
 
 class _Layer:
-    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down", "q_norm", "k_norm")
+    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down", "q_norm", "k_norm", "pre_ffn_norm",
+                 "post_ffn_norm", "window", "rope")
 
     def __init__(self, t: dict[str, torch.Tensor], i: int, arch: ModelArch, dtype: torch.dtype,
                  device: torch.device, linear_backend: str, quantized: dict[str, QuantWeight],
@@ -80,6 +87,11 @@ class _Layer:
         self.down = proj(("mlp.down_proj",))
         self.q_norm = w("self_attn.q_norm.weight") if arch.qk_norm else None
         self.k_norm = w("self_attn.k_norm.weight") if arch.qk_norm else None
+        # sandwich norms (gemma): post_norm follows attention, these two wrap the MLP
+        self.pre_ffn_norm = w("pre_feedforward_layernorm.weight") if arch.sandwich_norms else None
+        self.post_ffn_norm = w("post_feedforward_layernorm.weight") if arch.sandwich_norms else None
+        self.window = arch.window(i)
+        self.rope = 1 if self.window and arch.rope_local_theta else 0   # index of its rope table
 
 
 class LlamaModel:
@@ -111,24 +123,37 @@ class LlamaModel:
         lin = next((x for x in (self.layers[0].qkv, self.lm_head) if isinstance(x, Linear)), None)
         self.linear_backend = lin.backend if lin is not None else "quantized"
         self.quantization = sorted({x.weight.fmt for x in self._projections() if isinstance(x, QuantLinear)})
-        self.scale = arch.head_dim ** -0.5
+        self.scale = arch.softmax_scale
         self.kernel = None
-        if attention_backend in ("auto", "cpp") and self.device.type == "cpu":
+        gemma_like = arch.sandwich_norms or arch.sliding_layers or arch.rope_local_theta or arch.activation != "silu"
+        if gemma_like and attention_backend == "cpp":
+            raise ValueError(f"attention_backend='cpp' cannot run {arch.arch} (sliding windows, sandwich norms): "
+                             f"use 'auto' or 'torch'")
+        if attention_backend in ("auto", "cpp") and self.device.type == "cpu" and not gemma_like:
             from pacer.model import kernels
 
             self.kernel = kernels.load()
             if self.kernel is None and attention_backend == "cpp":
                 raise RuntimeError("attention_backend='cpp' but the C++ kernel could not be built")
         self.attention_backend = "cpp" if self.kernel is not None else "torch"
-        self._inv_freq = rope_inv_freq(arch).to(dev)
+        self._inv_freqs = [rope_inv_freq(arch).to(dev)]
+        if arch.rope_local_theta and arch.sliding_layers:
+            self._inv_freqs.append(rope_inv_freq(arch, local=True).to(dev))
         self._rope_cache_len = 0
         self._cos = self._sin = torch.empty(0)
+        self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (cos, sin) per rope table, torch path
         self._ensure_rope(min(arch.max_position_embeddings, 4096))
 
     @property
     def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies [head_dim / 2] (float32, on the model's device; scaling applied)."""
-        return self._inv_freq
+        """RoPE inverse frequencies [head_dim / 2] (float32, on the model's device; scaling applied)
+        of the full-attention layers."""
+        return self._inv_freqs[0]
+
+    @property
+    def layer_inv_freqs(self) -> list[torch.Tensor]:
+        """Each layer's RoPE inverse frequencies (a sliding layer may have its own base)."""
+        return [self._inv_freqs[layer.rope] for layer in self.layers]
 
     def _projections(self) -> list[Proj]:
         return [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
@@ -162,9 +187,13 @@ class LlamaModel:
             return
         n = max(n, 2 * self._rope_cache_len)
         t = torch.arange(n, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(t, self._inv_freq)
-        self._cos_f, self._sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()  # C++ path
-        self._cos, self._sin = self._cos_f.to(self.dtype), self._sin_f.to(self.dtype)  # torch path, as HF
+        self._tables = []
+        for inv in self._inv_freqs:
+            freqs = torch.outer(t, inv)
+            self._tables.append((freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)))   # torch path, as HF
+            if len(self._tables) == 1:
+                self._cos_f, self._sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()  # C++ path
+        self._cos, self._sin = self._tables[0]
         self._rope_cache_len = n
 
     @staticmethod
@@ -192,8 +221,8 @@ class LlamaModel:
             self.kernel.rope_write_kv(qkv, positions, self._cos_f, self._sin_f, k_cache, v_cache, slot_mapping, nh,
                                       *kv_scales)
             return qkv.split([nh, nkv, nkv], dim=1)
-        cos = self._cos[positions].unsqueeze(1)
-        sin = self._sin[positions].unsqueeze(1)
+        cos_t, sin_t = self._tables[layer.rope]
+        cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         write_kv(k_cache, v_cache, k, v, slot_mapping, fmt, kv_scales)
         return q, k, v
@@ -206,11 +235,17 @@ class LlamaModel:
             x.add_(delta)
         return F.rms_norm(x, (x.shape[-1],), weight, self.arch.rms_norm_eps)
 
-    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def _act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the gated MLP."""
         if self.kernel is not None:
             return self.kernel.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
+        if self.arch.activation == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
         return F.silu(gate) * up
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.arch.rms_norm_eps)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int,
                           fmt: KVFormat | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -233,6 +268,8 @@ class LlamaModel:
         T = input_ids.shape[0]
         self._ensure_rope(int(positions.max()) + 1)
         x = F.embedding(input_ids, self.embed)   # the residual stream, updated in place
+        if a.scale_embeddings:
+            x = x * torch.tensor(a.hidden_size ** 0.5, dtype=x.dtype)   # rounded to the dtype first, as HF
         h = self._add_norm(x, None, self.layers[0].in_norm)
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
@@ -240,12 +277,18 @@ class LlamaModel:
             kv_scales = fmt.scales(i)
             q, k, v = self._qkv_rope_write(qkv, layer, positions, k_cache, v_cache, meta.slot_mapping, fmt, kv_scales)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kernel, fmt,
-                                   kv_scales).view(-1, nh * d)
+                                   kv_scales, layer.window).view(-1, nh * d)
             if i == last:
                 # Past the last KV write only the rows that need logits matter: skip the
                 # output projection and MLP of every other prefill token.
                 x, attn = x[logits_rows], attn[logits_rows]
+            next_norm = self.layers[i + 1].in_norm if i < last else self.final_norm
+            if layer.pre_ffn_norm is not None and layer.post_ffn_norm is not None:
+                x.add_(self._norm(layer.o(attn), layer.post_norm))
+                mlp = layer.down(self._act_mul(layer.gate_up(self._norm(x, layer.pre_ffn_norm))))
+                h = self._add_norm(x, self._norm(mlp, layer.post_ffn_norm), next_norm)
+                continue
             h = self._add_norm(x, layer.o(attn), layer.post_norm)
-            mlp = layer.down(self._silu_mul(layer.gate_up(h)))
-            h = self._add_norm(x, mlp, self.layers[i + 1].in_norm if i < last else self.final_norm)
+            mlp = layer.down(self._act_mul(layer.gate_up(h)))
+            h = self._add_norm(x, mlp, next_norm)
         return self.lm_head(h).float()

@@ -43,8 +43,9 @@ def _flat(cache: torch.Tensor) -> torch.Tensor:
 
 
 def apply_segment_copies(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], copies: Sequence[SegmentCopy],
-                         fmt: KVFormat, inv_freq: torch.Tensor) -> int:
-    """Run `copies` (in one gather and one scatter per layer and tensor); returns tokens copied."""
+                         fmt: KVFormat, inv_freqs: Sequence[torch.Tensor]) -> int:
+    """Run `copies` (in one gather and one scatter per layer and tensor); returns tokens copied.
+    `inv_freqs`: each layer's rope frequencies (`LlamaModel.layer_inv_freqs`)."""
     copies = [c for c in copies if c.num_tokens]
     if not copies:
         return 0
@@ -52,9 +53,13 @@ def apply_segment_copies(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], cop
     src = torch.tensor([s for c in copies for s in c.src_slots], device=device)
     dst = torch.tensor([s for c in copies for s in c.dst_slots], device=device)
     deltas = [c.position_delta for c in copies for _ in range(c.num_tokens)]
-    rotate = any(deltas)
-    cos_sin = rotation(torch.tensor(deltas, device=device), inv_freq) if rotate else None
+    delta_t = torch.tensor(deltas, device=device) if any(deltas) else None
+    rotations: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # by the frequencies' identity
     for layer, (k_cache, v_cache) in enumerate(kv_caches):
+        inv = inv_freqs[layer]
+        if delta_t is not None and id(inv) not in rotations:
+            rotations[id(inv)] = rotation(delta_t, inv)
+        cos_sin = rotations.get(id(inv))
         k_flat, v_flat = _flat(k_cache), _flat(v_cache)
         v_flat.index_copy_(0, dst, v_flat.index_select(0, src))
         rows = k_flat.index_select(0, src)
