@@ -2,7 +2,7 @@
 `pacer.corpus`, 200-2,000 tokens) appear after different histories. N sessions (each its own
 history) receive the same K tool outputs; request (session i, tool j) is system prompt + history
 i + tool output j + a question, rendered with the chat template (the tool message's content is
-the segment). Modes: prefix caching alone (off), and approximate reuse at several recompute
+the segment; a base model without one gets a plain "role: content" transcript after BOS). Modes: prefix caching alone (off), and approximate reuse at several recompute
 fractions, every engine loaded at once. Per mode: TTFT p50 / p99 (wall), the process CPU seconds
 per request (p50: less sensitive to a loaded machine) and prompt tokens computed, each request run
 on every engine in turn (first token only); then quality against full prefill (the prefix-caching
@@ -12,6 +12,7 @@ continuation's mean log-likelihood.
 
     PYTHONPATH=src python benchmarks/segment_reuse.py [--sessions 5] [--tools 300,700,1400]
         [--recompute 0,auto,0.15,0.3] [--threads 1] [--repeats 2] [--skip-quality] [--quantization auto|none]
+        [--model PATH]   # e.g. the Gemma 3 270M GGUF: see `pacer.model.loader.packaged_model_path`
 
 Numbers depend on the machine and its load (printed); nothing here asserts.
 """
@@ -33,6 +34,9 @@ from pacer.workload.text import TextSource
 from slo_common import loadavg
 
 CONTINUATION = 32
+# for a base model (no chat template): the transcript the segments sit in
+PLAIN_TRANSCRIPT = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n\n{% endfor %}"
+                    "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def cpu_flag_line() -> str:
@@ -59,7 +63,8 @@ def build_prompts(llm: LLM, sessions: int, tool_lens: list[int], seed: int) -> l
                     {"role": "assistant", "content": f"I will call the search tool (call {j})."},
                     {"role": "tool", "content": tool},
                     {"role": "user", "content": "What is the most important fact in the tool result?"}]
-            ids, spans = llm.tokenizer.chat_segments(msgs, ("tool",))
+            template = None if llm.tokenizer.hf.chat_template else PLAIN_TRANSCRIPT
+            ids, spans = llm.tokenizer.chat_segments(msgs, ("tool",), chat_template=template)
             out.append((ids, spans))
     return out
 
@@ -87,7 +92,7 @@ class LogitCapture:
 
 def make_llm(args: argparse.Namespace, **kw: Any) -> LLM:
     torch.set_num_threads(args.threads)
-    llm = LLM(num_kv_blocks=args.kv_blocks, quantization=args.quantization, **kw)
+    llm = LLM(model=args.model, num_kv_blocks=args.kv_blocks, quantization=args.quantization, **kw)
     llm.generate("Warm up the kernels with a short prompt about the weather.", SamplingParams(max_tokens=4))
     llm.engine.kv.reset_prefix_cache()
     return llm
@@ -181,12 +186,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="TTFT passes over the workload, from empty caches")
     ap.add_argument("--skip-quality", action="store_true", help="TTFT only")
+    ap.add_argument("--model", default=None, help="a GGUF or HF directory (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--quantization", default="auto",
                     help="the weights every engine runs (auto: the GGUF packed, int8 activations; none: float32)")
     args = ap.parse_args()
     print(f"cpu flags: {cpu_flag_line()}; torch threads {args.threads}; quantization {args.quantization}; "
           f"load average {loadavg()} (start)")
-    probe = LLM(num_kv_blocks=64, quantization=args.quantization)
+    probe = LLM(model=args.model, num_kv_blocks=64, quantization=args.quantization)
+    print(f"model {probe.engine._executor.model.arch.name}: {probe.engine._executor.model.weights_line()}")
     prompts = build_prompts(probe, args.sessions, [int(x) for x in args.tools.split(",")], args.seed)
     probe.close()
     lens = [len(ids) for ids, _ in prompts]
@@ -199,8 +206,10 @@ def main() -> None:
                   for r in args.recompute.split(",")})
     engines = {label: make_llm(args, **kw) for label, kw in modes.items()}
     timing = ttft_pass(engines, prompts, args.repeats)
+    # the simulator's step cost model is SmolLM2-135M's: no prediction for another model
+    sim_for = simulate if args.model is None else (lambda *a: {label: float("nan") for label in modes})
     if args.skip_quality:
-        sim = simulate(prompts, modes, args.kv_blocks)
+        sim = sim_for(prompts, modes, args.kv_blocks)
         for label, t in timing.items():
             print(f"{label:22s} TTFT p50 {t['p50'] * 1e3:7.0f}ms p99 {t['p99'] * 1e3:7.0f}ms cpu p50 {t['cpu50']:.2f}s "
                   f"computed {t['computed']} reused {t['reused']} recomputed {t['recomputed']}; "
@@ -227,7 +236,7 @@ def main() -> None:
               f" vs off", flush=True)
     for llm in engines.values():
         llm.close()
-    sim = simulate(prompts, modes, args.kv_blocks)
+    sim = sim_for(prompts, modes, args.kv_blocks)
     real = {label: t["p50"] / base["p50"] for label, t in timing.items()}
     print("TTFT p50 / off, real vs simulated (cpu-local profile): " + "; ".join(
         f"{label.removeprefix('approximate ')} {real[label]:.2f} vs {sim[label] / sim['off (prefix caching)']:.2f}"

