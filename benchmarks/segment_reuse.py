@@ -207,13 +207,13 @@ def main() -> None:
     engines = {label: make_llm(args, **kw) for label, kw in modes.items()}
     timing = ttft_pass(engines, prompts, args.repeats)
     # the simulator's step cost model is SmolLM2-135M's: no prediction for another model
-    sim_for = simulate if args.model is None else (lambda *a: {label: float("nan") for label in modes})
+    simulated = args.model is None
     if args.skip_quality:
-        sim = sim_for(prompts, modes, args.kv_blocks)
+        sim = simulate(prompts, modes, args.kv_blocks) if simulated else {}
         for label, t in timing.items():
             print(f"{label:22s} TTFT p50 {t['p50'] * 1e3:7.0f}ms p99 {t['p99'] * 1e3:7.0f}ms cpu p50 {t['cpu50']:.2f}s "
-                  f"computed {t['computed']} reused {t['reused']} recomputed {t['recomputed']}; "
-                  f"simulated TTFT p50 {sim[label] * 1e3:.0f}ms")
+                  f"computed {t['computed']} reused {t['reused']} recomputed {t['recomputed']}"
+                  + (f"; simulated TTFT p50 {sim[label] * 1e3:.0f}ms" if simulated else ""))
         print(f"load average {loadavg()} (end)")
         return
     ref_llm = engines["off (prefix caching)"]   # exact KV: the reference continuation and distributions
@@ -236,11 +236,12 @@ def main() -> None:
               f" vs off", flush=True)
     for llm in engines.values():
         llm.close()
-    sim = sim_for(prompts, modes, args.kv_blocks)
     real = {label: t["p50"] / base["p50"] for label, t in timing.items()}
-    print("TTFT p50 / off, real vs simulated (cpu-local profile): " + "; ".join(
-        f"{label.removeprefix('approximate ')} {real[label]:.2f} vs {sim[label] / sim['off (prefix caching)']:.2f}"
-        for label in modes if modes[label]))
+    if simulated:
+        sim = simulate(prompts, modes, args.kv_blocks)
+        print("TTFT p50 / off, real vs simulated (cpu-local profile): " + "; ".join(
+            f"{label.removeprefix('approximate ')} {real[label]:.2f} vs {sim[label] / sim['off (prefix caching)']:.2f}"
+            for label in modes if modes[label]))
     print(f"load average {loadavg()} (end); {time.perf_counter() - t0:.0f} s")
 
 

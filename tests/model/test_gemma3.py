@@ -41,6 +41,7 @@ def gemma():
     return str(path), hf32, hf64
 
 
+@pytest.mark.slow   # parsing the metadata's 262k-token vocabulary takes ~10 s
 def test_arch_from_gguf():
     """The shape and conventions read from the metadata alone (no tensors dequantized)."""
     import gguf

@@ -140,7 +140,6 @@ class LlamaModel:
         if arch.rope_local_theta and arch.sliding_layers:
             self._inv_freqs.append(rope_inv_freq(arch, local=True).to(dev))
         self._rope_cache_len = 0
-        self._cos = self._sin = torch.empty(0)
         self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (cos, sin) per rope table, torch path
         self._ensure_rope(min(arch.max_position_embeddings, 4096))
 
@@ -195,7 +194,6 @@ class LlamaModel:
             self._tables.append((freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)))   # torch path, as HF
             if len(self._tables) == 1:
                 self._cos_f, self._sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()  # C++ path
-        self._cos, self._sin = self._tables[0]
         self._rope_cache_len = n
 
     @staticmethod
