@@ -33,9 +33,10 @@ from typing import Any
 from pacer.engine import Engine
 from pacer.request import SamplingParams
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, Report, build_report
 from pacer.workload.runner import run_inprocess
+from pacer.workload.spec import ClassSpec, LengthDist, RequestSpec, Workload
 
 
 def workload(args: argparse.Namespace) -> Workload:

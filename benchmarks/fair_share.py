@@ -34,9 +34,10 @@ from pacer.perf.profiles import get_hardware, get_model  # noqa: E402
 from pacer.sim.simulator import build_sim_engine, simulate  # noqa: E402
 from pacer.workload.arrivals import make_arrivals  # noqa: E402
 from pacer.workload.fairness import service_jain, tenant_rows  # noqa: E402
-from pacer.workload.generator import BUILTIN_WORKLOADS, LengthDist, Workload, generate_requests  # noqa: E402
-from pacer.workload.generator import ClassSpec as Cls  # noqa: E402
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import RequestRecord  # noqa: E402
+from pacer.workload.spec import BUILTIN_WORKLOADS, LengthDist, Workload  # noqa: E402
+from pacer.workload.spec import ClassSpec as Cls  # noqa: E402
 
 SIM_SEQS = 16      # seats of the simulated engine: a small batch keeps the backlog in the queue
 BOUND = 20_000.0   # cost units a tenant may run ahead under lpm+bound (about 15 requests' prompts)

@@ -29,8 +29,9 @@ from pacer.config import EngineConfig
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, build_report
+from pacer.workload.spec import builtin_workload
 
 A100, H200 = "a100-80g", "h200-sxm"
 

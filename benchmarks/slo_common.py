@@ -11,8 +11,9 @@ from pacer.config.slo import parse_slo
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import Workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, Report, build_report
+from pacer.workload.spec import Workload
 
 POLICIES = ("fcfs", "priority", "sjf", "lpm", "slo")
 _CACHE: dict[tuple[Any, ...], Report] = {}

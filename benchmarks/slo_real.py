@@ -15,9 +15,10 @@ from pacer.engine import Engine
 from pacer.perf.step_model import CorrectedCostModel
 from pacer.request import SamplingParams
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import ClassSpec, LengthDist, RequestSpec, Workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, Report, build_report
 from pacer.workload.runner import run_inprocess
+from pacer.workload.spec import ClassSpec, LengthDist, RequestSpec, Workload
 from slo_common import class_table, loadavg, sim_specs_report
 
 # the mixed workload's classes at CPU scale (a 135M model on two shared cores)

@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pacer.workload.generator import BUILTIN_WORKLOADS  # noqa: E402
+from pacer.workload.spec import BUILTIN_WORKLOADS  # noqa: E402
 from slo_common import (  # noqa: E402
     POLICIES,
     attainment_row,

@@ -7,7 +7,8 @@ import pytest
 from pacer.config import EngineConfig
 from pacer.config.slo import ClassRules, Slo, parse_slo, slo_from_request
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import BUILTIN_WORKLOADS, generate_requests
+from pacer.workload.generator import generate_requests
+from pacer.workload.spec import BUILTIN_WORKLOADS
 
 
 def test_parse_slo_default_and_classes_with_alias() -> None:

@@ -14,7 +14,8 @@ from pacer.perf.profiles import get_hardware, get_model
 from pacer.request import RequestMetrics
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
+from pacer.workload.spec import builtin_workload
 
 
 def test_metrics_close_a_preemption_once_the_computed_tokens_are_back():

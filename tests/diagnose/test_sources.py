@@ -69,8 +69,9 @@ def test_run_file_from_the_simulator(tmp_path):
     from pacer.perf.profiles import get_hardware, get_model
     from pacer.sim.simulator import build_sim_engine, simulate
     from pacer.workload.arrivals import Poisson
-    from pacer.workload.generator import builtin_workload, generate_requests
+    from pacer.workload.generator import generate_requests
     from pacer.workload.report import build_report
+    from pacer.workload.spec import builtin_workload
 
     specs = generate_requests(builtin_workload("chat"), Poisson(20.0), seed=1, num_requests=12, max_model_len=2048)
     engine, ex, clock = build_sim_engine(EngineConfig.from_kwargs(max_num_seqs=4), get_hardware("a100-80g"),

@@ -22,8 +22,9 @@ from pacer.sched.slo_policy import SloPolicy
 from pacer.sched.step_cost import FixedCostModel
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import ClassSpec, LengthDist, Workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, STATUS_REJECTED, build_report
+from pacer.workload.spec import ClassSpec, LengthDist, Workload
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 COST = FixedCostModel(0.0, 1e-3)   # a prompt token costs 1 ms (a chunk of 512: 0.512 s)

@@ -15,8 +15,9 @@ from pacer.engine import Engine
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import make_arrivals
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.runner import run_inprocess
+from pacer.workload.spec import builtin_workload
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from pacer.sched.scheduler import Scheduler
 from pacer.sim.executor import SimExecutor
 from pacer.sim.simulator import SimRequest, build_sim_engine, simulate
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
+from pacer.workload.spec import builtin_workload
 
 ROOT = pathlib.Path(pacer.__file__).parent
 SIM_FILES = sorted((ROOT / "sim").glob("*.py"))

@@ -8,8 +8,9 @@ import math
 from pacer.diagnose.replay import SimTarget
 from pacer.tune.method import find_knee, run_method
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import parse_slo
+from pacer.workload.spec import builtin_workload
 
 PROMPT, OUTPUT = 240, 128                        # 368 tokens = 23 blocks of 16 per request
 FITS = 16                                         # the KV budget holds exactly this many requests

@@ -12,7 +12,8 @@ from pacer.sim.simulator import build_sim_engine, resolve_dtype, simulate
 from pacer.sim.validate import StepRecorder
 from pacer.tune.verify import refit_target
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
+from pacer.workload.spec import builtin_workload
 
 SLOWDOWN = 2.2
 

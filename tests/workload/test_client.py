@@ -21,9 +21,10 @@ import pytest
 
 from pacer.workload.arrivals import ClosedLoop, Poisson
 from pacer.workload.client import OpenAIClient
-from pacer.workload.generator import builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.report import OVERALL, STATUS_ERROR, STATUS_REJECTED, build_report, percentile
 from pacer.workload.runner import run_http
+from pacer.workload.spec import builtin_workload
 
 TOLERANCE_S = 0.005
 GAPS_S = [0.01, 0.03, 0.02]

@@ -11,8 +11,9 @@ from pacer.config import EngineConfig
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.sim.simulator import build_sim_engine, simulate
 from pacer.workload.arrivals import Poisson
-from pacer.workload.generator import RequestSpec, builtin_workload, generate_requests
+from pacer.workload.generator import generate_requests
 from pacer.workload.runner import run_inprocess
+from pacer.workload.spec import RequestSpec, builtin_workload
 
 A100, L8B = get_hardware("a100-80g"), get_model("llama-3-8b")
 

@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 
 from pacer.workload.arrivals import ClosedLoop, Gamma, Poisson, arrival_times, make_arrivals
-from pacer.workload.generator import (
-    LengthDist,
-    builtin_workload,
-    generate_requests,
-    iter_requests,
-    load_workload,
-)
+from pacer.workload.generator import generate_requests, iter_requests
+from pacer.workload.spec import LengthDist, builtin_workload, load_workload
 from pacer.workload.text import TextSource, WordTokenizer
 from pacer.workload.trace import load_trace
 

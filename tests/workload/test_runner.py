@@ -11,9 +11,10 @@ import pytest
 from pacer.config import EngineConfig
 from pacer.engine import Engine
 from pacer.workload.arrivals import ClosedLoop, Poisson
-from pacer.workload.generator import builtin_workload, generate_requests, iter_requests
+from pacer.workload.generator import generate_requests, iter_requests
 from pacer.workload.report import OVERALL, STATUS_ERROR, build_report
 from pacer.workload.runner import run_inprocess
+from pacer.workload.spec import builtin_workload
 from tests.fakes import FakeExecutor
 
 

@@ -27,9 +27,10 @@ from rich.table import Table
 from pacer.config.args import add_engine_args, engine_kwargs_from_args
 from pacer.workload.agents import AGENT_LOOP
 from pacer.workload.arrivals import ArrivalProcess, ClosedLoop, make_arrivals
-from pacer.workload.generator import RequestSpec, Workload, iter_requests
+from pacer.workload.generator import iter_requests
 from pacer.workload.options import DEFAULT_NUM_PROMPTS, add_workload_args, parse_rates, workload_from_args
 from pacer.workload.report import OVERALL, Report, RequestRecord, SloSet, build_report, parse_slo
+from pacer.workload.spec import RequestSpec, Workload
 from pacer.workload.tables import compare_table, report_table
 from pacer.workload.text import TokenizerLike
 from pacer.workload.tool_reuse import TOOL_REUSE

@@ -264,7 +264,7 @@ def synthetic_source(reports: dict[str, ClassReport], window_s: float, seed: int
     Poisson rate, lengths drawn with the class's mean and (bucket-estimated) CV."""
     import random
 
-    from pacer.workload.generator import LengthDist
+    from pacer.workload.spec import LengthDist
 
     rng = random.Random(f"{seed}:metrics")
     src = Source("metrics", "prometheus")

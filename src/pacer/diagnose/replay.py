@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pacer.diagnose.records import Source
-from pacer.workload.generator import RequestSpec
 from pacer.workload.report import OVERALL, RequestRecord, SloSet, build_report
+from pacer.workload.spec import RequestSpec
 
 __all__ = ["Replay", "specs_from_source", "SimTarget", "run_real", "run_server", "fmt_ms"]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.diagnose.replay import Replay, SimTarget, fmt_ms
-from pacer.workload.generator import RequestSpec
 from pacer.workload.report import SloSet
+from pacer.workload.spec import RequestSpec
 
 __all__ = ["Point", "find_knee", "MethodResult", "run_method", "rank_key", "length_cv", "DEFAULT_SEQS",
            "DEFAULT_BUDGETS"]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pacer.config.args import engine_kwargs_from_args
-from pacer.workload.generator import RequestSpec
+from pacer.workload.spec import RequestSpec
 
 __all__ = ["run_method_cli"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pacer.diagnose.replay import Replay, SimTarget, fmt_ms, run_real, run_server
 from pacer.tune.method import MethodResult, Point
-from pacer.workload.generator import RequestSpec
 from pacer.workload.report import SloSet
+from pacer.workload.spec import RequestSpec
 
 __all__ = ["measure_defaults", "refit_target", "verify_inprocess", "verify_server", "print_verification"]
 

@@ -4,8 +4,9 @@ engine, the backends (HTTP client, in-process runner) and the reports.
 
 The public names:
 
-- `pacer.workload.generator`: `Workload`, `ClassSpec`, `LengthDist`, `RequestSpec`,
-  `builtin_workload`, `load_workload`, `iter_requests`, `generate_requests`;
+- `pacer.workload.spec`: `Workload`, `ClassSpec`, `LengthDist`, `RequestSpec`,
+  `builtin_workload`, `load_workload` (what a workload is);
+- `pacer.workload.generator`: `iter_requests`, `generate_requests` (its requests, deterministically);
 - `pacer.workload.arrivals`: `Poisson`, `Gamma`, `ClosedLoop`, `make_arrivals`, `arrival_times`;
 - `pacer.workload.trace`: `load_trace` (JSONL replay; pacer's `--request-log` is a valid trace);
 - `pacer.workload.report`: `RequestRecord`, `SloSet`, `parse_slo`, `build_report`, `Report`;
@@ -13,17 +14,7 @@ The public names:
 """
 
 from pacer.workload.arrivals import ArrivalProcess, ClosedLoop, Gamma, Poisson, arrival_times, make_arrivals
-from pacer.workload.generator import (
-    ClassSpec,
-    LengthDist,
-    RequestSpec,
-    Workload,
-    WorkloadGenerator,
-    builtin_workload,
-    generate_requests,
-    iter_requests,
-    load_workload,
-)
+from pacer.workload.generator import WorkloadGenerator, generate_requests, iter_requests
 from pacer.workload.report import (
     OVERALL,
     Report,
@@ -35,6 +26,7 @@ from pacer.workload.report import (
     percentile,
     summarize,
 )
+from pacer.workload.spec import ClassSpec, LengthDist, RequestSpec, Workload, builtin_workload, load_workload
 
 __all__ = [
     "ArrivalProcess", "ClosedLoop", "Gamma", "Poisson", "arrival_times", "make_arrivals",

@@ -19,7 +19,7 @@ from typing import Any
 
 from pacer.workload.agents import AgentLoop, AgentLoopResult
 from pacer.workload.client import OpenAIClient
-from pacer.workload.generator import RequestSpec
+from pacer.workload.spec import RequestSpec
 from pacer.workload.text import TextSource
 
 __all__ = ["run_agent_loop_http"]

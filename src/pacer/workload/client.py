@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from pacer.config.slo import REQUEST_CLASSES
-from pacer.workload.generator import RequestSpec
 from pacer.workload.report import STATUS_ERROR, STATUS_REJECTED, RequestRecord
+from pacer.workload.spec import RequestSpec
 
 __all__ = ["OpenAIClient", "ENDPOINTS"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pacer.workload.generator import Workload, builtin_workload, load_workload
+from pacer.workload.spec import Workload, builtin_workload, load_workload
 from pacer.workload.tool_reuse import TOOL_REUSE, tool_reuse_from_args
 
 __all__ = ["DEFAULT_NUM_PROMPTS", "add_workload_args", "parse_rates", "workload_from_args"]

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pacer.request import SamplingParams
 from pacer.workload.budget import BudgetTally
 from pacer.workload.drive import Handoff, drive
-from pacer.workload.generator import RequestSpec
 from pacer.workload.report import RequestRecord
+from pacer.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
     from pacer.engine import Engine, StepStats

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pacer.workload.generator import ChatMessage, ClassSpec, LengthDist, RequestSpec, Workload
+from pacer.workload.spec import ChatMessage, ClassSpec, LengthDist, RequestSpec, Workload
 from pacer.workload.text import Segment, TextSource, TokenizerLike
 
 __all__ = ["TOOL_REUSE", "ToolReuse", "tool_reuse_workload", "add_tool_reuse_args", "tool_reuse_from_args"]

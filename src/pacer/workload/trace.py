@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pacer.workload.generator import ChatMessage, RequestSpec
+from pacer.workload.spec import ChatMessage, RequestSpec
 from pacer.workload.text import TextSource, TokenizerLike
 
 __all__ = ["load_trace", "specs_from_trace"]
