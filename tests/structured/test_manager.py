@@ -157,3 +157,18 @@ def test_structural_tag_is_free_text_until_the_trigger(tokenizer):
     assert feed('Sure. <function=get_weather>{"city":"Paris"}</function> and more text')
     assert not feed("Sure. <function=get_time>")
     assert not feed('<function=get_weather>{"town":"Paris"}')
+
+
+def test_a_closed_manager_starts_no_worker_after_its_tokenizer_file_is_gone(tokenizer):
+    """close() may run while a warm-up thread is starting a worker: once closed, a worker refuses
+    to start (it would read a tokenizer file close removed) instead of spawning a process."""
+    from pacer.structured.worker import WorkerFailed
+
+    m = _manager(tokenizer)
+    worker = m.all_workers[0]
+    m.close()
+    assert worker.closed and worker.proc is None
+    starts = worker.num_starts
+    with pytest.raises(WorkerFailed, match="closed"):
+        worker.ensure_started()
+    assert worker.num_starts == starts and worker.proc is None

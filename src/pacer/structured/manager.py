@@ -342,7 +342,7 @@ class StructuredOutputManager:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for w in self.all_workers:
-            w.kill()
+            w.close()   # before the tokenizer file goes: a warm-up may be starting one
         if self._masks is not None:
             self._masks.close()
         shutil.rmtree(self._tmpdir, ignore_errors=True)

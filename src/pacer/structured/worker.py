@@ -24,6 +24,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
@@ -50,7 +51,8 @@ class WorkerFailed(RuntimeError):
 
 class CompileWorker:
     """One worker process, used by one thread at a time (the manager gives each worker its
-    own thread). Started lazily; restarted after a kill or a crash."""
+    own thread). Started lazily; restarted after a kill or a crash, never after `close` (a
+    start racing the manager's close would spawn a process after its tokenizer file is gone)."""
 
     def __init__(self, tokenizer_file: str, n_vocab: int, eos_token_ids: Sequence[int],
                  compiler: str = DEFAULT_COMPILER, startup_timeout: float = 120.0,
@@ -60,6 +62,8 @@ class CompileWorker:
                      "--memory-limit-mb", str(memory_limit_mb)]
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
+        self.closed = False
+        self._lock = threading.Lock()   # a start and a kill or close from other threads
         self.num_starts = 0
         self._next_id = 0
 
@@ -70,9 +74,12 @@ class CompileWorker:
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)   # the parent's import path
-        proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.proc = proc
-        self.num_starts += 1
+        with self._lock:
+            if self.closed:
+                raise WorkerFailed("the grammar worker is closed")
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self.proc = proc
+            self.num_starts += 1
         ready = self._read(proc, time.monotonic() + self.startup_timeout)
         if ready is None or not ready.get("ready"):
             self.kill()
@@ -136,7 +143,8 @@ class CompileWorker:
         return reply if isinstance(reply, dict) else {"bad": reply}
 
     def kill(self) -> None:
-        proc, self.proc = self.proc, None
+        with self._lock:
+            proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
@@ -146,7 +154,11 @@ class CompileWorker:
             if stream is not None:
                 stream.close()
 
-    close = kill
+    def close(self) -> None:
+        """Kill the process, and start none again."""
+        with self._lock:
+            self.closed = True
+        self.kill()
 
 
 def _load_compiler(name: str) -> Callable[[dict[str, Any], Any], str]:
