@@ -153,3 +153,30 @@ def test_kernels_refuse_tables_and_positions_outside_the_cache(K):
     cos = sin = torch.zeros(10, 32)
     with pytest.raises(RuntimeError, match="rope table"):
         K.rope_write_kv(qkv, torch.tensor([10]), cos, sin, kc, vc, torch.tensor([0]), 4, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("d", [32, 64, 256])   # 64 would take a vectorised path without the window
+@pytest.mark.parametrize("window", [1, 6, 40])
+def test_sliding_window_attention_matches_torch_reference(K, d, window):
+    """Decode rows and prefill chunks through a sliding window (Gemma's sliding layers), against
+    the torch path's windowed masks."""
+    q, k, v, kc, vc, prefills, batch, slots = _random_batch(torch.float32, [(0, 37), (13, 5), (40, 33)], d=d)
+    meta = AttentionMetadata(slot_mapping=slots, num_single=0, single_block_tables=None, single_mask=None,
+                             single_context_lens=None, prefills=prefills)
+    want = paged_attention(q, k, v, kc, vc, meta, 0.17, kernel=None, window=window)
+    got = torch.full_like(want, float("nan"))
+    K.paged_prefill_attention(got, q, kc, vc, *batch, 0.17, 1.0, 1.0, window)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    # decode: each chunk's context as single rows (the last position of each)
+    tables, ctx = batch[3], batch[1] + batch[2]
+    bs = kc.shape[1]
+    mask = (torch.arange(tables.shape[1] * bs).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+    single = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_single=len(ctx),
+                               single_block_tables=tables, single_mask=mask, single_context_lens=ctx, prefills=[])
+    rows = q[batch[0] + batch[1] - 1]
+    empty = torch.empty(0, kc.shape[2], d)
+    want = paged_attention(rows, empty, empty, kc, vc, single, 0.2, kernel=None, window=window)
+    got = torch.full_like(want, float("nan"))
+    K.paged_decode_attention(got, rows, kc, vc, tables, ctx, 0.2, 1.0, 1.0, window)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    assert not torch.allclose(want, paged_attention(rows, empty, empty, kc, vc, single, 0.2, kernel=None))

@@ -13,7 +13,7 @@ registers and here with the same arithmetic; every chunk then reads its keys fro
 so both paths see the same numbers.
 
 A sliding-window layer (`window` > 0, Gemma 3) lets each query see only its `window` latest keys,
-itself included (HF's and llama.cpp's rule); only the torch path runs it.
+itself included (HF's and llama.cpp's rule), on both paths (the C++ kernels' portable loops).
 """
 
 from __future__ import annotations
@@ -125,19 +125,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
     `kernel`: the compiled module of `kernels.py`, or None for the torch reference path;
     `fmt` / `kv_scales`: the cache's format and this layer's (k, v) scales; `window`: the layer's
-    sliding window (0: none; the torch path only)."""
-    if window and kernel is not None:
-        raise ValueError("the C++ attention kernels have no sliding window: run this model on the torch path")
+    sliding window (0: none)."""
     out = torch.empty_like(q)
     n_single = meta.num_single
     if n_single and kernel is not None:
         assert meta.single_block_tables is not None and meta.single_context_lens is not None
         kernel.paged_decode_attention(out[:n_single], q[:n_single], k_cache, v_cache,
-                                      meta.single_block_tables, meta.single_context_lens, scale, *kv_scales)
+                                      meta.single_block_tables, meta.single_context_lens, scale, *kv_scales, window)
     elif n_single:
         _single_rows(out, q, k_cache, v_cache, meta, scale, fmt, kv_scales, window)
     if meta.prefills and kernel is not None and meta.prefill_batch is not None:
-        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, *kv_scales)
+        kernel.paged_prefill_attention(out, q, k_cache, v_cache, *meta.prefill_batch, scale, *kv_scales, window)
     elif meta.prefills:
         _prefill_rows(out, q, k, v, k_cache, v_cache, meta.prefills, scale, fmt, kv_scales, window)
     return out

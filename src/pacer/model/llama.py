@@ -6,8 +6,8 @@ fused (qkv, gate+up) so each layer runs a handful of large matmuls for the whole
 Only the rows that need a next token go through the final norm and the LM head.
 
 Gemma 3 is the same decoder with four norms a layer, a GELU MLP, scaled embeddings and five of
-every six layers attending through a sliding window with their own rope base; it runs on the
-torch path (the C++ kernels have no window and one rope table).
+every six layers attending through a sliding window with their own rope base (a second rope
+table; the C++ attention kernels take the window in their portable loops).
 """
 
 from __future__ import annotations
@@ -125,11 +125,7 @@ class LlamaModel:
         self.quantization = sorted({x.weight.fmt for x in self._projections() if isinstance(x, QuantLinear)})
         self.scale = arch.softmax_scale
         self.kernel = None
-        gemma_like = arch.sandwich_norms or arch.sliding_layers or arch.rope_local_theta or arch.activation != "silu"
-        if gemma_like and attention_backend == "cpp":
-            raise ValueError(f"attention_backend='cpp' cannot run {arch.arch} (sliding windows, sandwich norms): "
-                             f"use 'auto' or 'torch'")
-        if attention_backend in ("auto", "cpp") and self.device.type == "cpu" and not gemma_like:
+        if attention_backend in ("auto", "cpp") and self.device.type == "cpu":
             from pacer.model import kernels
 
             self.kernel = kernels.load()
@@ -141,6 +137,7 @@ class LlamaModel:
             self._inv_freqs.append(rope_inv_freq(arch, local=True).to(dev))
         self._rope_cache_len = 0
         self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (cos, sin) per rope table, torch path
+        self._tables_f: list[tuple[torch.Tensor, torch.Tensor]] = []   # the same in float32, C++ path
         self._ensure_rope(min(arch.max_position_embeddings, 4096))
 
     @property
@@ -188,12 +185,12 @@ class LlamaModel:
             return
         n = max(n, 2 * self._rope_cache_len)
         t = torch.arange(n, device=self.device, dtype=torch.float32)
-        self._tables = []
+        self._tables, self._tables_f = [], []
         for inv in self._inv_freqs:
             freqs = torch.outer(t, inv)
-            self._tables.append((freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)))   # torch path, as HF
-            if len(self._tables) == 1:
-                self._cos_f, self._sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()  # C++ path
+            cos_f, sin_f = freqs.cos().contiguous(), freqs.sin().contiguous()
+            self._tables_f.append((cos_f, sin_f))
+            self._tables.append((cos_f.to(self.dtype), sin_f.to(self.dtype)))   # torch path, as HF
         self._rope_cache_len = n
 
     @staticmethod
@@ -218,7 +215,7 @@ class LlamaModel:
                 qkv[:, :nh] = q
                 qkv[:, nh:nh + nkv] = k
         if self.kernel is not None:
-            self.kernel.rope_write_kv(qkv, positions, self._cos_f, self._sin_f, k_cache, v_cache, slot_mapping, nh,
+            self.kernel.rope_write_kv(qkv, positions, *self._tables_f[layer.rope], k_cache, v_cache, slot_mapping, nh,
                                       *kv_scales)
             return qkv.split([nh, nkv, nkv], dim=1)
         cos_t, sin_t = self._tables[layer.rope]
@@ -237,7 +234,7 @@ class LlamaModel:
 
     def _act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up of the gated MLP."""
-        if self.kernel is not None:
+        if self.kernel is not None and self.arch.activation == "silu":
             return self.kernel.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         if self.arch.activation == "gelu_tanh":
@@ -284,8 +281,8 @@ class LlamaModel:
                 x, attn = x[logits_rows], attn[logits_rows]
             next_norm = self.layers[i + 1].in_norm if i < last else self.final_norm
             if layer.pre_ffn_norm is not None and layer.post_ffn_norm is not None:
-                x.add_(self._norm(layer.o(attn), layer.post_norm))
-                mlp = layer.down(self._act_mul(layer.gate_up(self._norm(x, layer.pre_ffn_norm))))
+                h = self._add_norm(x, self._norm(layer.o(attn), layer.post_norm), layer.pre_ffn_norm)
+                mlp = layer.down(self._act_mul(layer.gate_up(h)))
                 h = self._add_norm(x, self._norm(mlp, layer.post_ffn_norm), next_norm)
                 continue
             h = self._add_norm(x, layer.o(attn), layer.post_norm)

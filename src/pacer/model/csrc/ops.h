@@ -40,7 +40,7 @@ inline void check_block_tables(const torch::Tensor& tables, const int64_t* n_blo
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor context_lens, double scale, double k_scale,
-                            double v_scale);
+                            double v_scale, int64_t window);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                    torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slot_mapping, int64_t n_heads,
                    double k_scale, double v_scale);
@@ -48,5 +48,6 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up);
 torch::Tensor add_rms_norm_(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor weight, double eps);
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
-                             torch::Tensor block_tables, double scale, double k_scale, double v_scale);
+                             torch::Tensor block_tables, double scale, double k_scale, double v_scale,
+                             int64_t window);
 void apply_token_bitmask_(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor dst, torch::Tensor src);

@@ -5,7 +5,8 @@
 // With AVX-512 and head_dim 64 or 128, tasks are requests (or, with fewer requests than
 // twice the threads, (request, kv head) pairs) pulled from a shared counter; keys go 16 at a time: 16 vectors of per-lane partial dot products are
 // folded into one vector of 16 scores (reduce16), and values are accumulated in registers.
-// Otherwise a portable loop with one task per request.
+// Otherwise a portable loop with one task per request; it alone runs a sliding window (Gemma's
+// head_dim 256 takes it anyway): keys from ctx - window on.
 // A quantized cache (kv_cache_dtype int8 / fp8, kv_quant.h) is dequantised row by row into
 // the float tile (or the portable loop's row buffer) as it is read.
 #include "convert.h"
@@ -31,7 +32,7 @@ using pacer::to_f;
 template <typename T, typename KV>
 void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
                    const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
-                   int64_t n_kv, int64_t d, int64_t bs, int64_t max_blocks, float scale) {
+                   int64_t n_kv, int64_t d, int64_t bs, int64_t max_blocks, float scale, int64_t window) {
   // One task per row. Keys are read token by token in cache order (all kv heads of a slot
   // are contiguous), so each block is streamed from memory once; then one vectorisable exp
   // over each head's scores; then the weighted sum of values in the same order.
@@ -41,11 +42,12 @@ void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const
     std::vector<float> qf(hd), acc(hd), scores, kv(n_kv * d), inv(n_heads);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t ctx = ctx_lens[row];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;  // first visible key
       const int64_t* table = tables + row * max_blocks;
       scores.resize(n_heads * ctx);
       const T* qp = q + row * q_stride;
       for (int64_t i = 0; i < hd; ++i) qf[i] = to_f(qp[i]) * scale;
-      for (int64_t t = 0; t < ctx; ++t) {
+      for (int64_t t = lo; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
         for (int64_t g = 0; g < n_kv; ++g) kc.load(slot, g, kv.data() + g * d);
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -59,16 +61,16 @@ void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const
       for (int64_t h = 0; h < n_heads; ++h) {
         float* sh = scores.data() + h * ctx;
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < ctx; ++t) m = sh[t] > m ? sh[t] : m;
+        for (int64_t t = lo; t < ctx; ++t) m = sh[t] > m ? sh[t] : m;
         float l = 0.f;
-        for (int64_t t = 0; t < ctx; ++t) {
+        for (int64_t t = lo; t < ctx; ++t) {
           sh[t] = std::exp(sh[t] - m);
           l += sh[t];
         }
         inv[h] = l > 0.f ? 1.f / l : 0.f;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < ctx; ++t) {
+      for (int64_t t = lo; t < ctx; ++t) {
         const int64_t slot = table[t / bs] * bs + (t % bs);
         for (int64_t g = 0; g < n_kv; ++g) vc.load(slot, g, kv.data() + g * d);
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -287,7 +289,8 @@ void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const i
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor context_lens, double scale, double k_scale,
-                            double v_scale) {
+                            double v_scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), got ", window);
   check_attention_args(out, q, k_cache, v_cache);
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_tables and context_lens must be int64");
@@ -311,20 +314,20 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
             q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
             out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, bs, bt.size(1), static_cast<float>(scale));
       };
-      if (d == 64) return run(std::integral_constant<int, 64>{});
-      if (d == 128) return run(std::integral_constant<int, 128>{});
+      if (d == 64 && window == 0) return run(std::integral_constant<int, 64>{});
+      if (d == 128 && window == 0) return run(std::integral_constant<int, 128>{});
 #elif defined(__AVX2__) && defined(__FMA__)
       auto run = [&](auto dim) {
         decode_avx2<decltype(dim)::value, scalar_t>(
             q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(), cl.data_ptr<int64_t>(),
             out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, bs, bt.size(1), static_cast<float>(scale));
       };
-      if (d == 64) return run(std::integral_constant<int, 64>{});
-      if (d == 128) return run(std::integral_constant<int, 128>{});
+      if (d == 64 && window == 0) return run(std::integral_constant<int, 64>{});
+      if (d == 128 && window == 0) return run(std::integral_constant<int, 128>{});
 #endif
       decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), q.stride(0), kr, vr, bt.data_ptr<int64_t>(),
                               cl.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), out.stride(0), rows, n_heads, n_kv, d,
-                              bs, bt.size(1), static_cast<float>(scale));
+                              bs, bt.size(1), static_cast<float>(scale), window);
     });
   });
 }

@@ -189,7 +189,7 @@ template <typename T, typename KV>
 void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const KV kc, const KV vc,
                     const int64_t* q_starts, const int64_t* q_lens, const int64_t* start_pos,
                     const int64_t* tables, int64_t max_blocks, int64_t num_seqs, int64_t n_heads, int64_t n_kv,
-                    int64_t d, int64_t bs, float scale) {
+                    int64_t d, int64_t bs, float scale, int64_t window) {
   const int64_t group = n_heads / n_kv;
   std::vector<Task> tasks;
   for (int64_t s = 0; s < num_seqs; ++s)
@@ -221,7 +221,9 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
       std::fill(mx.begin(), mx.begin() + m_rows, -1e30f);
       std::fill(sum.begin(), sum.begin() + m_rows, 0.f);
       std::fill(sum16.begin(), sum16.begin() + m_rows * 16, 0.f);
-      for (int64_t t0 = 0; t0 < tk.keys; t0 += KT) {
+      // a sliding window: no key before the first query's window is read (tiles stay KT-aligned)
+      const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) / KT * KT : 0;
+      for (int64_t t0 = first_key; t0 < tk.keys; t0 += KT) {
         const int64_t nk = std::min(KT, tk.keys - t0);
         for (int64_t j = 0; j < KT; ++j) {
           if (j < nk) {
@@ -234,7 +236,7 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
           }
         }
 #if defined(PACER_PREFILL_TILES)
-        if (d == 64 || d == 128) {
+        if ((d == 64 || d == 128) && window == 0) {
           for (int64_t m = 0; m < m_rows; m += 4) {
             const int rb = static_cast<int>(std::min<int64_t>(4, m_rows - m));
             int64_t vis[4] = {0, 0, 0, 0};
@@ -257,7 +259,9 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
         for (int64_t m = 0; m < m_rows; ++m) {
           const int64_t qpos = pos0 + m / group;
           const int64_t visible = std::min(nk, qpos - t0 + 1);  // keys t0 .. qpos of this tile
-          if (visible <= 0) continue;
+          // and, in a sliding window, from qpos - window + 1 on
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, qpos - window + 1 - t0) : 0;
+          if (visible <= lo) continue;
           float s[KT] = {0.f};
           const float* qm = qf.data() + m * d;
           for (int64_t i = 0; i < d; ++i) {
@@ -266,20 +270,20 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
             for (int64_t j = 0; j < KT; ++j) s[j] += qv * kr[j];
           }
           float tile_max = neg_inf;
-          for (int64_t j = 0; j < visible; ++j) tile_max = std::max(tile_max, s[j]);
+          for (int64_t j = lo; j < visible; ++j) tile_max = std::max(tile_max, s[j]);
           const float m_new = std::max(mx[m], tile_max);
           const float alpha = std::exp(mx[m] - m_new);
           float tile_sum = 0.f;
           for (int64_t j = 0; j < KT; ++j) {
             const float e = std::exp(s[j] - m_new);
-            p[j] = j < visible ? e : 0.f;
+            p[j] = j >= lo && j < visible ? e : 0.f;
             tile_sum += p[j];
           }
           mx[m] = m_new;
           sum[m] = sum[m] * alpha + tile_sum;
           float* am = acc.data() + m * d;
           for (int64_t i = 0; i < d; ++i) am[i] *= alpha;
-          for (int64_t j = 0; j < visible; ++j) {
+          for (int64_t j = lo; j < visible; ++j) {
             const float pj = p[j];
             const float* vr = vt.data() + j * d;
             for (int64_t i = 0; i < d; ++i) am[i] += pj * vr[i];
@@ -304,8 +308,10 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
 
 void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor start_pos,
-                             torch::Tensor block_tables, double scale, double k_scale, double v_scale) {
+                             torch::Tensor block_tables, double scale, double k_scale, double v_scale,
+                             int64_t window) {
   check_attention_args(out, q, k_cache, v_cache);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), got ", window);
   for (const auto* t : {&q_starts, &q_lens, &start_pos, &block_tables})
     TORCH_CHECK(t->scalar_type() == torch::kLong, "sequence descriptors and block tables must be int64");
   auto qs = q_starts.contiguous(), ql = q_lens.contiguous(), sp = start_pos.contiguous();
@@ -329,7 +335,7 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k
       prefill_kernel<scalar_t>(out.data_ptr<scalar_t>(), out.stride(0), q.data_ptr<scalar_t>(), q.stride(0), kr, vr,
                                qs.data_ptr<int64_t>(), ql.data_ptr<int64_t>(), sp.data_ptr<int64_t>(),
                                bt.data_ptr<int64_t>(), bt.size(1), num_seqs, n_heads, n_kv, d, bs,
-                               static_cast<float>(scale));
+                               static_cast<float>(scale), window);
     });
   });
 }
