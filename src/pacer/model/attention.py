@@ -63,10 +63,12 @@ class ChunkSpan:
 
 def build_metadata(slot_mapping: list[int], single_tables: list[list[int]], single_context_lens: list[int],
                    chunks: list[ChunkSpan], block_size: int, device: torch.device | str,
-                   use_kernel: bool) -> AttentionMetadata:
+                   use_kernel: bool, prefill_kernel: bool | None = None) -> AttentionMetadata:
     """The step's tensors in the layout its backend reads: the C++ kernels take padded block
     tables and context lengths; the torch path takes a visibility mask for the single rows and
-    one block table per chunk."""
+    one block table per chunk. `prefill_kernel` (default `use_kernel`): whether the chunks go to
+    the C++ kernel too (`LlamaModel.prefill_on_kernel`)."""
+    prefill_kernel = use_kernel if prefill_kernel is None else prefill_kernel
     single_block_tables = single_mask = lens = None
     if single_tables:
         single_block_tables = _padded(single_tables, device)
@@ -75,9 +77,9 @@ def build_metadata(slot_mapping: list[int], single_tables: list[list[int]], sing
             positions = torch.arange(single_block_tables.shape[1] * block_size, device=device).unsqueeze(0)
             single_mask = (positions < lens.unsqueeze(1))[:, None, None, :]
     prefills = [PrefillSeq(c.q_start, c.q_len, c.start_pos,
-                           None if use_kernel else torch.tensor(c.block_table, device=device)) for c in chunks]
+                           None if prefill_kernel else torch.tensor(c.block_table, device=device)) for c in chunks]
     prefill_batch = None
-    if chunks and use_kernel:
+    if chunks and prefill_kernel:
         prefill_batch = (torch.tensor([c.q_start for c in chunks], device=device),
                          torch.tensor([c.q_len for c in chunks], device=device),
                          torch.tensor([c.start_pos for c in chunks], device=device),

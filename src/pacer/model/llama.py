@@ -25,6 +25,7 @@ from pacer.model.linear import Linear
 from pacer.model.quant import QuantLinear, QuantWeight
 
 Proj = Linear | QuantLinear
+_TILED_HEAD_DIMS = (64, 128)   # the C++ prefill kernel's vectorised tiles (csrc/prefill_attention.cpp)
 
 __all__ = ["LlamaModel", "rope_inv_freq"]
 
@@ -132,6 +133,10 @@ class LlamaModel:
             if self.kernel is None and attention_backend == "cpp":
                 raise RuntimeError("attention_backend='cpp' but the C++ kernel could not be built")
         self.attention_backend = "cpp" if self.kernel is not None else "torch"
+        # prefill chunks go to the kernel where it has a vectorised tile (head_dim 64 / 128); at
+        # other widths its scalar loop loses to SDPA (Gemma's 256: prefill 12-28% slower), so
+        # there the chunks take the torch path and only the decode rows the kernel
+        self.prefill_on_kernel = self.kernel is not None and arch.head_dim in _TILED_HEAD_DIMS
         self._inv_freqs = [rope_inv_freq(arch).to(dev)]
         if arch.rope_local_theta and arch.sliding_layers:
             self._inv_freqs.append(rope_inv_freq(arch, local=True).to(dev))
