@@ -67,7 +67,7 @@ def build_metadata(slot_mapping: list[int], single_tables: list[list[int]], sing
     """The step's tensors in the layout its backend reads: the C++ kernels take padded block
     tables and context lengths; the torch path takes a visibility mask for the single rows and
     one block table per chunk. `prefill_kernel` (default `use_kernel`): whether the chunks go to
-    the C++ kernel too (`LlamaModel.prefill_on_kernel`)."""
+    the C++ kernel too (`LlamaModel.rows_on_kernel`)."""
     prefill_kernel = use_kernel if prefill_kernel is None else prefill_kernel
     single_block_tables = single_mask = lens = None
     if single_tables:

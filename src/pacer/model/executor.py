@@ -183,8 +183,7 @@ class ModelExecutor:
                 logits_rows.extend(range(row - 1 - len(sr.draft_token_ids), row))
                 sample_reqs.append(sr)
         dev = self.device
-        meta = build_metadata(slots, tables, ctx_lens, chunks, bs, dev, use_kernel=self.model.kernel is not None,
-                              prefill_kernel=self.model.prefill_on_kernel)
+        meta = build_metadata(slots, tables, ctx_lens, chunks, bs, dev, *self.model.rows_on_kernel)
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows, sample_reqs,
                 prompt_groups)
 

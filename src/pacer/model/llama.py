@@ -152,6 +152,11 @@ class LlamaModel:
         return self._inv_freqs[0]
 
     @property
+    def rows_on_kernel(self) -> tuple[bool, bool]:
+        """Whether the C++ kernels attend (decode rows, prefill chunks): `build_metadata`'s layout."""
+        return self.kernel is not None, self.prefill_on_kernel
+
+    @property
     def layer_inv_freqs(self) -> list[torch.Tensor]:
         """Each layer's RoPE inverse frequencies (a sliding layer may have its own base)."""
         return [self._inv_freqs[layer.rope] for layer in self.layers]
