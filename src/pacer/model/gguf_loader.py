@@ -48,6 +48,7 @@ _GEMMA_NORM_NAMES = {
     "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
 }
+_GEMMA3_LAYER_NAMES = _GGUF_LAYER_NAMES | _GEMMA_NORM_NAMES
 _GEMMA3_SWA_PATTERN, _GEMMA3_LOCAL_ROPE_BASE = 6, 10000.0   # as llama.cpp sets them for gemma3
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ARCH_METADATA_KEY = "pacer.arch"
@@ -162,7 +163,7 @@ def _hf_name(gguf_name: str, path: Path, arch: str) -> str:
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     m = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    names = _GGUF_LAYER_NAMES | _GEMMA_NORM_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
     if m is None or m.group(2) not in names:
         raise ValueError(f"{path.name}: unexpected GGUF tensor {gguf_name!r}")
     return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"

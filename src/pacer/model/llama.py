@@ -133,13 +133,17 @@ class LlamaModel:
             if self.kernel is None and attention_backend == "cpp":
                 raise RuntimeError("attention_backend='cpp' but the C++ kernel could not be built")
         self.attention_backend = "cpp" if self.kernel is not None else "torch"
-        # prefill chunks go to the kernel where it has a vectorised tile (head_dim 64 / 128); at
+        # Whether the C++ kernels attend (decode rows, prefill chunks): `build_metadata`'s layout.
+        # Prefill chunks go to the kernel where it has a vectorised tile (head_dim 64 / 128); at
         # other widths its scalar loop loses to SDPA (Gemma's 256: prefill 12-28% slower), so
-        # there the chunks take the torch path and only the decode rows the kernel
-        self.prefill_on_kernel = self.kernel is not None and arch.head_dim in _TILED_HEAD_DIMS
+        # there the chunks take the torch path and only the decode rows the kernel.
+        on_kernel = self.kernel is not None
+        self.rows_on_kernel = (on_kernel, on_kernel and arch.head_dim in _TILED_HEAD_DIMS)
         self._inv_freqs = [rope_inv_freq(arch).to(dev)]
         if arch.rope_local_theta and arch.sliding_layers:
             self._inv_freqs.append(rope_inv_freq(arch, local=True).to(dev))
+        # each layer's RoPE inverse frequencies (a sliding layer may have its own base)
+        self.layer_inv_freqs = [self._inv_freqs[layer.rope] for layer in self.layers]
         self._rope_cache_len = 0
         self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (cos, sin) per rope table, torch path
         self._tables_f: list[tuple[torch.Tensor, torch.Tensor]] = []   # the same in float32, C++ path
@@ -150,16 +154,6 @@ class LlamaModel:
         """RoPE inverse frequencies [head_dim / 2] (float32, on the model's device; scaling applied)
         of the full-attention layers."""
         return self._inv_freqs[0]
-
-    @property
-    def rows_on_kernel(self) -> tuple[bool, bool]:
-        """Whether the C++ kernels attend (decode rows, prefill chunks): `build_metadata`'s layout."""
-        return self.kernel is not None, self.prefill_on_kernel
-
-    @property
-    def layer_inv_freqs(self) -> list[torch.Tensor]:
-        """Each layer's RoPE inverse frequencies (a sliding layer may have its own base)."""
-        return [self._inv_freqs[layer.rope] for layer in self.layers]
 
     def _projections(self) -> list[Proj]:
         return [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
@@ -289,13 +283,13 @@ class LlamaModel:
                 # Past the last KV write only the rows that need logits matter: skip the
                 # output projection and MLP of every other prefill token.
                 x, attn = x[logits_rows], attn[logits_rows]
-            next_norm = self.layers[i + 1].in_norm if i < last else self.final_norm
-            if layer.pre_ffn_norm is not None and layer.post_ffn_norm is not None:
-                h = self._add_norm(x, self._norm(layer.o(attn), layer.post_norm), layer.pre_ffn_norm)
-                mlp = layer.down(self._act_mul(layer.gate_up(h)))
-                h = self._add_norm(x, self._norm(mlp, layer.post_ffn_norm), next_norm)
-                continue
-            h = self._add_norm(x, layer.o(attn), layer.post_norm)
+            attn = layer.o(attn)
+            if layer.pre_ffn_norm is not None:   # sandwich norms: post_norm closes attention's branch
+                h = self._add_norm(x, self._norm(attn, layer.post_norm), layer.pre_ffn_norm)
+            else:
+                h = self._add_norm(x, attn, layer.post_norm)
             mlp = layer.down(self._act_mul(layer.gate_up(h)))
-            h = self._add_norm(x, mlp, next_norm)
+            if layer.post_ffn_norm is not None:
+                mlp = self._norm(mlp, layer.post_ffn_norm)
+            h = self._add_norm(x, mlp, self.layers[i + 1].in_norm if i < last else self.final_norm)
         return self.lm_head(h).float()

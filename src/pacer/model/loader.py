@@ -29,8 +29,8 @@ from pacer.model.checkpoint import (
 from pacer.model.tokenizer import Tokenizer
 
 __all__ = [
-    "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "gemma3_270m_path", "expected_shapes", "SUPPORTED_ARCHITECTURES",
-    "resolve_quantization", "resolve_quant_activations", "quantize_checkpoint",
+    "ModelArch", "Checkpoint", "load_checkpoint", "default_model_path", "gemma3_270m_path", "expected_shapes",
+    "SUPPORTED_ARCHITECTURES", "resolve_quantization", "resolve_quant_activations", "quantize_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
