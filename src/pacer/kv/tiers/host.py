@@ -15,7 +15,7 @@ promotion is a copy: the entry stays (and is touched), so a later device evictio
 prefix need not copy it again. Entries promoted or demoted in the current step are locked
 until the step's copies are taken, so a slot is never reused while a copy still reads it.
 
-Eviction order: lru (oldest touch first), ttl (lru, and entries idle longer than the TTL are
+Eviction order (`HostEviction`, pacer.kv.tiers.host_eviction, mixed in): lru (oldest touch first), ttl (lru, and entries idle longer than the TTL are
 dropped when the tier is next used), weighted-lru (GreedyDual over tenant weights, as the
 device tier). Tenants and quotas as on the device (`tenant_isolation="partitioned"`): each
 entry counts against its owner's quota group, a group at its quota makes room by evicting its
@@ -26,7 +26,6 @@ prefixes never leave the device, so they are never demoted. This room never sees
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -43,6 +42,7 @@ from pacer.kv.events import (
     namespace_keys,
 )
 from pacer.kv.tenancy import host_quotas
+from pacer.kv.tiers.host_eviction import HostEntry, HostEviction
 
 if TYPE_CHECKING:
     from pacer.config import CacheConfig
@@ -68,19 +68,6 @@ def chain_keys(owner: str, token_ids: Sequence[int], block_size: int, n_blocks: 
 
 
 @dataclass(slots=True)
-class _Entry:
-    slot: int
-    parent: int
-    owner: str
-    tokens: tuple[int, ...]
-    tenant: str
-    group: str
-    last_access: float
-    priority: float
-    tick: int
-
-
-@dataclass(slots=True)
 class HostTierStats:
     """Offload-tier counters (monotonic) for Engine.snapshot() / metrics."""
 
@@ -91,7 +78,7 @@ class HostTierStats:
     demotions_skipped: int = 0    # evicted device blocks dropped because the tier was full of swap
 
 
-class HostKVTier:
+class HostKVTier(HostEviction):
     def __init__(self, num_blocks: int, block_size: int, now: Callable[[], float], *,
                  eviction_policy: str = "lru", ttl: float | None = None,
                  tenant_weights: Mapping[str, float] | None = None, offload: bool = True,
@@ -109,7 +96,7 @@ class HostKVTier:
         self._weights = dict(tenant_weights or {})
         self._inflation = 0.0
         self._tick = 0
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, HostEntry] = {}
         self._group_of = group_of or (lambda owner: "")
         self._quotas = dict(quotas or {})
         self._group_sizes: dict[str, int] = {}
@@ -183,7 +170,7 @@ class HostKVTier:
         self.expire()
         bs = self.block_size
         group = self._group_of(owner)
-        chain: list[tuple[int, _Entry]] = []
+        chain: list[tuple[int, HostEntry]] = []
         for i, dev in enumerate(device_blocks):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
             key = block_key(parent, owner, tokens)
@@ -192,7 +179,7 @@ class HostKVTier:
                 if not self._make_room(group):
                     self.stats.demotions_skipped += len(device_blocks) - i
                     break
-                entry = _Entry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
+                entry = HostEntry(self.pool.allocate(1)[0], parent, owner, tokens, tenant, group, 0.0, 0.0, 0)
                 self._entries[key] = entry
                 self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
                 if transient:
@@ -248,7 +235,7 @@ class HostKVTier:
         if key in self._entries or not self.pool.num_free_blocks or (limit is not None and self.group_size(group) >= limit):
             return None
         tenant = owner.partition(SALT_SEPARATOR)[0]
-        entry = _Entry(self.pool.allocate(1)[0], parent, owner, tuple(tokens), tenant, group, 0.0, 0.0, 0)
+        entry = HostEntry(self.pool.allocate(1)[0], parent, owner, tuple(tokens), tenant, group, 0.0, 0.0, 0)
         self._entries[key] = entry
         self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
         self._touch(key, entry)
@@ -291,76 +278,7 @@ class HostKVTier:
 
     # ------------------------------------------------------------------ internals
 
-    def quota(self, group: str) -> int | None:
-        """Most offloaded blocks `group` may hold; None: no limit."""
-        if not self._quotas or group == "":
-            return None
-        return self._quotas.get(group, self._quotas.get("*", 0))
-
-    def group_size(self, group: str) -> int:
-        return self._group_sizes.get(group, 0)
-
-    def _make_room(self, group: str) -> bool:
-        """A free slot for one more block of `group`: within its quota (evicting its own entries)
-        and within the pool (evicting anyone's, in eviction order)."""
-        limit = self.quota(group)
-        if limit is not None and self.group_size(group) >= limit:
-            over = self.group_size(group) - limit + 1
-            if self._evict(over, "quota", group) < over:
-                return False
-        return bool(self.pool.num_free_blocks) or bool(self._evict(1, "capacity"))
-
-    def _touch(self, key: int, entry: _Entry) -> None:
-        self._tick += 1
-        entry.tick = self._tick
-        entry.last_access = self._now()
-        if self._policy == "weighted-lru":
-            entry.priority = self._inflation + self._weights.get(entry.tenant, 1.0)
-            sort_key = entry.priority
-        else:
-            sort_key = entry.last_access
-        heapq.heappush(self._heaps.setdefault(entry.group, []), (sort_key, entry.tick, key))
-
-    def _next_victim(self, group: str | None, skipped: list[tuple[str, tuple[float, int, int]]]
-                     ) -> tuple[str, tuple[float, int, int]] | None:
-        """The best eviction candidate (of `group`, or of any group): stale items are pruned,
-        locked ones set aside in `skipped` (pushed back by the caller)."""
-        best: str | None = None
-        for g in [group] if group is not None else list(self._heaps):
-            heap = self._heaps.get(g)
-            while heap:
-                _, tick, key = heap[0]
-                entry = self._entries.get(key)
-                if entry is None or entry.tick != tick:
-                    heapq.heappop(heap)          # a stale heap item
-                elif key in self._locked:
-                    skipped.append((g, heapq.heappop(heap)))
-                else:
-                    break
-            if heap and (best is None or heap[0][:2] < self._heaps[best][0][:2]):
-                best = g
-        return None if best is None else (best, heapq.heappop(self._heaps[best]))
-
-    def _evict(self, n: int, reason: str, group: str | None = None) -> int:
-        """Drop up to n unlocked offloaded blocks (of `group` only, when given), best eviction
-        key first; returns how many."""
-        dropped = 0
-        skipped: list[tuple[str, tuple[float, int, int]]] = []
-        while dropped < n:
-            victim = self._next_victim(group, skipped)
-            if victim is None:
-                break
-            key = victim[1][2]
-            entry = self._entries[key]
-            if self._policy == "weighted-lru":
-                self._inflation = max(self._inflation, entry.priority)
-            self._drop(key, reason)
-            dropped += 1
-        for g, item in skipped:
-            heapq.heappush(self._heaps[g], item)
-        return dropped
-
-    def _stored(self, key: int, entry: _Entry, demoted: bool = True) -> None:
+    def _stored(self, key: int, entry: HostEntry, demoted: bool = True) -> None:
         if key in self.transient:
             return
         if demoted and self._demoted is not None:
