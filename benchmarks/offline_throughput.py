@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import isa_switch
 
@@ -284,6 +285,7 @@ def main() -> None:
     w_prompts, w_outs = load_w(args.quick)
     b1: dict[str, float] = {}
     peer_b1: dict[str, float] = {}
+    result: dict[str, Any] = {"w": {}, "varied": {}}   # the RESULT line, for cpu_verdicts.py
     for dtype in dtypes:
         r = run_w(dtype, args, w_prompts, w_outs, b1)
         if not args.skip_hf and dtype == "float32" and not args.batch1_only:
@@ -299,13 +301,17 @@ def main() -> None:
             if "runs_s" in lc:
                 r["llamacpp"] = (lc["output_tokens"] / stat(lc["runs_s"]), lc["runs_s"])
             line(f"  llama.cpp {lc.get('version', '?')} built for: {lc.get('simd', '?')}")
+            result["llamacpp_simd"] = lc.get("simd", "?")
             peer_b1["llama.cpp Q4_1"] = batch1_ms(lc["runs_one_s"], lc["runs_many_s"], args.batch1_tokens)
         if not args.batch1_only:
             line(w_line(dtype, r, reps) + f" | load {loadavg()}")
+            result["w"][dtype] = {k: v[0] for k, v in r.items() if v}
     batch1_lines(b1, peer_b1, args.batch1_tokens, reps)
+    result["batch1_ms"] = {**b1, **peer_b1}
     if not (args.skip_varied or args.batch1_only):
-        varied_line(args)
+        result["varied"]["float32"] = varied_line(args)
     line(f"# load average at the end {loadavg()}")
+    line("RESULT " + json.dumps(result))
 
 
 def batch1_lines(b1: dict[str, float], peers: dict[str, float], n: int, reps: int) -> None:
@@ -317,7 +323,7 @@ def batch1_lines(b1: dict[str, float], peers: dict[str, float], n: int, reps: in
              f"{' | ' + others if others else ''} | memory-bandwidth floor ~{FLOOR_MS.get(dtype)} ms (float weights)")
 
 
-def varied_line(args: argparse.Namespace) -> None:
+def varied_line(args: argparse.Namespace) -> dict[str, float]:
     """The varied-length workload on pacer (each weight format of `--weights`), HF static batching
     and vLLM float32 (the same prompts and exact output lengths through vllm_offline.py)."""
     reps = args.repeats
@@ -325,6 +331,7 @@ def varied_line(args: argparse.Namespace) -> None:
     v_prompts, v_outs = varied_workload(n_var)
     parts = []
     pv = 0.0
+    out: dict[str, float] = {}   # engine -> output tok/s
     for wfmt in args.weights.split(","):
         quant, _, act = wfmt.partition("+")
         llm = LLM(dtype="float32", max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -334,9 +341,11 @@ def varied_line(args: argparse.Namespace) -> None:
         del llm
         name = "pacer" if wfmt == "none" else f"pacer-{wfmt}"
         pv = pv or tok_s
+        out[name] = tok_s
         parts.append(f"{name} {tok_s:.1f} ({runs_text(runs)})" + (f"; {name}/pacer {tok_s / pv:.2f}x" if pv != tok_s else ""))
     if not args.skip_hf:
         hv, hv_runs = run_hf_static(hf_model(torch.float32), v_prompts, v_outs, reps)
+        out["hf"] = hv
         parts.append(f"HF static batch {hv:.1f} ({runs_text(hv_runs)}; pacer/HF {pv / hv:.2f}x)")
     if not args.skip_vllm:
         path = pathlib.Path(tempfile.gettempdir()) / f"pacer_varied_{n_var}.json"
@@ -345,9 +354,11 @@ def varied_line(args: argparse.Namespace) -> None:
         if res is not None:
             vruns = [float(t) for t in res["runs_s"]]
             vv = float(res["output_tokens"]) / stat(vruns)
+            out["vllm"] = vv
             parts.append(f"vLLM {vv:.1f} ({runs_text(vruns)}; pacer/vLLM {pv / vv:.2f}x)")
     line(f"[varied {n_var} req, prompts 32..1024, outputs 16..256] output tok/s, "
          f"median of {reps}: " + " | ".join(parts) + f" | load {loadavg()}")
+    return out
 
 
 def loadavg() -> str:

@@ -18,6 +18,7 @@ CPU's flags are printed beside the figures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -75,7 +76,8 @@ def greedy(model: LlamaModel, kv: Any, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int, tie: float) -> None:
+def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int,
+            tie: float) -> dict[str, dict[str, float]]:
     ref_name = "float32"
     stats: dict[str, list[float]] = {k: [] for k in models if k != ref_name}
     agree = {k: [0, 0, 0] for k in stats}   # same top-1, near-tie misses, other misses
@@ -95,11 +97,15 @@ def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int
             agree[name][0] += int(same.sum())
             agree[name][1] += int(near.sum())
             agree[name][2] += int((~same & ~near).sum())
+    out = {}
     for name, kls in stats.items():
         s, t, o = agree[name]
+        out[name] = {"kl_mean": statistics.fmean(kls), "kl_max": max(kls), "agreement": s / (s + t + o),
+                     "near_ties": t, "other": o, "tokens": n}
         print(f"quality {name:8s} vs float32, {len(CHATS)} chats x {n} tokens: KL mean {statistics.fmean(kls):.2e} "
               f"max {max(kls):.2e}; greedy agreement {s / (s + t + o):.1%} ({t} near-ties < {tie} nats, "
               f"{o} other) | {load_line()}", flush=True)
+    return out
 
 
 def timed(fn: Any) -> float:
@@ -108,7 +114,7 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def speed(models: dict[str, LlamaModel], kvs: dict[str, Any], repeats: int) -> None:
+def speed(models: dict[str, LlamaModel], kvs: dict[str, Any], repeats: int) -> dict[str, dict[str, float]]:
     ctx = 128
     prompt = list(range(300, 300 + ctx))
     batch = [([1000 + i], ctx) for i in range(32)]
@@ -129,6 +135,9 @@ def speed(models: dict[str, LlamaModel], kvs: dict[str, Any], repeats: int) -> N
               f"({f32['b1'] / r['b1']:.2f}x float32); 32-seq decode {32 / r['b32']:.0f} tok/s "
               f"({f32['b32'] / r['b32']:.2f}x); prefill 256 {256 / r['pre']:.0f} tok/s ({f32['pre'] / r['pre']:.2f}x) "
               f"| {load_line()}", flush=True)
+    return {name: {"b1_ms": r["b1"] * 1e3, "b32_tok_s": 32 / r["b32"], "prefill_tok_s": 256 / r["pre"],
+                   "b1_x": f32["b1"] / r["b1"], "b32_x": f32["b32"] / r["b32"], "prefill_x": f32["pre"] / r["pre"]}
+            for name, r in med.items()}
 
 
 def main() -> None:
@@ -153,8 +162,9 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | {isa_switch.label()} "
           f"| {load_line()}", flush=True)
     with torch.inference_mode():
-        quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie)
-        speed(models, kvs, args.repeats)
+        result = {"quality": quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie),
+                  "speed": speed(models, kvs, args.repeats)}
+    print("RESULT " + json.dumps(result), flush=True)   # for cpu_verdicts.py
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ each rate over HTTP (one server, one client, the rates in turn); `pacer sim` wit
 machine's `cpu-local` profile predicts each pacer line on the same trace, printed beside it.
 Per engine and rate: output tok/s, goodput, attainment, refusals, and per class TTFT / ITL
 p50 / p99. Then the issue's verdicts past saturation (the highest rate): slo's throughput vs
-fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and ITL p99.
+fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and ITL p99. `--policies fcfs` runs only the
+default `pacer serve` (no verdicts: the online throughput check of `cpu_verdicts.py`). The last
+line, `RESULT {...}`, holds every engine's overall figures per rate and seed as JSON.
 
 `--repeats N` runs every trace N times, each repeat on freshly started servers (empty caches) with
 the engines taking turns, so a drift in the machine's load falls on all of them; the tables then
@@ -130,8 +132,7 @@ HEADER = (f"{'engine':<14} {'tok/s':>6} {'good/s':>6} {'att':>5} {'429':>3} "
 def engines(args: argparse.Namespace, port: int) -> list[tuple[str, list[str], dict[str, str]]]:
     pacer = [str(BIN / "pacer"), "serve", "--host", "127.0.0.1", "--port", str(port), *_slo_flags(),
              *args.pacer_args.split()]
-    out = [("pacer fcfs", [*pacer, "--scheduling-policy", "fcfs"], {}),
-           ("pacer slo", [*pacer, "--scheduling-policy", "slo"], {})]
+    out = [(f"pacer {policy}", [*pacer, "--scheduling-policy", policy], {}) for policy in args.policies.split(",")]
     if args.vllm:
         py = str(Path(args.vllm) / "bin" / "python")
         cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.vllm_model, "--host", "127.0.0.1",
@@ -152,6 +153,8 @@ def main() -> int:
     p.add_argument("--vllm-model", default="/tmp/pacer-peers/smollm2-hf", help="the same weights as HF float32")
     p.add_argument("--vllm-args", default="--max-model-len 4096", help="extra vLLM server flags")
     p.add_argument("--pacer-args", default="", help="extra pacer serve flags (e.g. '--dtype bfloat16')")
+    p.add_argument("--policies", default="fcfs,slo", help="pacer's scheduling policies, one server each (the "
+                   "verdicts need fcfs and slo)")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
     p.add_argument("--repeats", type=int, default=1, help="runs of every trace, each on fresh servers; verdicts on "
@@ -184,7 +187,11 @@ def main() -> int:
                 policy = name.split()[1]
                 sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json")
                 print(row(f"  sim {policy}", sim))
-    verdicts(results, rates[-1], seeds, bool(args.vllm))
+    if {"pacer fcfs", "pacer slo"} <= {name for name, *_ in engines(args, 0)}:
+        verdicts(results, rates[-1], seeds, bool(args.vllm))
+    # each engine's medians over the repeats, per rate and seed (for cpu_verdicts.py)
+    print("RESULT " + json.dumps({f"{name}|{rate}|{seed}": median_summary(runs)["overall"]
+                                  for (name, rate, seed), runs in results.items()}))
     return 0
 
 
