@@ -4,10 +4,10 @@ Models, all from the default GGUF (SmolLM2-135M-Instruct Q4_1, its LM head Q8_0)
 (`--quantization none`, the reference), `q-float` (packed blocks, float activations),
 `q-int8` (packed blocks, int8 activations per token and block of 32: the default engine's).
 
-Quality: each held-out chat's prompt plus the reference's own 64 greedy tokens, teacher-forced
-through every model in one prefill; per-token KL(float32 || model) and greedy (top-1) agreement
-over the 64 generated positions, with disagreements where the reference's top two are within
-`--tie` nats counted as near-ties. Speed: model.forward timed directly (no scheduler), the models
+Quality: each held-out chat's prompt (16 of them; `--chats N` takes the first N) plus the
+reference's own 64 greedy tokens, teacher-forced through every model in one prefill; per-token
+KL(float32 || model) and greedy (top-1) agreement over the 64 generated positions, with
+disagreements where the reference's top two are within `--tie` nats counted as near-ties. Speed: model.forward timed directly (no scheduler), the models
 interleaved each repeat, medians: batch-1 decode ms/token at a 128-token context, decode
 throughput of 32 sequences, and prefill tokens/s of one 256-token chunk. Load average and the
 CPU's flags are printed beside the figures.
@@ -39,6 +39,18 @@ CHATS = [
     "Write a short Python function that checks whether a string is a palindrome.",
     "My tomato plants have yellow leaves at the bottom. What could be wrong?",
     "Give me three ideas for a rainy Sunday afternoon with two kids.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize the plot of Romeo and Juliet in three sentences.",
+    "How do I politely decline a meeting invitation from my manager?",
+    "Translate 'Where is the train station?' into French and Spanish.",
+    "Why do cats purr? Give a short answer.",
+    "Write a haiku about autumn leaves.",
+    "What should I pack for a three-day hiking trip in the mountains?",
+    "Explain what a hash table is to a beginner programmer.",
+    "Suggest a name for a small bakery that sells sourdough bread.",
+    "How many minutes are there in a week? Show the steps.",
+    "What are the health benefits of drinking water regularly?",
+    "Write a two-line SQL query that counts the rows of a table named orders.",
 ]
 BS = 16
 
@@ -76,12 +88,12 @@ def greedy(model: LlamaModel, kv: Any, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int,
-            tie: float) -> dict[str, dict[str, float]]:
+def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int, tie: float,
+            chats: list[str]) -> dict[str, dict[str, float]]:
     ref_name = "float32"
     stats: dict[str, list[float]] = {k: [] for k in models if k != ref_name}
     agree = {k: [0, 0, 0] for k in stats}   # same top-1, near-tie misses, other misses
-    for chat in CHATS:
+    for chat in chats:
         prompt = tok.apply_chat_template([{"role": "user", "content": chat}])
         cont = greedy(models[ref_name], kvs[ref_name], prompt, n)
         seq = prompt + cont
@@ -102,7 +114,7 @@ def quality(models: dict[str, LlamaModel], kvs: dict[str, Any], tok: Any, n: int
         s, t, o = agree[name]
         out[name] = {"kl_mean": statistics.fmean(kls), "kl_max": max(kls), "agreement": s / (s + t + o),
                      "near_ties": t, "other": o, "tokens": n}
-        print(f"quality {name:8s} vs float32, {len(CHATS)} chats x {n} tokens: KL mean {statistics.fmean(kls):.2e} "
+        print(f"quality {name:8s} vs float32, {len(chats)} chats x {n} tokens: KL mean {statistics.fmean(kls):.2e} "
               f"max {max(kls):.2e}; greedy agreement {s / (s + t + o):.1%} ({t} near-ties < {tie} nats, "
               f"{o} other) | {load_line()}", flush=True)
     return out
@@ -146,6 +158,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15, help="timed repeats per figure (medians)")
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per chat for the quality check")
     ap.add_argument("--tie", type=float, default=0.01, help="a reference top-2 gap (nats) counted as a near-tie")
+    ap.add_argument("--chats", type=int, default=len(CHATS), help="held-out chats for the quality check (the first N)")
     ap.add_argument("--isa", default="native", choices=["native", "avx2"],
                     help="avx2: every library held to its AVX2 paths, float32's oneDNN too (isa_switch.py)")
     args = ap.parse_args()
@@ -162,7 +175,7 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} | threads {args.threads} | {isa_switch.label()} "
           f"| {load_line()}", flush=True)
     with torch.inference_mode():
-        result = {"quality": quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie),
+        result = {"quality": quality(models, kvs, ckpt.tokenizer, args.tokens, args.tie, CHATS[:args.chats]),
                   "speed": speed(models, kvs, args.repeats)}
     print("RESULT " + json.dumps(result), flush=True)   # for cpu_verdicts.py
 
