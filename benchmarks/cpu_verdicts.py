@@ -14,7 +14,8 @@ at a llama.cpp built for AVX2), streams their output, and reads the RESULT line 
    activations against float32; quality against float32 on held-out chats of Q4_1 computed
    from its blocks (`q-float`) and with int8 activations (`q-int8`);
 3. `slo_overload.py --policies fcfs --rates 0.3 --seeds 1 --no-sim`: online, `pacer bench
-   --workload mixed` against `pacer serve` and `vllm serve` (float32), the same trace;
+   --workload mixed` against `pacer serve --quantization none` and `vllm serve --dtype float32`
+   (float32 both: the same weights), the same trace;
 4. `sim_speed.py`: 10,000 simulated requests on H200 x8.
 
 Then one line per bar: met / NOT met / not measured, its figure, the bar, under the CPU flags
@@ -72,7 +73,7 @@ def verdicts(res: Results, quick: bool = False) -> list[Verdict]:
     online = res.get("online") or {}
     pacer_on = next((v for k, v in online.items() if k.startswith("pacer fcfs|")), {})
     vllm_on = next((v for k, v in online.items() if k.startswith("vllm serve|")), {})
-    out.append(_ratio(f"online output tok/s, pacer serve / vllm serve{tag}", pacer_on.get("output_tok_s"),
+    out.append(_ratio(f"online float32 output tok/s, pacer serve / vllm serve{tag}", pacer_on.get("output_tok_s"),
                       vllm_on.get("output_tok_s"), 1.0))
     ours, theirs = b1.get("float32 pacer-gguf+int8"), b1.get("llama.cpp Q4_1")
     out.append(Verdict(f"batch-1 decode of the shipped Q4_1, pacer vs llama.cpp{tag}",
@@ -156,7 +157,7 @@ def main() -> int:
         res["online"] = run("slo_overload.py", *isa, "--policies", "fcfs", "--rates", "0.3", "--seeds", "1",
                             "--no-sim", "--num-prompts", "6" if args.quick else "16", "--vllm", str(vllm),
                             "--vllm-model", str(peers / "smollm2-hf"), "--vllm-args",
-                            "--max-model-len 4096 --dtype float32")
+                            "--max-model-len 4096 --dtype float32", "--pacer-args", "--quantization none")
     print(f"\n## issue 26's bars: {head}, load {loadavg()}" + (" (quick: not the issue's workloads)" if args.quick
                                                                   else ""))
     for v in verdicts(res, args.quick):
