@@ -20,7 +20,7 @@ at a llama.cpp built for AVX2), streams their output, and reads the RESULT line 
 
 Then one line per bar: met / NOT met / not measured, its figure, the bar, under the CPU flags
 and the load average. `--quick` runs small workloads (a smoke run; its lines say so and are
-not the issue's workloads). About an hour on a 2-core machine without `--quick`.
+not the issue's workloads). About 27 minutes on a 2-core machine without `--quick`.
 """
 
 from __future__ import annotations
