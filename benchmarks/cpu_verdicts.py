@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import isa_switch
+from slo_common import loadavg
 
 HERE = Path(__file__).resolve().parent
 Results = dict[str, Any]
@@ -80,11 +81,12 @@ def verdicts(res: Results, quick: bool = False) -> list[Verdict]:
                        f"{ours:.1f} vs {theirs:.1f} ms/token" if ours and theirs else "-",
                        "pacer <= llama.cpp", None if not (ours and theirs) else ours <= theirs))
     q = res.get("quantized") or {}
-    speed, quality = q.get("speed", {}).get("q-int8", {}), q.get("quality", {})
-    out.append(_ratio(f"32-sequence decode, Q4_1 + int8 activations / float32{tag}", speed.get("b32_tok_s"),
-                      (q.get("speed", {}).get("float32") or {}).get("b32_tok_s"), 1.5))
-    out.append(_ratio(f"256-token prefill, int8 activations / float32{tag}", speed.get("prefill_tok_s"),
-                      (q.get("speed", {}).get("float32") or {}).get("prefill_tok_s"), 1.3))
+    speed, quality = q.get("speed", {}), q.get("quality", {})
+    int8, f32 = speed.get("q-int8") or {}, speed.get("float32") or {}
+    out.append(_ratio(f"32-sequence decode, Q4_1 + int8 activations / float32{tag}", int8.get("b32_tok_s"),
+                      f32.get("b32_tok_s"), 1.5))
+    out.append(_ratio(f"256-token prefill, int8 activations / float32{tag}", int8.get("prefill_tok_s"),
+                      f32.get("prefill_tok_s"), 1.3))
     out.append(_quality("Q4_1 from its blocks vs float32", quality.get("q-float"), "kl_max", 1e-3, None, tag))
     out.append(_quality("int8 activations vs float32", quality.get("q-int8"), "kl_mean", 1e-2, 0.95, tag))
     sim = res.get("sim") or {}
@@ -126,10 +128,6 @@ def run(script: str, *args: str) -> Results | None:
         print(f"  ({script} exited with {rc}: its bars are not measured)")
         return None
     return result
-
-
-def loadavg() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> int:
