@@ -118,7 +118,9 @@ def test_silu_and_mul_and_add_rms_norm_match_torch(K, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised path where there is one
-@pytest.mark.parametrize("lens", [[1], [16, 17, 5, 40], [3, 100, 64, 1, 33, 250]])
+# past 256 tokens a context is split into parts attended apart and combined (flash-decoding);
+# [700] alone also splits its kv heads across the threads
+@pytest.mark.parametrize("lens", [[1], [16, 17, 5, 40], [3, 100, 64, 1, 33, 250], [700], [257, 1, 512, 900]])
 def test_decode_attention_matches_torch_reference(K, dtype, d, lens):
     g = torch.Generator().manual_seed(sum(lens) + d)
     n_heads, n_kv, bs = 6, 2, 16

@@ -81,7 +81,7 @@ def _random_caches(name, dtype, n_blocks, bs, n_kv, d, g):
 @pytest.mark.parametrize("d", [32, 64])     # 64 takes the AVX-512 tile path where there is one
 def test_decode_kernel_reads_quantized_blocks_like_the_reference(name, dtype, d):
     g = torch.Generator().manual_seed(d)
-    n_heads, n_kv, bs, lens = 6, 2, 16, [1, 17, 40, 130]
+    n_heads, n_kv, bs, lens = 6, 2, 16, [1, 17, 40, 130, 600]   # 600: split into parts
     width = max(-(-n // bs) for n in lens)
     n_blocks = len(lens) * width + 2
     fmt, kc, vc = _random_caches(name, dtype, n_blocks, bs, n_kv, d, g)

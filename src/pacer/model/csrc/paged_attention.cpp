@@ -2,9 +2,13 @@
 // tables: no gather copy of the context. The query heads of a GQA group share each
 // key/value read. Softmax in float32, two-pass (all scores, then one exp per score).
 //
-// With AVX-512 and head_dim 64 or 128, tasks are requests (or, with fewer requests than
-// twice the threads, (request, kv head) pairs) pulled from a shared counter; keys go 16 at a time: 16 vectors of per-lane partial dot products are
-// folded into one vector of 16 scores (reduce16), and values are accumulated in registers.
+// With AVX-512 or AVX2 and head_dim 64 or 128, a task is one part of at most DECODE_PART
+// tokens of one request's context (all its kv heads, or one kv head when there are too few
+// parts to keep every thread busy), pulled from a shared counter: a long context is split
+// across the threads (flash-decoding), so a few long requests no longer leave a thread idle.
+// Each part keeps its own softmax max and sum; `combine_parts` rescales and adds them. Keys go
+// 16 (AVX2: 8) at a time: that many vectors of per-lane partial dot products are folded into
+// one vector of scores (reduce16 / reduce8), and values are accumulated in registers.
 // Otherwise a portable loop with one task per request; it alone runs a sliding window (Gemma's
 // head_dim 256 takes it anyway): keys from ctx - window on.
 // A quantized cache (kv_cache_dtype int8 / fp8, kv_quant.h) is dequantised row by row into
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -88,20 +93,137 @@ void decode_kernel(const T* q, int64_t q_stride, const KV kc, const KV vc, const
 }
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-// One tile of TILE tokens' keys or values, every kv head of a task (`heads` from `g0`), into
-// `tile` (row j: token t0 + j, `heads * D` floats; rows from `nk` on zeroed), after asking for
-// the next tile's rows: blocks are scattered, so the hardware prefetcher cannot guess where the
-// next one is. Shared by the avx512 (16-token) and avx2 (8-token) decode tiles.
+// Tasks of the vectorised decode tiles: (row, first kv head, part of the context).
+constexpr int64_t DECODE_PART = 256;   // tokens a task attends to at most (a multiple of 16)
+
+struct DecodeTask {
+  int64_t row, g0, t_lo, t_hi, slot;   // slot: its partials' index, -1 when it is its row's only part
+};
+
+struct DecodePlan {
+  std::vector<DecodeTask> tasks;
+  std::vector<int64_t> first_slot;     // per row: its first partial slot (-1: one part, written directly)
+  int64_t heads_per_task = 0, n_slots = 0;
+};
+
+// Parts of at most DECODE_PART tokens per row; all kv heads per task unless the parts are fewer
+// than twice the threads (then one task per kv head too).
+inline DecodePlan plan_decode(const int64_t* ctx_lens, int64_t num_rows, int64_t n_kv) {
+  DecodePlan plan;
+  int64_t parts = 0;
+  for (int64_t r = 0; r < num_rows; ++r) parts += (ctx_lens[r] + DECODE_PART - 1) / DECODE_PART;
+  const int64_t split = parts >= 2 * at::get_num_threads() ? 1 : n_kv;
+  plan.heads_per_task = n_kv / split;
+  plan.first_slot.assign(num_rows, -1);
+  plan.tasks.reserve(parts * split);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t ctx = ctx_lens[r], n = (ctx + DECODE_PART - 1) / DECODE_PART;
+    if (n > 1) plan.first_slot[r] = plan.n_slots;
+    for (int64_t g = 0; g < split; ++g)
+      for (int64_t p = 0; p < n; ++p)
+        plan.tasks.push_back({r, g * plan.heads_per_task, p * DECODE_PART, std::min(ctx, (p + 1) * DECODE_PART),
+                              n > 1 ? plan.n_slots++ : -1});
+  }
+  return plan;
+}
+
+// A task's result: its row's output when it is the only part, else its partials (the
+// unnormalised sums `acc`, the scores' max `m` and the exp sum `l` of each of its hq heads).
+template <typename T>
+inline void finish_task(const DecodeTask& task, int64_t hq, int64_t D, const float* acc, const float* m,
+                        const float* l, T* out, int64_t out_stride, int64_t group, float* part_acc, float* part_ml) {
+  if (task.slot < 0) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      T* op = out + task.row * out_stride + (task.g0 * group + h) * D;
+      for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv);
+    }
+    return;
+  }
+  std::memcpy(part_acc + task.slot * hq * D, acc, hq * D * sizeof(float));
+  for (int64_t h = 0; h < hq; ++h) {
+    part_ml[(task.slot * hq + h) * 2] = m[h];
+    part_ml[(task.slot * hq + h) * 2 + 1] = l[h];
+  }
+}
+
+// The rows split into parts: each head's output is the parts' sums rescaled to the largest max.
+template <typename T>
+void combine_parts(const DecodePlan& plan, int64_t hq, int64_t D, int64_t group, const float* part_acc,
+                   const float* part_ml, T* out, int64_t out_stride) {
+  const int64_t n_tasks = static_cast<int64_t>(plan.tasks.size());
+  std::vector<int64_t> heads;   // the first task of each (row, kv head group) with partials
+  for (int64_t i = 0; i < n_tasks; ++i) {
+    const DecodeTask& t = plan.tasks[i];
+    if (t.slot >= 0 && t.t_lo == 0) heads.push_back(i);
+  }
+  at::parallel_for(0, static_cast<int64_t>(heads.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(D);
+    for (int64_t k = begin; k < end; ++k) {
+      const DecodeTask& first = plan.tasks[heads[k]];
+      int64_t n = 1;
+      while (heads[k] + n < n_tasks && plan.tasks[heads[k] + n].row == first.row &&
+             plan.tasks[heads[k] + n].g0 == first.g0) ++n;
+      for (int64_t h = 0; h < hq; ++h) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t p = 0; p < n; ++p) mx = std::max(mx, part_ml[((first.slot + p) * hq + h) * 2]);
+        std::fill(sum.begin(), sum.end(), 0.f);
+        float total = 0.f;
+        for (int64_t p = 0; p < n; ++p) {
+          const float* ml = part_ml + ((first.slot + p) * hq + h) * 2;
+          if (ml[1] <= 0.f) continue;
+          const float w = std::exp(ml[0] - mx);
+          total += w * ml[1];
+          const float* a = part_acc + ((first.slot + p) * hq + h) * D;
+          for (int64_t i = 0; i < D; ++i) sum[i] += w * a[i];
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        T* op = out + first.row * out_stride + (first.g0 * group + h) * D;
+        for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(sum[i] * inv);
+      }
+    }
+  });
+}
+
+// A cache line into L2, as an instruction the compiler keeps: GCC 12 deleted a loop of nothing
+// but `_mm_prefetch` (`prefetch_next_tile` below) as one without effect.
+inline void prefetch_l2(const char* p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+
+// Ask for the rows of the tile after the one at t0 (every kv head of a task, `heads` from `g0`):
+// blocks are scattered, so the hardware prefetcher cannot guess where the next one is. Into L2
+// (T1), not L1: on the 2-core EPYC, decode attention ran at ~7 GB/s a thread (13-14 with both,
+// AVX2 or AVX-512 alike) without a prefetch or with T0 one tile ahead, and at 19-25 with T1.
 template <int TILE, typename KV>
-inline void load_kv_tile(const KV& cache, const int64_t* table, int64_t bs, int64_t ctx, int64_t t0, int64_t nk,
-                         int64_t g0, int64_t heads, int64_t D, float* tile) {
-  const int64_t width = heads * D;
+inline void prefetch_next_tile(const KV& cache, const int64_t* table, int64_t bs, int64_t ctx, int64_t t0, int64_t g0,
+                               int64_t heads) {
   const int64_t nt0 = t0 + TILE, nn = std::min<int64_t>(TILE, ctx - nt0);
   for (int64_t j = 0; j < nn; ++j) {
     const int64_t t = nt0 + j;
     const char* p = cache.head_ptr(table[t / bs] * bs + t % bs, g0);
-    for (int64_t b = 0; b < heads * cache.head_bytes(); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    for (int64_t b = 0; b < heads * cache.head_bytes(); b += 64) prefetch_l2(p + b);
   }
+}
+
+// One tile of TILE tokens' keys or values from t0, every kv head of a task: row j is token
+// t0 + j, its heads' floats from the returned pointer + j * the kernel's `stride`. A float32 cache is
+// read where it lies when the tile is within one block (bs a multiple of TILE; tiles start at
+// multiples of TILE), its rows the cache's slots apart; otherwise the rows are converted into
+// `tile` (`heads * D` floats a row, the stride then; rows from `nk` on zeroed). In place, the
+// rows past `nk` are the block's other slots, read and masked. Shared by the avx512 (16-token)
+// and avx2 (8-token) decode tiles.
+template <typename KV>
+inline bool reads_in_place(const KV&, int64_t bs, int tile) {
+  return std::is_same_v<KV, pacer::PlainKV<float>> && bs % tile == 0;
+}
+
+template <int TILE, typename KV>
+inline const float* kv_tile(const KV& cache, const int64_t* table, int64_t bs, int64_t ctx, int64_t t0, int64_t nk,
+                            int64_t g0, int64_t heads, int64_t D, float* tile, bool in_place) {
+  prefetch_next_tile<TILE>(cache, table, bs, ctx, t0, g0, heads);
+  if constexpr (std::is_same_v<KV, pacer::PlainKV<float>>) {
+    if (in_place) return cache.base + (table[t0 / bs] * bs + t0 % bs) * cache.n_kv * D + g0 * D;
+  }
+  const int64_t width = heads * D;
   for (int64_t j = 0; j < TILE; ++j) {
     float* dst = tile + j * width;
     if (j < nk) {
@@ -111,6 +233,7 @@ inline void load_kv_tile(const KV& cache, const int64_t* table, int64_t bs, int6
       std::memset(dst, 0, width * sizeof(float));
     }
   }
+  return tile;
 }
 #endif
 
@@ -121,167 +244,165 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
                    int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
   constexpr int C = D / 16;
   const int64_t group = n_heads / n_kv;
-  // A task is one request (all its kv heads: each token's keys are one contiguous read),
-  // or, when there are too few requests to keep every thread busy, one (request, kv head).
-  const int64_t split = num_rows >= 2 * at::get_num_threads() ? 1 : n_kv;
-  const int64_t heads_per_task = n_kv / split;
-  const int64_t n_tasks = num_rows * split;
+  const DecodePlan plan = plan_decode(ctx_lens, num_rows, n_kv);
+  const int64_t hq = plan.heads_per_task * group;   // query heads of a task
+  const int64_t width = plan.heads_per_task * D;    // floats per token in a copied tile
+  const bool in_place = reads_in_place(kc, bs, 16);
+  const int64_t stride = in_place ? n_kv * D : width;   // floats between a tile's rows
+  const int64_t n_tasks = static_cast<int64_t>(plan.tasks.size());
+  std::vector<float> part_acc(plan.n_slots * hq * D), part_ml(plan.n_slots * hq * 2);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    const int64_t hq = heads_per_task * group;  // query heads of a task
-    const int64_t width = heads_per_task * D;   // floats per token in a tile
-    std::vector<float> scores, qs(hq * D), acc(hq * D), tile(16 * width), inv(hq);
-    for (int64_t task = next++; task < n_tasks; task = next++) {
-      const int64_t row = task / split, g0 = (task % split) * heads_per_task;
+    std::vector<float> scores(hq * DECODE_PART), qs(hq * D), acc(hq * D), tile(16 * width), m(hq), l(hq);
+    for (int64_t i = next++; i < n_tasks; i = next++) {
+      const DecodeTask& task = plan.tasks[i];
+      const int64_t row = task.row, g0 = task.g0, lo = task.t_lo, hi = task.t_hi;
       const int64_t ctx = ctx_lens[row];
-      const int64_t ctx16 = (ctx + 15) / 16 * 16;
+      const int64_t n16 = (hi - lo + 15) / 16 * 16;
       const int64_t* table = tables + row * max_blocks;
-      scores.resize(hq * ctx16);
       for (int64_t h = 0; h < hq; ++h)
         for (int c = 0; c < C; ++c)
           _mm512_storeu_ps(qs.data() + h * D + c * 16,
                            _mm512_mul_ps(pacer::load16(q + row * q_stride + (g0 * group + h) * D + c * 16),
                                          _mm512_set1_ps(scale)));
       // scores; query head h reads kv head h / group of the tile
-      for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
-        const int64_t nk = std::min<int64_t>(16, ctx - t0);
-        load_kv_tile<16>(kc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
+      for (int64_t t0 = lo; t0 < hi; t0 += 16) {
+        const int64_t nk = std::min<int64_t>(16, hi - t0);
+        const float* kb = kv_tile<16>(kc, table, bs, ctx, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
         const __mmask16 valid = nk >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << nk) - 1);
         for (int64_t h = 0; h < hq; ++h) {
-          const float* kt = tile.data() + (h / group) * D;
+          const float* kt = kb + (h / group) * D;
           __m512 qv[C], part[16];
           for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(qs.data() + h * D + c * 16);
           for (int j = 0; j < 16; ++j) {
-            __m512 sacc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt + j * width));
-            for (int c = 1; c < C; ++c) sacc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + j * width + c * 16), sacc);
+            __m512 sacc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt + j * stride));
+            for (int c = 1; c < C; ++c) sacc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + j * stride + c * 16), sacc);
             part[j] = sacc;
           }
           const __m512 sc = _mm512_mask_blend_ps(valid, _mm512_set1_ps(neg_inf), pacer::reduce16(part));
-          _mm512_storeu_ps(scores.data() + h * ctx16 + t0, sc);
+          _mm512_storeu_ps(scores.data() + h * DECODE_PART + (t0 - lo), sc);
         }
       }
-      // softmax numerators, in place
+      // softmax numerators of the part, in place, with its max and sum
       for (int64_t h = 0; h < hq; ++h) {
-        float* sh = scores.data() + h * ctx16;
+        float* sh = scores.data() + h * DECODE_PART;
         __m512 mv = _mm512_set1_ps(neg_inf);
-        for (int64_t t = 0; t < ctx16; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sh + t));
-        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        for (int64_t t = 0; t < n16; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sh + t));
+        m[h] = _mm512_reduce_max_ps(mv);
+        const __m512 mx = _mm512_set1_ps(m[h]);
         __m512 sv = _mm512_setzero_ps();
-        for (int64_t t = 0; t < ctx16; t += 16) {
-          const __m512 e = pacer::exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + t), m));
+        for (int64_t t = 0; t < n16; t += 16) {
+          const __m512 e = pacer::exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + t), mx));
           _mm512_storeu_ps(sh + t, e);
           sv = _mm512_add_ps(sv, e);
         }
-        const float l = _mm512_reduce_add_ps(sv);
-        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        l[h] = _mm512_reduce_add_ps(sv);
       }
       // weighted sum of values
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
-        const int64_t nk = std::min<int64_t>(16, ctx - t0);
-        load_kv_tile<16>(vc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
+      for (int64_t t0 = lo; t0 < hi; t0 += 16) {
+        const int64_t nk = std::min<int64_t>(16, hi - t0);
+        const float* vb = kv_tile<16>(vc, table, bs, ctx, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
         for (int64_t h = 0; h < hq; ++h) {
-          const float* vt = tile.data() + (h / group) * D;
+          const float* vt = vb + (h / group) * D;
           __m512 a[C];
           for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc.data() + h * D + c * 16);
-          const float* ph = scores.data() + h * ctx16 + t0;
+          const float* ph = scores.data() + h * DECODE_PART + (t0 - lo);
           for (int64_t j = 0; j < nk; ++j) {
             const __m512 p = _mm512_set1_ps(ph[j]);
-            for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + j * width + c * 16), a[c]);
+            for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + j * stride + c * 16), a[c]);
           }
           for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc.data() + h * D + c * 16, a[c]);
         }
       }
-      for (int64_t h = 0; h < hq; ++h) {
-        T* op = out + row * out_stride + (g0 * group + h) * D;
-        for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv[h]);
-      }
+      finish_task(task, hq, D, acc.data(), m.data(), l.data(), out, out_stride, group, part_acc.data(), part_ml.data());
     }
   });
+  if (plan.n_slots) combine_parts(plan, hq, D, group, part_acc.data(), part_ml.data(), out, out_stride);
 }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-// decode_avx512's plan in 8 lanes (the avx2 level): tiles of 8 tokens, one (request, kv heads)
-// task at a time, each score tile reduced across lanes at once (reduce8), exp8 for the softmax.
+// decode_avx512's plan in 8 lanes (the avx2 level): tiles of 8 tokens, each score tile reduced
+// across lanes at once (reduce8), exp8 for the softmax.
 template <int D, typename T, typename KV>
 void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const int64_t* tables,
                  const int64_t* ctx_lens, T* out, int64_t out_stride, int64_t num_rows, int64_t n_heads,
                  int64_t n_kv, int64_t bs, int64_t max_blocks, float scale) {
   constexpr int C = D / 8;
   const int64_t group = n_heads / n_kv;
-  const int64_t split = num_rows >= 2 * at::get_num_threads() ? 1 : n_kv;
-  const int64_t heads_per_task = n_kv / split;
-  const int64_t n_tasks = num_rows * split;
+  const DecodePlan plan = plan_decode(ctx_lens, num_rows, n_kv);
+  const int64_t hq = plan.heads_per_task * group;
+  const int64_t width = plan.heads_per_task * D;
+  const bool in_place = reads_in_place(kc, bs, 8);
+  const int64_t stride = in_place ? n_kv * D : width;
+  const int64_t n_tasks = static_cast<int64_t>(plan.tasks.size());
+  std::vector<float> part_acc(plan.n_slots * hq * D), part_ml(plan.n_slots * hq * 2);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    const int64_t hq = heads_per_task * group;
-    const int64_t width = heads_per_task * D;
-    std::vector<float> scores, qs(hq * D), acc(hq * D), tile(8 * width), inv(hq);
-    for (int64_t task = next++; task < n_tasks; task = next++) {
-      const int64_t row = task / split, g0 = (task % split) * heads_per_task;
+    std::vector<float> scores(hq * DECODE_PART), qs(hq * D), acc(hq * D), tile(8 * width), m(hq), l(hq);
+    for (int64_t i = next++; i < n_tasks; i = next++) {
+      const DecodeTask& task = plan.tasks[i];
+      const int64_t row = task.row, g0 = task.g0, lo = task.t_lo, hi = task.t_hi;
       const int64_t ctx = ctx_lens[row];
-      const int64_t ctx8 = (ctx + 7) / 8 * 8;
+      const int64_t n8 = (hi - lo + 7) / 8 * 8;
       const int64_t* table = tables + row * max_blocks;
-      scores.resize(hq * ctx8);
       for (int64_t h = 0; h < hq; ++h)
-        for (int64_t i = 0; i < D; ++i) qs[h * D + i] = to_f(q[row * q_stride + (g0 * group + h) * D + i]) * scale;
-      for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
-        const int64_t nk = std::min<int64_t>(8, ctx - t0);
-        load_kv_tile<8>(kc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
+        for (int64_t k = 0; k < D; ++k) qs[h * D + k] = to_f(q[row * q_stride + (g0 * group + h) * D + k]) * scale;
+      for (int64_t t0 = lo; t0 < hi; t0 += 8) {
+        const int64_t nk = std::min<int64_t>(8, hi - t0);
+        const float* kb = kv_tile<8>(kc, table, bs, ctx, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
         const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk)), _CMP_LT_OQ);
         for (int64_t h = 0; h < hq; ++h) {
-          const float* kt = tile.data() + (h / group) * D;
+          const float* kt = kb + (h / group) * D;
           __m256 qv[C], part[8];
           for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(qs.data() + h * D + c * 8);
           for (int j = 0; j < 8; ++j) {
-            __m256 sacc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt + j * width));
-            for (int c = 1; c < C; ++c) sacc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt + j * width + c * 8), sacc);
+            __m256 sacc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt + j * stride));
+            for (int c = 1; c < C; ++c) sacc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt + j * stride + c * 8), sacc);
             part[j] = sacc;
           }
           const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), pacer::reduce8(part), valid);
-          _mm256_storeu_ps(scores.data() + h * ctx8 + t0, sc);
+          _mm256_storeu_ps(scores.data() + h * DECODE_PART + (t0 - lo), sc);
         }
       }
       for (int64_t h = 0; h < hq; ++h) {
-        float* sh = scores.data() + h * ctx8;
+        float* sh = scores.data() + h * DECODE_PART;
         __m256 mv = _mm256_set1_ps(neg_inf);
-        for (int64_t t = 0; t < ctx8; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sh + t));
-        const __m256 m = _mm256_set1_ps(pacer::hmax8(mv));
+        for (int64_t t = 0; t < n8; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sh + t));
+        m[h] = pacer::hmax8(mv);
+        const __m256 mx = _mm256_set1_ps(m[h]);
         __m256 sv = _mm256_setzero_ps();
-        for (int64_t t = 0; t < ctx8; t += 8) {
-          const __m256 e = pacer::exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + t), m));
+        for (int64_t t = 0; t < n8; t += 8) {
+          const __m256 e = pacer::exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + t), mx));
           _mm256_storeu_ps(sh + t, e);
           sv = _mm256_add_ps(sv, e);
         }
-        const float l = pacer::hsum8(sv);
-        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        l[h] = pacer::hsum8(sv);
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < ctx; t0 += 8) {
-        const int64_t nk = std::min<int64_t>(8, ctx - t0);
-        load_kv_tile<8>(vc, table, bs, ctx, t0, nk, g0, heads_per_task, D, tile.data());
+      for (int64_t t0 = lo; t0 < hi; t0 += 8) {
+        const int64_t nk = std::min<int64_t>(8, hi - t0);
+        const float* vb = kv_tile<8>(vc, table, bs, ctx, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
         for (int64_t h = 0; h < hq; ++h) {
-          const float* vt = tile.data() + (h / group) * D;
+          const float* vt = vb + (h / group) * D;
           __m256 a[C];
           for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc.data() + h * D + c * 8);
-          const float* ph = scores.data() + h * ctx8 + t0;
+          const float* ph = scores.data() + h * DECODE_PART + (t0 - lo);
           for (int64_t j = 0; j < nk; ++j) {
             const __m256 p = _mm256_set1_ps(ph[j]);
-            for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + j * width + c * 8), a[c]);
+            for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + j * stride + c * 8), a[c]);
           }
           for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc.data() + h * D + c * 8, a[c]);
         }
       }
-      for (int64_t h = 0; h < hq; ++h) {
-        T* op = out + row * out_stride + (g0 * group + h) * D;
-        for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(acc[h * D + i] * inv[h]);
-      }
+      finish_task(task, hq, D, acc.data(), m.data(), l.data(), out, out_stride, group, part_acc.data(), part_ml.data());
     }
   });
+  if (plan.n_slots) combine_parts(plan, hq, D, group, part_acc.data(), part_ml.data(), out, out_stride);
 }
 #endif
 
