@@ -3,7 +3,9 @@ side by side in one run on the default model's shapes (SmolLM2-135M: 9 query hea
 head size 64, hidden 576, intermediate 1536), against the torch reference path.
 
 Run: PYTHONPATH=src python benchmarks/kernel_isa.py [--repeats 20] [--threads N]
-Prints, per op and level, the median time and its ratio to the level `load()` picks here.
+Prints, per op and level, the median time and its ratio to the level `load()` picks here. The
+`decode attn 30L` rows are a decode step's attention over all 30 layers' caches (read from memory,
+as in the engine); the other rows repeat one small call whose data stays in the CPU's caches.
 """
 
 from __future__ import annotations
@@ -62,9 +64,28 @@ def _prefill_fn(K: Any, n: int) -> Callable[[], object]:
     return lambda: K.paged_prefill_attention(o, q, kc, vc, *args, 0.125, 1.0, 1.0)
 
 
-def ops(K: Any, repeats: int) -> dict[str, float]:
-    """Median ms per op with module K (None: the torch reference path)."""
+LAYERS = 30   # the default model's: a decode step reads every layer's cache once
+
+
+def _layers_cases(rows: int, ctx: int) -> list[dict[str, object]]:
+    """LAYERS caches of `rows` x `ctx` tokens (32 x 1500 over 30 layers: 2.2 GB), so each call reads
+    from memory, as a step does, not from the cache a single layer's repeats warm."""
+    return [_decode_case(rows, ctx) for _ in range(LAYERS)]
+
+
+def _decode_layers_fn(K: Any, cases: list[dict[str, object]]) -> Callable[[], object]:
+    o = torch.empty_like(cases[0]["q"])
+    return lambda: [K.paged_decode_attention(o, c["q"], c["kc"], c["vc"], c["tables"], c["ctx"], 0.125, 1.0, 1.0)
+                    for c in cases]
+
+
+def ops(K: Any, repeats: int, layer_cases: dict[str, list[dict[str, object]]]) -> dict[str, float]:
+    """Median ms per op with module K (None: the torch reference path); `layer_cases`: the
+    decode step's attention over every layer, C++ levels only (the torch path would take minutes)."""
     out: dict[str, float] = {}
+    if K is not None:
+        for name, cases in layer_cases.items():
+            out[name] = _median_ms(_decode_layers_fn(K, cases), max(3, repeats // 4))
     for rows, ctx in ((1, 512), (32, 512)):
         c = _decode_case(rows, ctx)
         o = torch.empty_like(c["q"])
@@ -105,19 +126,20 @@ def main() -> None:
     print(f"kernel_isa  cpu flags {shown or 'none'}  levels {', '.join(kernels.supported_isas())}  "
           f"default {kernels.kernel_isa()}  threads {args.threads}  load {'/'.join(f'{v:.1f}' for v in os.getloadavg())}")
     levels = kernels.supported_isas()
-    results = {"torch": ops(None, args.repeats)}
+    layer_cases = {f"decode attn {LAYERS}L {r}x{c}": _layers_cases(r, c) for r, c in ((1, 1500), (32, 1500))}
+    results = {"torch": ops(None, args.repeats, layer_cases)}
     for isa in levels:   # interleaved twice, the second pass kept (the first warms caches and clocks)
-        results[isa] = ops(kernels.load(isa), args.repeats)
+        results[isa] = ops(kernels.load(isa), args.repeats, layer_cases)
     for isa in levels:
-        results[isa] = ops(kernels.load(isa), args.repeats)
+        results[isa] = ops(kernels.load(isa), args.repeats, layer_cases)
     base = kernels.kernel_isa()
-    names = list(results["torch"])
+    names = list(results[base])
     print(f"{'op':<28}" + "".join(f"{lvl:>22}" for lvl in results))
     for name in names:
         row = f"{name:<28}"
         for lvl in results:
-            ms = results[lvl][name]
-            row += f"{ms:>10.3f} ms ({results[base][name] / ms:4.2f}x)"
+            ms = results[lvl].get(name)
+            row += f"{'-':>22}" if ms is None else f"{ms:>10.3f} ms ({results[base][name] / ms:4.2f}x)"
         print(row)
     print(f"ratios: the {base} level's time / the column's (above 1: the column is faster)  "
           f"load {'/'.join(f'{v:.1f}' for v in os.getloadavg())}")
