@@ -100,9 +100,13 @@ struct DecodeTask {
   int64_t row, g0, t_lo, t_hi, slot;   // slot: its partials' index, -1 when it is its row's only part
 };
 
+struct SplitHeads {                   // a (row, kv heads) split into parts: its partials' slots
+  int64_t row, g0, first_slot, parts;
+};
+
 struct DecodePlan {
   std::vector<DecodeTask> tasks;
-  std::vector<int64_t> first_slot;     // per row: its first partial slot (-1: one part, written directly)
+  std::vector<SplitHeads> splits;      // what `combine_parts` adds up after the tasks
   int64_t heads_per_task = 0, n_slots = 0;
 };
 
@@ -114,15 +118,14 @@ inline DecodePlan plan_decode(const int64_t* ctx_lens, int64_t num_rows, int64_t
   for (int64_t r = 0; r < num_rows; ++r) parts += (ctx_lens[r] + DECODE_PART - 1) / DECODE_PART;
   const int64_t split = parts >= 2 * at::get_num_threads() ? 1 : n_kv;
   plan.heads_per_task = n_kv / split;
-  plan.first_slot.assign(num_rows, -1);
   plan.tasks.reserve(parts * split);
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t ctx = ctx_lens[r], n = (ctx + DECODE_PART - 1) / DECODE_PART;
-    if (n > 1) plan.first_slot[r] = plan.n_slots;
-    for (int64_t g = 0; g < split; ++g)
+    for (int64_t g0 = 0; g0 < n_kv; g0 += plan.heads_per_task) {
+      if (n > 1) plan.splits.push_back({r, g0, plan.n_slots, n});
       for (int64_t p = 0; p < n; ++p)
-        plan.tasks.push_back({r, g * plan.heads_per_task, p * DECODE_PART, std::min(ctx, (p + 1) * DECODE_PART),
-                              n > 1 ? plan.n_slots++ : -1});
+        plan.tasks.push_back({r, g0, p * DECODE_PART, std::min(ctx, (p + 1) * DECODE_PART), n > 1 ? plan.n_slots++ : -1});
+    }
   }
   return plan;
 }
@@ -151,34 +154,25 @@ inline void finish_task(const DecodeTask& task, int64_t hq, int64_t D, const flo
 template <typename T>
 void combine_parts(const DecodePlan& plan, int64_t hq, int64_t D, int64_t group, const float* part_acc,
                    const float* part_ml, T* out, int64_t out_stride) {
-  const int64_t n_tasks = static_cast<int64_t>(plan.tasks.size());
-  std::vector<int64_t> heads;   // the first task of each (row, kv head group) with partials
-  for (int64_t i = 0; i < n_tasks; ++i) {
-    const DecodeTask& t = plan.tasks[i];
-    if (t.slot >= 0 && t.t_lo == 0) heads.push_back(i);
-  }
-  at::parallel_for(0, static_cast<int64_t>(heads.size()), 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(plan.splits.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sum(D);
     for (int64_t k = begin; k < end; ++k) {
-      const DecodeTask& first = plan.tasks[heads[k]];
-      int64_t n = 1;
-      while (heads[k] + n < n_tasks && plan.tasks[heads[k] + n].row == first.row &&
-             plan.tasks[heads[k] + n].g0 == first.g0) ++n;
+      const SplitHeads& sp = plan.splits[k];
       for (int64_t h = 0; h < hq; ++h) {
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < n; ++p) mx = std::max(mx, part_ml[((first.slot + p) * hq + h) * 2]);
+        for (int64_t p = 0; p < sp.parts; ++p) mx = std::max(mx, part_ml[((sp.first_slot + p) * hq + h) * 2]);
         std::fill(sum.begin(), sum.end(), 0.f);
         float total = 0.f;
-        for (int64_t p = 0; p < n; ++p) {
-          const float* ml = part_ml + ((first.slot + p) * hq + h) * 2;
+        for (int64_t p = 0; p < sp.parts; ++p) {
+          const float* ml = part_ml + ((sp.first_slot + p) * hq + h) * 2;
           if (ml[1] <= 0.f) continue;
           const float w = std::exp(ml[0] - mx);
           total += w * ml[1];
-          const float* a = part_acc + ((first.slot + p) * hq + h) * D;
+          const float* a = part_acc + ((sp.first_slot + p) * hq + h) * D;
           for (int64_t i = 0; i < D; ++i) sum[i] += w * a[i];
         }
         const float inv = total > 0.f ? 1.f / total : 0.f;
-        T* op = out + first.row * out_stride + (first.g0 * group + h) * D;
+        T* op = out + sp.row * out_stride + (sp.g0 * group + h) * D;
         for (int64_t i = 0; i < D; ++i) op[i] = from_f<T>(sum[i] * inv);
       }
     }
@@ -204,6 +198,12 @@ inline void prefetch_next_tile(const KV& cache, const int64_t* table, int64_t bs
   }
 }
 
+// Whether a float32 cache's tiles can be read where they lie (see kv_tile).
+template <typename KV>
+inline bool reads_in_place(const KV&, int64_t bs, int tile) {
+  return std::is_same_v<KV, pacer::PlainKV<float>> && bs % tile == 0;
+}
+
 // One tile of TILE tokens' keys or values from t0, every kv head of a task: row j is token
 // t0 + j, its heads' floats from the returned pointer + j * the kernel's `stride`. A float32 cache is
 // read where it lies when the tile is within one block (bs a multiple of TILE; tiles start at
@@ -211,11 +211,6 @@ inline void prefetch_next_tile(const KV& cache, const int64_t* table, int64_t bs
 // `tile` (`heads * D` floats a row, the stride then; rows from `nk` on zeroed). In place, the
 // rows past `nk` are the block's other slots, read and masked. Shared by the avx512 (16-token)
 // and avx2 (8-token) decode tiles.
-template <typename KV>
-inline bool reads_in_place(const KV&, int64_t bs, int tile) {
-  return std::is_same_v<KV, pacer::PlainKV<float>> && bs % tile == 0;
-}
-
 template <int TILE, typename KV>
 inline const float* kv_tile(const KV& cache, const int64_t* table, int64_t bs, int64_t ctx, int64_t t0, int64_t nk,
                             int64_t g0, int64_t heads, int64_t D, float* tile, bool in_place) {
