@@ -118,7 +118,7 @@ def test_failing_step_fails_in_flight_and_recovers():
         engine.fail_next = 3
         q3 = asyncio.Queue()
         loop.add("c", _PREPARED, Route(q3, 0, None))
-        await asyncio.to_thread(lambda: loop._thread.join(10))
+        await asyncio.to_thread(loop.wait_ended, 10)
         return failed, first, alive_after_one, second, loop
 
     failed, first, alive_after_one, second, loop = asyncio.run(go())
@@ -143,3 +143,34 @@ def test_a_route_that_does_not_stream_gets_only_the_finished_output():
     items, seen = asyncio.run(go())
     assert [(i, o.finish_reason) for i, o in items] == [(0, "length")]
     assert seen == ["whole"] * 4   # the listeners (metrics, admission) still see every step's output
+
+
+def test_the_loop_steps_on_the_thread_it_is_given():
+    """The server builds the engine on an EngineThread and hands it over: every step runs there."""
+    from pacer.server.engine_thread import EngineThread
+
+    class RecordingEngine(FakeEngine):
+        def step(self):
+            self.step_threads.add(threading.get_ident())
+            return super().step()
+
+    thread = EngineThread()
+    engine = thread.call(lambda: RecordingEngine())   # "built" on the thread
+    engine.step_threads = set()
+    built_on = thread.call(threading.get_ident)
+
+    async def go():
+        loop = EngineLoop(engine, thread=thread)
+        loop.start(asyncio.get_running_loop())
+        q = asyncio.Queue()
+        loop.add("a", _PREPARED, Route(q, 0, None))
+        items = await _drain(q)
+        loop.stop()
+        return items, loop
+
+    items, loop = asyncio.run(go())
+    assert items[-1][1].finish_reason == "length"
+    assert engine.step_threads == {built_on} and built_on != threading.get_ident()
+    assert loop.wait_ended(0) and not loop.alive
+    thread.close(10)
+    assert not thread.is_alive()

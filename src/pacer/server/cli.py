@@ -20,8 +20,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pacer.config.args import engine_kwargs_from_args
 
@@ -30,6 +31,8 @@ __all__ = ["add_server_args", "serve", "build_service", "build_access", "securit
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MAX_WAITING = 512
+
+T = TypeVar("T")
 
 
 def _cap_or_none(flag: str, kind: type) -> Any:
@@ -275,6 +278,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     from pacer.config.slo import ClassRules
     from pacer.engine import Engine
     from pacer.server.api.limits import RequestLimits
+    from pacer.server.engine_thread import EngineThread
     from pacer.server.service import Service, ServiceOptions
     from pacer.server.tools.serving import ToolOptions
     from pacer.server.tools.template import load_chat_template
@@ -300,11 +304,17 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     from pacer.telemetry.kv_events import parse_kv_events_config
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
-    if engine is None:
+    thread = None
+    if engine is None:   # built, prewarmed and stepped on one thread: see pacer.server.engine_thread
         kwargs = engine_kwargs_from_args(args)
         if choices.tenant_isolation is not None:
             kwargs["tenant_isolation"] = choices.tenant_isolation
-        engine = Engine.from_kwargs(**kwargs)
+        thread = EngineThread()
+        try:
+            engine = thread.call(lambda: Engine.from_kwargs(**kwargs))
+        except BaseException:
+            thread.close()
+            raise
     elif choices.tenant_isolation not in (None, engine.config.cache.tenant_isolation):
         raise ValueError(f"the engine was built with tenant_isolation={engine.config.cache.tenant_isolation!r} but "
                          f"the flags ask for {choices.tenant_isolation!r} (API keys imply 'isolated'; "
@@ -324,11 +334,17 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     if getattr(args, "prewarm", None):
         from pacer.engine.prewarm import prewarm
 
-        cached = prewarm(engine, load_prewarm_file(args.prewarm, engine.tokenizer), public=True)
+        prompts = load_prewarm_file(args.prewarm, engine.tokenizer)
+        cached = _on_engine_thread(thread, lambda: prewarm(engine, prompts, public=True))
         print(f"[pacer] prewarmed {len(cached)} prefixes ({sum(cached)} cached tokens, pinned)", file=sys.stderr)
-    service = Service(engine, options)
+    service = Service(engine, options, thread)
     attach_kv_events(service, getattr(args, "kv_events_config", None))
     return service
+
+
+def _on_engine_thread(thread: Any, fn: Callable[[], T]) -> T:
+    """`fn()` on the engine's thread (the caller's when the engine came built: tests)."""
+    return fn() if thread is None else thread.call(fn)
 
 
 def _json_object(flag: str, text: str | None) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The engine's own thread, and the bridge from it to asyncio.
 
 One dedicated thread calls `Engine.step()` while there is work and sleeps on a condition
-variable otherwise (no polling). Each step's outputs go to the event loop in one
+variable otherwise (no polling). That thread is an `EngineThread` (pacer.server.engine_thread):
+given the one the engine was built on, the loop steps there (torch's OpenMP team stays one);
+without one, `start` makes its own. Each step's outputs go to the event loop in one
 `call_soon_threadsafe` callback, which tells the listeners (metrics, admission, request log)
 and routes each `RequestOutput` (a delta: what its step added) to the asyncio queue of the
 HTTP request it belongs to: every output of a stream, only the finished one otherwise.
@@ -37,6 +39,7 @@ from typing import Any
 from pacer.engine import Engine, EngineSnapshot, RequestOutput
 from pacer.engine.prepare import PreparedRequest
 from pacer.server.api.errors import log_error
+from pacer.server.engine_thread import EngineThread
 
 __all__ = ["EngineLoop", "Route"]
 
@@ -62,7 +65,7 @@ FailureListener = Callable[[list[str], str], None]      # the requests failed, t
 
 class EngineLoop:
     def __init__(self, engine: Engine, max_consecutive_failures: int = 3, stall_timeout: float | None = 60.0,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, thread: EngineThread | None = None) -> None:
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be > 0 seconds or None (no watchdog), got {stall_timeout!r}")
         self.engine = engine
@@ -78,7 +81,9 @@ class EngineLoop:
         self.error: BaseException | None = None        # set when the loop gave up
         self._cv = threading.Condition()
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._thread = thread                           # the engine's own (made at start when None)
+        self._running = False                           # the serving loop was submitted and has not ended
+        self._ended = threading.Event()                 # set when the serving loop returns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._routes: dict[str, Route] = {}             # event-loop thread only
         self._live_lock = threading.Lock()
@@ -88,19 +93,29 @@ class EngineLoop:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="pacer-engine", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = EngineThread()
+        self._running = True
+        self._thread.submit(self._run)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop stepping (waits up to `timeout` for the step in progress) and end the thread."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread is not None:
-            self._thread.join(timeout)
+            if self._running:
+                self._ended.wait(timeout)
+            self._thread.close(timeout=0)
+
+    def wait_ended(self, timeout: float | None = None) -> bool:
+        """Wait until the serving loop has returned (stopped, or given up after failures)."""
+        return self._ended.wait(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        return (self._running and not self._ended.is_set() and self._thread is not None and self._thread.is_alive()
+                and self.error is None)
 
     def stalled_for(self) -> float:
         """Seconds for which work has been pending without a step finishing (0 when idle)."""
@@ -166,6 +181,8 @@ class EngineLoop:
         except BaseException as e:   # anything that escaped the guarded body: answer everyone, then end
             log.exception("the engine loop failed; failing every request in flight")
             self._give_up(e)
+        finally:
+            self._ended.set()
 
     def _serve(self) -> None:
         failures = 0

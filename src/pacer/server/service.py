@@ -32,6 +32,7 @@ from pacer.server.api.limits import RequestLimits
 from pacer.server.api.logprobs import TokenText
 from pacer.server.api.protocol import ParsedRequest
 from pacer.server.engine_loop import EngineLoop, Route
+from pacer.server.engine_thread import EngineThread
 from pacer.server.job import Job
 from pacer.server.reasoning import ReasoningSyntax
 from pacer.server.requests import RequestBuilder, RequestContext, Spec, num_engine_requests
@@ -77,11 +78,12 @@ class ServiceOptions:
 
 
 class Service:
-    def __init__(self, engine: Engine, options: ServiceOptions) -> None:
+    def __init__(self, engine: Engine, options: ServiceOptions, thread: EngineThread | None = None) -> None:
+        """`thread`: the one `engine` was built on, to step it there (pacer.server.engine_thread)."""
         self.engine = engine
         self.options = options
         self.model_name = options.served_model_names[0]
-        self.loop = EngineLoop(engine, stall_timeout=options.engine_iteration_timeout)
+        self.loop = EngineLoop(engine, stall_timeout=options.engine_iteration_timeout, thread=thread)
         self.builder = RequestBuilder(engine, options.class_rules, options.tools.chat_template, self._on_refused,
                                       options.floor_trusted_slo, options.tools.chat_template_kwargs)
         self.admission = AdmissionController(options.max_waiting, tenant_weights=options.tenant_weights)
