@@ -118,7 +118,7 @@ def test_failing_step_fails_in_flight_and_recovers():
         engine.fail_next = 3
         q3 = asyncio.Queue()
         loop.add("c", _PREPARED, Route(q3, 0, None))
-        await asyncio.to_thread(loop.wait_ended, 10)
+        await asyncio.to_thread(loop.serving.result, 10)
         return failed, first, alive_after_one, second, loop
 
     failed, first, alive_after_one, second, loop = asyncio.run(go())
@@ -171,6 +171,6 @@ def test_the_loop_steps_on_the_thread_it_is_given():
     items, loop = asyncio.run(go())
     assert items[-1][1].finish_reason == "length"
     assert engine.step_threads == {built_on} and built_on != threading.get_ident()
-    assert loop.wait_ended(0) and not loop.alive
+    assert loop.serving.done() and not loop.alive
     thread.close(10)
     assert not thread.is_alive()

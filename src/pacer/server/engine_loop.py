@@ -28,11 +28,13 @@ a mask or a disk shows in `/health` although the thread is alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,8 +84,7 @@ class EngineLoop:
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = thread                           # the engine's own (made at start when None)
-        self._running = False                           # the serving loop was submitted and has not ended
-        self._ended = threading.Event()                 # set when the serving loop returns
+        self.serving: Future[None] | None = None        # the loop on the thread: done once it stopped or gave up
         self._loop: asyncio.AbstractEventLoop | None = None
         self._routes: dict[str, Route] = {}             # event-loop thread only
         self._live_lock = threading.Lock()
@@ -93,29 +94,20 @@ class EngineLoop:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        if self._thread is None:
-            self._thread = EngineThread()
-        self._running = True
-        self._thread.submit(self._run)
+        self._thread = self._thread or EngineThread()
+        self.serving = self._thread.submit(self._run)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop stepping (waits up to `timeout` for the step in progress) and end the thread."""
+        """Stop stepping and end the thread (waits up to `timeout` for the step in progress)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread is not None:
-            if self._running:
-                self._ended.wait(timeout)
-            self._thread.close(timeout=0)
-
-    def wait_ended(self, timeout: float | None = None) -> bool:
-        """Wait until the serving loop has returned (stopped, or given up after failures)."""
-        return self._ended.wait(timeout)
+            self._thread.close(timeout)
 
     @property
     def alive(self) -> bool:
-        return (self._running and not self._ended.is_set() and self._thread is not None and self._thread.is_alive()
-                and self.error is None)
+        return self.serving is not None and not self.serving.done() and self.error is None
 
     def stalled_for(self) -> float:
         """Seconds for which work has been pending without a step finishing (0 when idle)."""
@@ -181,8 +173,6 @@ class EngineLoop:
         except BaseException as e:   # anything that escaped the guarded body: answer everyone, then end
             log.exception("the engine loop failed; failing every request in flight")
             self._give_up(e)
-        finally:
-            self._ended.set()
 
     def _serve(self) -> None:
         failures = 0
@@ -225,20 +215,15 @@ class EngineLoop:
             return
         self.num_snapshot_failures = 0
 
-    def _fail_in_flight(self, error_id: str) -> None:
-        with self._live_lock:
-            ids = list(self._live)
-        self._abort_and_fail(ids, error_id)
-
     def _give_up(self, error: BaseException, error_id: str | None = None) -> None:
-        """Set the error and fail what is in flight, both under `_live_lock`: an `add` either
-        came first (and is failed here) or sees the error (and is refused)."""
-        with self._live_lock:
-            self.error = error
-            ids = list(self._live)
-        self._abort_and_fail(ids, error_id or uuid.uuid4().hex[:12])
+        self._fail_in_flight(error_id or uuid.uuid4().hex[:12], error)
 
-    def _abort_and_fail(self, ids: list[str], error_id: str) -> None:
+    def _fail_in_flight(self, error_id: str, error: BaseException | None = None) -> None:
+        """Fail what is in flight; with `error`, give up: the error is set under `_live_lock` with
+        the ids read, so an `add` either came first (and is failed here) or sees it (and is refused)."""
+        with self._live_lock:
+            self.error = error or self.error
+            ids = list(self._live)
         for rid in ids:
             try:
                 self.engine.abort_request(rid)
@@ -248,10 +233,8 @@ class EngineLoop:
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
-        try:
+        with contextlib.suppress(RuntimeError):   # the event loop closed during shutdown
             self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:   # event loop closed during shutdown
-            pass
 
     # ------------------------------------------------------------------ event loop side
 
@@ -260,11 +243,7 @@ class EngineLoop:
             route = self._routes.get(out.request_id)
             if route is None:
                 continue
-            for listener in self.listeners:
-                try:
-                    listener(out, route)
-                except Exception:
-                    log.exception("output listener failed")
+            _tell(self.listeners, "output", out, route)
             if out.finished:
                 del self._routes[out.request_id]
                 with self._live_lock:
@@ -287,16 +266,17 @@ class EngineLoop:
         while not route.queue.empty():
             route.queue.get_nowait()
         self._wake()
-        for listener in self.overflow_listeners:
-            try:
-                listener(request_ids, route)
-            except Exception:
-                log.exception("overflow listener failed")
+        _tell(self.overflow_listeners, "overflow", request_ids, route)
 
     def _fail_routes(self, request_ids: list[str], error_id: str) -> None:
-        for listener in self.failure_listeners:
-            try:
-                listener(request_ids, error_id)
-            except Exception:
-                log.exception("failure listener failed")
+        _tell(self.failure_listeners, "failure", request_ids, error_id)
+
+
+def _tell(listeners: list[Callable[..., None]], kind: str, *args: Any) -> None:
+    """Call each listener; one that raises is logged, and the rest are still told."""
+    for listener in listeners:
+        try:
+            listener(*args)
+        except Exception:
+            log.exception("%s listener failed", kind)
 
