@@ -276,23 +276,12 @@ def load_prewarm_file(path: str, tokenizer: Any) -> list[Any]:
 def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     """The Service for parsed `serve` args; builds the engine unless one is given (tests)."""
     from pacer.config.slo import ClassRules
-    from pacer.engine import Engine
     from pacer.server.api.limits import RequestLimits
-    from pacer.server.engine_thread import EngineThread
     from pacer.server.service import Service, ServiceOptions
     from pacer.server.tools.serving import ToolOptions
     from pacer.server.tools.template import load_chat_template
 
-    if args.port < 0 or args.port > 65535:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_waiting is not None and args.max_waiting < 1:
-        raise ValueError(f"--max-waiting must be >= 1 ('none' for no cap), got {args.max_waiting}")
-    if args.max_tenant_labels < 0:
-        raise ValueError(f"--max-tenant-labels must be >= 0, got {args.max_tenant_labels}")
-    if args.max_queued_outputs < 1:
-        raise ValueError(f"--max-queued-outputs must be >= 1, got {args.max_queued_outputs}")
-    if args.drain_timeout < 0:
-        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    _check_serve_numbers(args)
     rules = ClassRules(args.long_context_threshold, args.batch_max_tokens, args.agent_header.lower())
     names = tuple(args.served_model_name or [getattr(args, "model", None) or DEFAULT_MODEL_NAME])
     access, weights = build_access(args)
@@ -304,21 +293,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     from pacer.telemetry.kv_events import parse_kv_events_config
 
     parse_kv_events_config(getattr(args, "kv_events_config", None))   # a bad config fails before the model loads
-    thread = None
-    if engine is None:   # built, prewarmed and stepped on one thread: see pacer.server.engine_thread
-        kwargs = engine_kwargs_from_args(args)
-        if choices.tenant_isolation is not None:
-            kwargs["tenant_isolation"] = choices.tenant_isolation
-        thread = EngineThread()
-        try:
-            engine = thread.call(lambda: Engine.from_kwargs(**kwargs))
-        except BaseException:
-            thread.close()
-            raise
-    elif choices.tenant_isolation not in (None, engine.config.cache.tenant_isolation):
-        raise ValueError(f"the engine was built with tenant_isolation={engine.config.cache.tenant_isolation!r} but "
-                         f"the flags ask for {choices.tenant_isolation!r} (API keys imply 'isolated'; "
-                         "--tenant-isolation shared keeps one shared cache)")
+    engine, thread = _engine_and_thread(args, choices.tenant_isolation, engine)
     for line in choices.notices:
         print(line, file=sys.stderr)
     if weights and not engine.config.scheduler.fair_tenant_weights:
@@ -340,6 +315,44 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
     service = Service(engine, options, thread)
     attach_kv_events(service, getattr(args, "kv_events_config", None))
     return service
+
+
+def _check_serve_numbers(args: argparse.Namespace) -> None:
+    """The server's numeric flags in range (the engine's are checked where its config is built)."""
+    if args.port < 0 or args.port > 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be >= 1 ('none' for no cap), got {args.max_waiting}")
+    if args.max_tenant_labels < 0:
+        raise ValueError(f"--max-tenant-labels must be >= 0, got {args.max_tenant_labels}")
+    if args.max_queued_outputs < 1:
+        raise ValueError(f"--max-queued-outputs must be >= 1, got {args.max_queued_outputs}")
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+
+
+def _engine_and_thread(args: argparse.Namespace, tenant_isolation: str | None, engine: Any) -> tuple[Any, Any]:
+    """The engine and the thread that owns it: built on a new `EngineThread`, where it is then
+    prewarmed and stepped (pacer.server.engine_thread), or the one given (tests: no thread),
+    checked against the isolation the flags ask for."""
+    from pacer.engine import Engine
+    from pacer.server.engine_thread import EngineThread
+
+    if engine is not None:
+        if tenant_isolation not in (None, engine.config.cache.tenant_isolation):
+            raise ValueError(f"the engine was built with tenant_isolation={engine.config.cache.tenant_isolation!r} "
+                             f"but the flags ask for {tenant_isolation!r} (API keys imply 'isolated'; "
+                             "--tenant-isolation shared keeps one shared cache)")
+        return engine, None
+    kwargs = engine_kwargs_from_args(args)
+    if tenant_isolation is not None:
+        kwargs["tenant_isolation"] = tenant_isolation
+    thread = EngineThread()
+    try:
+        return thread.call(lambda: Engine.from_kwargs(**kwargs)), thread
+    except BaseException:
+        thread.close()
+        raise
 
 
 def _on_engine_thread(thread: Any, fn: Callable[[], T]) -> T:
