@@ -54,7 +54,8 @@ def _random_batch(dtype, seqs, n_heads=6, n_kv=2, d=32, bs=4, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("seqs", [[(0, 1)], [(0, 37)], [(0, 70), (13, 5), (40, 33), (0, 2)], [(5, 64), (64, 64)]])
+@pytest.mark.parametrize("seqs", [[(0, 1)], [(0, 37)], [(0, 70), (13, 5), (40, 33), (0, 2)], [(5, 64), (64, 64)],
+                                  [(30, 170), (0, 129)]])
 @pytest.mark.parametrize("d", [32, 64, 128])   # 64 and 128 take the vectorised tile path where there is one
 def test_prefill_attention_matches_torch_reference(K, dtype, seqs, d):
     q, k, v, kc, vc, prefills, batch, slots = _random_batch(dtype, seqs, n_heads=6 if d != 64 else 9,
