@@ -38,7 +38,6 @@ struct Task {
 // accumulators. visible[r]: the keys of the tile query r may see (causal); mx the running max,
 // sm [RB][16] per-lane running sums (added across lanes at the end), acc the output rows.
 // qf [RB][D] scaled queries, kt [D][KT] keys transposed, vt [KT][D] values.
-constexpr int RBM = 4;   // query vectors per call at most (RB: a template argument, so no branch on it)
 
 #if defined(__AVX512F__)
 using pacer::exp16;
@@ -197,6 +196,15 @@ inline void tile_avx2(const float* qf, const float* kt, const float* vt, const i
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define PACER_PREFILL_TILES 1
+// Query vectors per call at most (RB, a template argument: no branch on it). AVX-512: 4 rows x 4
+// score vectors = 16 of 32 registers; AVX2: 6 rows x 2 = 12 of 16, whose 12 FMA chains hide the
+// latency the 8 of 4 rows did not.
+#if defined(__AVX512F__)
+constexpr int RBM = 4;
+#else
+constexpr int RBM = 6;
+#endif
+
 template <int D, int RB>
 inline void tile_rb(const float* qf, const float* kt, const float* vt, const int64_t* visible, float* mx, float* sm,
                     float* acc) {
@@ -211,7 +219,10 @@ inline void tile_rb(const float* qf, const float* kt, const float* vt, const int
 template <int D>
 inline void tile(const float* qf, const float* kt, const float* vt, const int64_t* visible, int rb, float* mx,
                  float* sm, float* acc) {
+  static_assert(RBM == 4 || RBM == 6, "tile: a case per row count");
   switch (rb) {
+    case 6: if constexpr (RBM >= 6) return tile_rb<D, 6>(qf, kt, vt, visible, mx, sm, acc); [[fallthrough]];
+    case 5: if constexpr (RBM >= 5) return tile_rb<D, 5>(qf, kt, vt, visible, mx, sm, acc); [[fallthrough]];
     case 4: return tile_rb<D, 4>(qf, kt, vt, visible, mx, sm, acc);
     case 3: return tile_rb<D, 3>(qf, kt, vt, visible, mx, sm, acc);
     case 2: return tile_rb<D, 2>(qf, kt, vt, visible, mx, sm, acc);
@@ -272,9 +283,9 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
         }
 #if defined(PACER_PREFILL_TILES)
         if ((d == 64 || d == 128) && window == 0) {
-          for (int64_t m = 0; m < m_rows; m += 4) {
-            const int rb = static_cast<int>(std::min<int64_t>(4, m_rows - m));
-            int64_t vis[4] = {0, 0, 0, 0};
+          for (int64_t m = 0; m < m_rows; m += RBM) {
+            const int rb = static_cast<int>(std::min<int64_t>(RBM, m_rows - m));
+            int64_t vis[RBM] = {};
             bool any = false;
             for (int r = 0; r < rb; ++r) {
               vis[r] = std::min(nk, pos0 + (m + r) / group - t0 + 1);
