@@ -121,6 +121,12 @@ struct NextTile {
     row_lines = (heads * cache.head_bytes() + 63) / 64;
     for (int64_t j = 0; j < n; ++j) rows[j] = cache.head_ptr(table[(t0 + j) / bs] * bs + (t0 + j) % bs, g0);
   }
+  // After the key tile at t0 of a task's [lo, hi): the next key tile, or the values' first.
+  void after_keys(const KV& kc, const KV& vc, const int64_t* table, int64_t bs, int64_t t0, int64_t lo, int64_t hi,
+                  int64_t g0, int64_t heads) {
+    if (t0 + TILE < hi) plan(kc, table, bs, t0 + TILE, hi, g0, heads);
+    else plan(vc, table, bs, lo, hi, g0, heads);
+  }
   // Slice k of `of` (k < of) of the tile's lines.
   void prefetch(int64_t k, int64_t of) const {
     const int64_t total = n * row_lines, lo = total * k / of, hi = total * (k + 1) / of;
@@ -183,7 +189,6 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
     for (int64_t i = next++; i < n_tasks; i = next++) {
       const DecodeTask& task = plan.tasks[i];
       const int64_t row = task.row, g0 = task.g0, lo = task.t_lo, hi = task.t_hi;
-      const int64_t ctx = ctx_lens[row];
       const int64_t n16 = (hi - lo + 15) / 16 * 16;
       const int64_t* table = tables + row * max_blocks;
       for (int64_t h = 0; h < hq; ++h)
@@ -195,8 +200,7 @@ void decode_avx512(const T* q, int64_t q_stride, const KV kc, const KV vc, const
       for (int64_t t0 = lo; t0 < hi; t0 += 16) {
         const int64_t nk = std::min<int64_t>(16, hi - t0);
         const float* kb = kv_tile<16>(kc, table, bs, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
-        if (t0 + 16 < hi) ahead.plan(kc, table, bs, t0 + 16, hi, g0, plan.heads_per_task);
-        else ahead.plan(vc, table, bs, lo, hi, g0, plan.heads_per_task);   // the values' first tile
+        ahead.after_keys(kc, vc, table, bs, t0, lo, hi, g0, plan.heads_per_task);
         const __mmask16 valid = nk >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << nk) - 1);
         for (int64_t h = 0; h < hq; ++h) {
           ahead.prefetch(h, hq);
@@ -278,7 +282,6 @@ void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const i
     for (int64_t i = next++; i < n_tasks; i = next++) {
       const DecodeTask& task = plan.tasks[i];
       const int64_t row = task.row, g0 = task.g0, lo = task.t_lo, hi = task.t_hi;
-      const int64_t ctx = ctx_lens[row];
       const int64_t n8 = (hi - lo + 7) / 8 * 8;
       const int64_t* table = tables + row * max_blocks;
       for (int64_t h = 0; h < hq; ++h)
@@ -286,8 +289,7 @@ void decode_avx2(const T* q, int64_t q_stride, const KV kc, const KV vc, const i
       for (int64_t t0 = lo; t0 < hi; t0 += 8) {
         const int64_t nk = std::min<int64_t>(8, hi - t0);
         const float* kb = kv_tile<8>(kc, table, bs, t0, nk, g0, plan.heads_per_task, D, tile.data(), in_place);
-        if (t0 + 8 < hi) ahead.plan(kc, table, bs, t0 + 8, hi, g0, plan.heads_per_task);
-        else ahead.plan(vc, table, bs, lo, hi, g0, plan.heads_per_task);   // the values' first tile
+        ahead.after_keys(kc, vc, table, bs, t0, lo, hi, g0, plan.heads_per_task);
         const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk)), _CMP_LT_OQ);
         for (int64_t h = 0; h < hq; ++h) {
           ahead.prefetch(h, hq);

@@ -215,19 +215,14 @@ inline void tile_rb(const float* qf, const float* kt, const float* vt, const int
 #endif
 }
 
-// One tile for `rb` (1..RBM) query vectors.
-template <int D>
+// One tile for `rb` (1..RB) query vectors: the kernel instantiated for that many rows.
+template <int D, int RB = RBM>
 inline void tile(const float* qf, const float* kt, const float* vt, const int64_t* visible, int rb, float* mx,
                  float* sm, float* acc) {
-  static_assert(RBM == 4 || RBM == 6, "tile: a case per row count");
-  switch (rb) {
-    case 6: if constexpr (RBM >= 6) return tile_rb<D, 6>(qf, kt, vt, visible, mx, sm, acc); [[fallthrough]];
-    case 5: if constexpr (RBM >= 5) return tile_rb<D, 5>(qf, kt, vt, visible, mx, sm, acc); [[fallthrough]];
-    case 4: return tile_rb<D, 4>(qf, kt, vt, visible, mx, sm, acc);
-    case 3: return tile_rb<D, 3>(qf, kt, vt, visible, mx, sm, acc);
-    case 2: return tile_rb<D, 2>(qf, kt, vt, visible, mx, sm, acc);
-    default: return tile_rb<D, 1>(qf, kt, vt, visible, mx, sm, acc);
+  if constexpr (RB > 1) {
+    if (rb < RB) return tile<D, RB - 1>(qf, kt, vt, visible, rb, mx, sm, acc);
   }
+  tile_rb<D, RB>(qf, kt, vt, visible, mx, sm, acc);
 }
 #endif
 
