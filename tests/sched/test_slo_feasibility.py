@@ -31,14 +31,16 @@ def _decoding(i: int, context: int, itl_s: float, now: float) -> Request:
 @settings(max_examples=80, deadline=None)
 @given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
        context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
-       head_len=st.integers(1, 8000), need=st.one_of(st.none(), st.floats(0.0, 1e6)))
+       head_len=st.integers(1, 8000), need=st.one_of(st.none(), st.floats(0.0, 1e6)),
+       per_pair=st.sampled_from([0.0, 0.0, 1e-7, 1e-6]))
 def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
         per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
-        tokens_left: int, head_len: int, need: float | None) -> None:
+        tokens_left: int, head_len: int, need: float | None, per_pair: float) -> None:
     """In either regime the prefill share is never below the floor, and its predicted prefill rate
-    covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget. Infeasible ITL: the
-    fewest such tokens; without a known need, fcfs's budget."""
-    cost = FixedCostModel(per_step, per_token)
+    covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget or prefills at least as
+    fast as the whole budget would (fcfs's drain rate: with attention priced a long chunk can be
+    slower). Infeasible ITL: the fewest such tokens; without a known need, fcfs's budget."""
+    cost = FixedCostModel(per_step, per_token, per_pair)
     policy = SloPolicy(cost, 4096, 512)
     now = 100.0
     decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
@@ -51,8 +53,11 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
     floor = min(tokens_left, MIN_PREFILL_TOKENS)
     assert floor <= budget.tokens <= tokens_left
     n = budget.tokens
-    if need is not None and n < tokens_left:  # either regime: never below what the queue needs
-        assert n / cost.predict_step_s(shape.with_chunk(n, 0)) >= DRAIN_SAFETY * need * (1 - 1e-9)
+    def rate(m: int) -> float:
+        return m / cost.predict_step_s(shape.with_chunk(m, 0))
+
+    if need is not None and n < tokens_left:  # either regime: never below what the queue needs, nor below fcfs's rate
+        assert rate(n) >= DRAIN_SAFETY * need * (1 - 1e-9) or rate(n) >= rate(tokens_left) * (1 - 1e-9), budget
     if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share
         assert budget.reason.startswith(ITL_INFEASIBLE)
         assert policy.feasibility.regime == ITL_INFEASIBLE
@@ -243,7 +248,10 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
     of such steps costs), so it takes the whole budget; held only by the limit for arrivals (no
     decode's target at stake) it takes the fewest tokens that cover the need, a short step
     arrivals wait out."""
-    cost = FixedCostModel(0.05, 1 / 1500, 6e-7)
+    # past the ITL, attention priced lower: the whole budget prefills faster than the ITL's chunk
+    # (otherwise the ITL budget stands: the test below)
+    cost = FixedCostModel(0.05, 1 / 1500, 6e-7 if bound_by == "arrival" else 6e-8)
+    need = 840.0 if bound_by == "arrival" else 1000.0
     now = 100.0
     if bound_by == "itl":
         policy = SloPolicy(cost, 4096, 512)
@@ -252,7 +260,7 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         policy = SloPolicy(cost, 4096, 512, arrival_ttft_s=0.4)
         decodes = []
     head = Request("rag", [7] * 1898, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
-    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 840.0)
+    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: need)
     assert budget.reason.startswith(TTFT_DRAIN), budget
     shape = StepShape()
     for r in decodes:
@@ -265,4 +273,30 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         assert budget.tokens == 2048
     else:
         n = budget.tokens
-        assert n < 1024 and rate(n) >= DRAIN_SAFETY * 840.0 > rate(n - 1)
+        assert n < 1024 and rate(n) >= DRAIN_SAFETY * need > rate(n - 1)
+
+
+def test_a_drain_past_a_decodes_itl_that_would_prefill_no_faster_than_the_whole_budget_keeps_the_itl() -> None:
+    """The queue needs more than any chunk gives, but the chunk the decode's ITL allows already
+    prefills faster than the whole budget (a long chunk's attention, priced per pair, outweighs the
+    fixed cost it shares): the drain would break that decode's target and drain the queue no
+    faster, so the ITL budget stands. Without the attention price the whole budget is faster and
+    the drain takes it."""
+    now = 100.0
+    head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
+    decodes = [_decoding(0, 300, 0.2, now)]
+    shape = StepShape().with_decode(decodes[0].num_tokens)
+    for per_pair, drained in ((2e-6, False), (0.0, True)):
+        cost = FixedCostModel(0.01, 1 / 2000, per_pair)
+        policy = SloPolicy(cost, 4096, 512)
+        budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 1e5)
+
+        def rate(m: int, cost: FixedCostModel = cost) -> float:
+            return m / cost.predict_step_s(shape.with_chunk(m, 0))
+
+        if drained:
+            assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
+        else:
+            assert not budget.reason.startswith(TTFT_DRAIN), budget
+            assert budget.tokens < 2048 and rate(budget.tokens) >= rate(2048)
+            assert cost.predict_step_s(shape.with_chunk(budget.tokens, 0)) <= 0.2

@@ -10,7 +10,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   or the chunk with the best rate when none does (the rate falls past a peak: attention); when
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
-  budget yields to the need with the whole budget (one missed gap, made the most of).
+  budget yields to the need with the whole budget (one missed gap, made the most of), unless
+  its own chunk already prefills at fcfs's rate or faster (the drain would buy nothing).
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -95,7 +96,10 @@ class SloBudget:
         waits for, and the drain that overrides it is the fewest tokens that cover the need (or
         the best-rate chunk). A drain past a decode's ITL budget misses that target however long
         the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
-        such steps costs, not their length: the step takes the whole budget."""
+        such steps costs, not their length: the step takes the whole budget. Unless the ITL budget's
+        chunk already prefills at least as fast as the whole budget would (fcfs's step; a long
+        chunk's attention can make it slower): then the drain breaks that decode's target and the
+        queue drains no faster, so the ITL budget stands (the floor is fcfs's drain rate)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -123,6 +127,9 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
+            if drain > n and owner is not None and self._chunk_rate(shape, start, n) >= self._chunk_rate(shape, start, tokens_left):
+                # fcfs's whole budget would prefill no faster: breaking the decode's ITL buys the queue nothing
+                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; the whole budget is no faster)", limit)
             if drain > n:
                 if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
                     drain = tokens_left
