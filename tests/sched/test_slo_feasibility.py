@@ -14,6 +14,7 @@ from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
 from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, REGIME_HOLD_S, TTFT_DRAIN, FeasibilityTracker
 from pacer.sched.policy import WaitingQueue
+from pacer.sched.slo_budget import ITL_RATE_SHARE
 from pacer.sched.slo_policy import BACKLOG_RATE_SHARE, DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
 
@@ -28,6 +29,15 @@ def _decoding(i: int, context: int, itl_s: float, now: float) -> Request:
     return r
 
 
+def _best_rate(cost: FixedCostModel, shape: StepShape, head_len: int, tokens_left: int) -> float:
+    """The best prefill rate a step of `shape` could have, by brute force: the head's prompt (from 0)
+    cut anywhere, or the whole budget filled with the head's and then a next prompt's tokens."""
+    rest = min(head_len, tokens_left)
+    cut = max(m / cost.predict_step_s(shape.with_chunk(m, 0)) for m in range(1, rest + 1))
+    whole = shape.with_chunk(rest, 0).with_chunk(tokens_left - rest, 0)
+    return max(cut, tokens_left / cost.predict_step_s(whole))
+
+
 @settings(max_examples=80, deadline=None)
 @given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
        context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
@@ -38,8 +48,9 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
         tokens_left: int, head_len: int, need: float | None, per_pair: float) -> None:
     """In either regime the prefill share is never below the floor, and its predicted prefill rate
     covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget or prefills at least as
-    fast as the whole budget would (fcfs's drain rate: with attention priced a long chunk can be
-    slower). Infeasible ITL: the fewest such tokens; without a known need, fcfs's budget."""
+    fast as ITL_RATE_SHARE of the best rate the step could have (a decode's ITL budget that keeps
+    prefill near its best stands). Infeasible ITL: the fewest such tokens; without a known need,
+    fcfs's budget."""
     cost = FixedCostModel(per_step, per_token, per_pair)
     policy = SloPolicy(cost, 4096, 512)
     now = 100.0
@@ -56,8 +67,9 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
     def rate(m: int) -> float:
         return m / cost.predict_step_s(shape.with_chunk(m, 0))
 
-    if need is not None and n < tokens_left:  # either regime: never below what the queue needs, nor below fcfs's rate
-        assert rate(n) >= DRAIN_SAFETY * need * (1 - 1e-9) or rate(n) >= rate(tokens_left) * (1 - 1e-9), budget
+    if need is not None and n < tokens_left:  # either regime: what the queue needs, or near the best rate there is
+        assert rate(n) >= DRAIN_SAFETY * need * (1 - 1e-9) or rate(n) >= ITL_RATE_SHARE * _best_rate(
+            cost, shape, head_len, tokens_left) * (1 - 1e-9), budget
     if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share
         assert budget.reason.startswith(ITL_INFEASIBLE)
         assert policy.feasibility.regime == ITL_INFEASIBLE
@@ -248,9 +260,9 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
     of such steps costs), so it takes the whole budget; held only by the limit for arrivals (no
     decode's target at stake) it takes the fewest tokens that cover the need, a short step
     arrivals wait out."""
-    # past the ITL, attention priced lower: the whole budget prefills faster than the ITL's chunk
-    # (otherwise the ITL budget stands: the test below)
-    cost = FixedCostModel(0.05, 1 / 1500, 6e-7 if bound_by == "arrival" else 6e-8)
+    # past the ITL, a step cost the ITL's chunk shares badly: the whole budget prefills twice as fast
+    # (within ITL_RATE_SHARE of the best the ITL budget stands: the test below)
+    cost = FixedCostModel(0.05, 1 / 1500, 6e-7) if bound_by == "arrival" else FixedCostModel(0.1, 1 / 1500, 6e-8)
     need = 840.0 if bound_by == "arrival" else 1000.0
     now = 100.0
     if bound_by == "itl":
@@ -276,27 +288,34 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         assert n < 1024 and rate(n) >= DRAIN_SAFETY * need > rate(n - 1)
 
 
-def test_a_drain_past_a_decodes_itl_that_would_prefill_no_faster_than_the_whole_budget_keeps_the_itl() -> None:
-    """The queue needs more than any chunk gives, but the chunk the decode's ITL allows already
-    prefills faster than the whole budget (a long chunk's attention, priced per pair, outweighs the
-    fixed cost it shares): the drain would break that decode's target and drain the queue no
-    faster, so the ITL budget stands. Without the attention price the whole budget is faster and
-    the drain takes it."""
+def test_a_decodes_itl_budget_stands_against_a_drain_unless_the_drain_is_much_faster_or_a_backlog_waits() -> None:
+    """The queue needs more than any chunk gives. Where the chunk the decode's ITL allows already
+    prefills at ITL_RATE_SHARE or more of the best rate (a long chunk's attention, priced per pair,
+    outweighs the fixed cost it shares), a drain would break the decode's target for little, so the
+    ITL budget stands; where a large step cost makes the whole budget much faster, or hopeless
+    requests wait (throughput first), the drain takes the whole budget."""
     now = 100.0
     head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
     decodes = [_decoding(0, 300, 0.2, now)]
     shape = StepShape().with_decode(decodes[0].num_tokens)
-    for per_pair, drained in ((2e-6, False), (0.0, True)):
-        cost = FixedCostModel(0.01, 1 / 2000, per_pair)
+    for per_step, per_pair, backlog, drained in ((0.02, 2e-7, False, False), (0.1, 0.0, False, True),
+                                                 (0.02, 2e-7, True, True)):
+        cost = FixedCostModel(per_step, 1 / 2000, per_pair)
         policy = SloPolicy(cost, 4096, 512)
+        if backlog:
+            late = Request("late", [7] * 500, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
+            queue = WaitingQueue(policy)
+            queue.add(late)
+            queue.refresh(now)
         budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 1e5)
 
         def rate(m: int, cost: FixedCostModel = cost) -> float:
             return m / cost.predict_step_s(shape.with_chunk(m, 0))
 
+        best = _best_rate(cost, shape, 4000, 2048)
         if drained:
             assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
         else:
-            assert not budget.reason.startswith(TTFT_DRAIN), budget
-            assert budget.tokens < 2048 and rate(budget.tokens) >= rate(2048)
+            assert "a drain would not be" in budget.reason, budget   # the drain's chunk was larger
+            assert budget.tokens < 2048 and rate(budget.tokens) >= ITL_RATE_SHARE * best
             assert cost.predict_step_s(shape.with_chunk(budget.tokens, 0)) <= 0.2

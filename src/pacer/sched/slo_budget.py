@@ -10,8 +10,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   or the chunk with the best rate when none does (the rate falls past a peak: attention); when
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
-  budget yields to the need with the whole budget (one missed gap, made the most of), unless
-  its own chunk already prefills at fcfs's rate or faster (the drain would buy nothing).
+  budget yields to the need with the whole budget (one missed gap, made the most of) only where
+  that is more than 1 / ITL_RATE_SHARE times faster than its own chunk, or hopeless requests wait.
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -49,6 +49,7 @@ ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest conf
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
 DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
 BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
+ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
 _INF = math.inf
 
@@ -96,10 +97,13 @@ class SloBudget:
         waits for, and the drain that overrides it is the fewest tokens that cover the need (or
         the best-rate chunk). A drain past a decode's ITL budget misses that target however long
         the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
-        such steps costs, not their length: the step takes the whole budget. Unless the ITL budget's
-        chunk already prefills at least as fast as the whole budget would (fcfs's step; a long
-        chunk's attention can make it slower): then the drain breaks that decode's target and the
-        queue drains no faster, so the ITL budget stands (the floor is fcfs's drain rate)."""
+        such steps costs, not their length: the step takes the whole budget. But a short stream
+        cannot absorb even one such gap (its p99 is its longest), so the decode's ITL budget stands
+        while its chunk prefills at ITL_RATE_SHARE or more of the best rate the step could have
+        (`_best_budget_rate`), unless hopeless requests wait (a backlog: throughput first). Measured
+        on the simulator with this machine's fit: the drain's need, which assumes the ITL's rate
+        lasts, ran whole-budget steps through chats in every burst and cost more SLOs than it saved
+        (docs/measurements/slo-overload.md)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -127,9 +131,10 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n and owner is not None and self._chunk_rate(shape, start, n) >= self._chunk_rate(shape, start, tokens_left):
-                # fcfs's whole budget would prefill no faster: breaking the decode's ITL buys the queue nothing
-                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; the whole budget is no faster)", limit)
+            if drain > n and owner is not None and not self._backlog and \
+                    self._budget_rate(shape, head, n) >= ITL_RATE_SHARE * self._best_budget_rate(shape, head, tokens_left):
+                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; a drain would not be "
+                                     f"{1 / ITL_RATE_SHARE:.2f}x faster)", limit)
             if drain > n:
                 if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
                     drain = tokens_left
@@ -168,6 +173,24 @@ class SloBudget:
             if self._chunk_rate(shape, start, hi) < want:
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
+
+    def _budget_rate(self, shape: StepShape, head: Request, n: int) -> float:
+        """Predicted prefill tokens per second of the step `shape` plus `n` prompt tokens as the
+        scheduler fills them: the rest of `head`'s prompt first, what is left of `n` as the next
+        prompt's first chunk (position 0), not one chunk at the head's position (whose attention
+        would be priced as if the head's prompt went on)."""
+        start = head.num_computed_tokens
+        first = min(n, max(head.num_tokens - start, 0))
+        step = shape.with_chunk(first, start).with_chunk(n - first, 0)
+        return n / self.cost_model.predict_step_s(step)
+
+    def _best_budget_rate(self, shape: StepShape, head: Request, tokens_left: int) -> float:
+        """The best predicted prefill rate this step could have: the whole budget as the scheduler
+        fills it (`_budget_rate`) or the rest of `head`'s prompt cut at its best-rate chunk."""
+        start = head.num_computed_tokens
+        rest = min(tokens_left, max(head.num_tokens - start, 1))
+        peak = self._best_rate_tokens(shape, start, min(rest, MIN_PREFILL_TOKENS), rest)
+        return max(self._budget_rate(shape, head, tokens_left), self._chunk_rate(shape, start, peak))
 
     def _chunk_rate(self, shape: StepShape, start: int, n: int) -> float:
         """Predicted prefill tokens per second of the step `shape` plus a chunk of `n` from `start`."""
