@@ -288,22 +288,23 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         assert n < 1024 and rate(n) >= DRAIN_SAFETY * need > rate(n - 1)
 
 
-def test_a_decodes_itl_budget_stands_against_a_drain_unless_the_drain_is_much_faster_or_a_backlog_waits() -> None:
+def test_a_decodes_itl_budget_stands_against_a_drain_unless_much_slower_or_past_saturation() -> None:
     """The queue needs more than any chunk gives. Where the chunk the decode's ITL allows already
     prefills at ITL_RATE_SHARE or more of the best rate (a long chunk's attention, priced per pair,
     outweighs the fixed cost it shares), a drain would break the decode's target for little, so the
-    ITL budget stands; where a large step cost makes the whole budget much faster, or hopeless
-    requests wait (throughput first), the drain takes the whole budget."""
+    ITL budget stands, a burst's few hopeless tokens notwithstanding; where a large step cost makes
+    the whole budget much faster, or a hopeless backlog of seconds waits (saturation: throughput
+    first), the drain takes the whole budget."""
     now = 100.0
     head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
     decodes = [_decoding(0, 300, 0.2, now)]
     shape = StepShape().with_decode(decodes[0].num_tokens)
-    for per_step, per_pair, backlog, drained in ((0.02, 2e-7, False, False), (0.1, 0.0, False, True),
-                                                 (0.02, 2e-7, True, True)):
+    for per_step, per_pair, backlog, drained in ((0.02, 2e-7, 0, False), (0.1, 0.0, 0, True),
+                                                 (0.02, 2e-7, 6000, True), (0.02, 2e-7, 500, False)):
         cost = FixedCostModel(per_step, 1 / 2000, per_pair)
         policy = SloPolicy(cost, 4096, 512)
-        if backlog:
-            late = Request("late", [7] * 500, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
+        if backlog:    # 6,000 hopeless tokens: ~3.5 s at the best rate, saturation; 500: a burst's leftover
+            late = Request("late", [7] * backlog, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
             queue = WaitingQueue(policy)
             queue.add(late)
             queue.refresh(now)

@@ -11,7 +11,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
   budget yields to the need with the whole budget (one missed gap, made the most of) only where
-  that is more than 1 / ITL_RATE_SHARE times faster than its own chunk, or hopeless requests wait.
+  that is more than 1 / ITL_RATE_SHARE times faster than its own chunk, or hopeless requests
+  wait that the best rate needs more than BACKLOG_BURST_S to clear (saturation, not a burst).
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -41,7 +42,7 @@ from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import ChunkFit, StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
-           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "FIRST_TOKEN_SHARE"]
+           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "ITL_RATE_SHARE", "BACKLOG_BURST_S", "FIRST_TOKEN_SHARE"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
@@ -50,6 +51,7 @@ DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the pred
 DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
 BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
+BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
 FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
 _INF = math.inf
 
@@ -100,7 +102,8 @@ class SloBudget:
         such steps costs, not their length: the step takes the whole budget. But a short stream
         cannot absorb even one such gap (its p99 is its longest), so the decode's ITL budget stands
         while its chunk prefills at ITL_RATE_SHARE or more of the best rate the step could have
-        (`_best_budget_rate`), unless hopeless requests wait (a backlog: throughput first). Measured
+        (`_best_budget_rate`), unless hopeless requests wait that take more than BACKLOG_BURST_S
+        at that rate (saturation, not a burst's leftover: throughput first). Measured
         on the simulator with this machine's fit: the drain's need, which assumes the ITL's rate
         lasts, ran whole-budget steps through chats in every burst and cost more SLOs than it saved
         (docs/measurements/slo-overload.md)."""
@@ -131,8 +134,7 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n and owner is not None and not self._backlog and \
-                    self._budget_rate(shape, head, n) >= ITL_RATE_SHARE * self._best_budget_rate(shape, head, tokens_left):
+            if drain > n and owner is not None and self._itl_stands(shape, head, n, tokens_left):
                 return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; a drain would not be "
                                      f"{1 / ITL_RATE_SHARE:.2f}x faster)", limit)
             if drain > n:
@@ -173,6 +175,13 @@ class SloBudget:
             if self._chunk_rate(shape, start, hi) < want:
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
+
+    def _itl_stands(self, shape: StepShape, head: Request, n: int, tokens_left: int) -> bool:
+        """Whether a decode's ITL budget of `n` prefill tokens stands against a drain: its predicted
+        rate is at least ITL_RATE_SHARE of the best this step could have, and no more hopeless
+        prompt tokens wait than that best rate clears in BACKLOG_BURST_S."""
+        best = self._best_budget_rate(shape, head, tokens_left)
+        return self._backlog <= BACKLOG_BURST_S * best and self._budget_rate(shape, head, n) >= ITL_RATE_SHARE * best
 
     def _budget_rate(self, shape: StepShape, head: Request, n: int) -> float:
         """Predicted prefill tokens per second of the step `shape` plus `n` prompt tokens as the

@@ -59,7 +59,9 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   change is logged once. The same need is the floor of a feasible ITL budget: an ITL target
   never starves the queue's TTFTs (`budget_reason` "ttft drain: ..."), since a missed TTFT
   fails a request whole and a long step only stretches one gap (so such a step takes the
-  whole budget: one missed gap, made the most of).
+  whole budget: one missed gap, made the most of). A short stream cannot absorb even that one,
+  so the decode's ITL budget stands while it prefills at ITL_RATE_SHARE of the step's best rate
+  and no hopeless request waits.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
