@@ -61,7 +61,7 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   fails a request whole and a long step only stretches one gap (so such a step takes the
   whole budget: one missed gap, made the most of). A short stream cannot absorb even that one,
   so the decode's ITL budget stands while it prefills at ITL_RATE_SHARE of the step's best rate
-  and no hopeless request waits.
+  and no hopeless backlog waits that the best rate needs over BACKLOG_BURST_S to clear.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
