@@ -34,7 +34,7 @@ from pacer.engine.prepare import (
     tokenize_prompt,
 )
 from pacer.engine.retry import execute_each
-from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of
+from pacer.engine.stats import EngineSnapshot, StepStats, snapshot_of, step_stats_of
 from pacer.engine.tier_hooks import KVTierFactory, KVTierHook
 from pacer.kv.events import BlockEvent, EventSinks
 from pacer.kv.manager import KVCacheManager
@@ -392,20 +392,11 @@ class Engine(Constraints):
 
     def _record_stats(self, out: SchedulerOutput, result: ModelOutput, sched_s: float,
                       exec_s: float, update_s: float) -> None:
-        prepare, sample = result.prepare_s, result.sample_s
-        forward = exec_s if result.forward_s is None else result.forward_s
-        stats = StepStats(
-            step_id=out.step_id, time=self.clock.now(), num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting, batch_size=len(out.scheduled),
-            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
-            num_preempted=len(out.preempted_ids), kv_usage=self.kv.usage, schedule_s=sched_s,
-            prepare_s=prepare, forward_s=forward, sample_s=sample,
-            update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
-            num_cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
-            num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
-            token_budget=out.token_budget, budget_reason=out.budget_reason,
-            **(self.scheduler.spec.take_step_counts() if self.scheduler.spec is not None else {}),
-        )
+        spec = self.scheduler.spec
+        stats = step_stats_of(out, result, self.kv, self.scheduler, now=self.clock.now(), sched_s=sched_s,
+                              exec_s=exec_s, update_s=update_s,
+                              cached_tokens=self.kv.stats.hit_tokens - self._hit_tokens_seen,
+                              spec_counts=spec.take_step_counts() if spec is not None else {})
         self._hit_tokens_seen = self.kv.stats.hit_tokens
         self._num_steps += 1
         self.step_stats.append(stats)

@@ -17,9 +17,10 @@ from pacer.kv.tiers.offload import tier_stats
 
 if TYPE_CHECKING:
     from pacer.kv.manager import KVCacheManager
+    from pacer.sched.contract import ModelOutput, SchedulerOutput
     from pacer.sched.scheduler import Scheduler
 
-__all__ = ["StepStats", "EngineSnapshot", "snapshot_of"]
+__all__ = ["StepStats", "EngineSnapshot", "snapshot_of", "step_stats_of"]
 
 
 @dataclass(slots=True)   # not frozen (read-only by convention): one a step, and a frozen init cost ~4 us
@@ -134,6 +135,28 @@ class EngineSnapshot:
         for name in ("num_preemptions", "prefix_cache_hit_rate", "swap_out_bytes", "swap_in_bytes"):
             d[name] = getattr(self, name)
         return d
+
+
+def step_stats_of(out: SchedulerOutput, result: ModelOutput, kv: KVCacheManager, sched: Scheduler, *, now: float,
+                  sched_s: float, exec_s: float, update_s: float, cached_tokens: int,
+                  spec_counts: Mapping[str, Any]) -> StepStats:
+    """The record of one step that ran (`Engine.step`): what it scheduled, the state after it, and
+    its wall times; the executor's time not in prepare, forward or sample counts as update.
+    `cached_tokens`: prefix-cache hits since the last step; `spec_counts`: the speculation
+    counters the step's verification took (empty without speculation)."""
+    prepare, sample = result.prepare_s, result.sample_s
+    forward = exec_s if result.forward_s is None else result.forward_s
+    return StepStats(
+        step_id=out.step_id, time=now, num_running=sched.num_running,
+        num_waiting=sched.num_waiting, batch_size=len(out.scheduled),
+        num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+        num_preempted=len(out.preempted_ids), kv_usage=kv.usage, schedule_s=sched_s,
+        prepare_s=prepare, forward_s=forward, sample_s=sample,
+        update_s=update_s + max(0.0, exec_s - prepare - forward - sample),
+        num_cached_tokens=cached_tokens,
+        num_swap_out_blocks=len(out.swap_out), num_swap_in_blocks=len(out.swap_in),
+        token_budget=out.token_budget, budget_reason=out.budget_reason, **spec_counts,
+    )
 
 
 def snapshot_of(kv: KVCacheManager, sched: Scheduler, *, num_steps: int, max_model_len: int,
