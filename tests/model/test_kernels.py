@@ -68,6 +68,25 @@ def test_prefill_attention_matches_torch_reference(K, dtype, seqs, d):
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("seqs", [[(0, 130)], [(1500, 130)], [(200, 257), (0, 40)], [(64, 33), (0, 17), (9, 16)]])
+def test_prefill_attention_row_tiles_cut_for_the_threads_give_the_same_rows(K, threads, seqs):
+    """The kernel cuts a chunk's rows finer when its tasks would not spread evenly over the
+    threads (3 kv heads, 2 threads): each row's attention is the same however it is cut."""
+    q, k, v, kc, vc, prefills, batch, slots = _random_batch(torch.float32, seqs, n_heads=9, n_kv=3, d=64, bs=16)
+    meta = AttentionMetadata(slot_mapping=slots, num_single=0, single_block_tables=None, single_mask=None,
+                             single_context_lens=None, prefills=prefills)
+    want = paged_attention(q, k, v, kc, vc, meta, 0.125, kernel=None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = torch.full_like(want, float("nan"))
+        K.paged_prefill_attention(got, q, kc, vc, *batch, 0.125, 1.0, 1.0)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
 def test_prefill_attention_rejects_a_context_beyond_its_table(K):
     q, _, _, kc, vc, _, batch, _ = _random_batch(torch.float32, [(0, 9)])
     q_starts, q_lens, _, tables = batch

@@ -8,6 +8,9 @@
 // transposed to float [d][64] so a query's 64 scores are runs of vector FMAs, then an online
 // softmax (running max and sum per query, updated once per tile) folds the tile's values into
 // float accumulators. Threads pull tasks from a shared counter, longest (latest rows) first.
+// A chunk's rows are cut into tiles of at most QT, and finer (`row_tile_rows`) when its tasks would
+// not spread evenly over the threads: one 130-row chunk on 3 kv heads made 3 tasks for 2 threads,
+// and the step's attention ran at 143 GFLOP/s where 2 tiles of 65 rows run at ~185.
 // With 16-key tiles the softmax's serial max-exp-rescale chain cost as much as the FMAs it sat
 // between: the kernel ran at ~215 GFLOP/s on a 2-core Zen 5 where a linear reaches ~480.
 #include "convert.h"
@@ -26,7 +29,9 @@
 namespace {
 
 constexpr int64_t KT = 64;   // keys per tile
-constexpr int64_t QT = 128;  // query rows per task
+constexpr int64_t QT = 128;       // query rows per task, at most
+constexpr int64_t MIN_ROWS = 16;  // and at least, where a chunk has them: one thread on 16 rows runs at
+                                  // ~0.85 of its 128-row rate (the key tiles' loads amortised over less)
 
 struct Task {
   int64_t seq, row0, rows, kv_head, keys;
@@ -226,6 +231,32 @@ inline void tile(const float* qf, const float* kt, const float* vt, const int64_
 }
 #endif
 
+// Each chunk's rows per tile: as few tiles as QT allows, of equal size; then, while the
+// (chunk, row tile, kv head) tasks neither divide evenly among the threads nor are many (>= 8 a
+// thread, where largest-first pulling evens them out), one more tile for the chunk whose tiles
+// are largest, down to MIN_ROWS rows.
+std::vector<int64_t> row_tile_rows(const int64_t* q_lens, int64_t num_seqs, int64_t n_kv, int64_t threads) {
+  std::vector<int64_t> tiles(num_seqs);
+  int64_t tasks = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    tiles[s] = std::max<int64_t>(1, (q_lens[s] + QT - 1) / QT);
+    tasks += tiles[s] * n_kv;
+  }
+  while (threads > 1 && tasks % threads != 0 && tasks < 8 * threads) {
+    int64_t best = -1;
+    for (int64_t s = 0; s < num_seqs; ++s)
+      if (q_lens[s] / (tiles[s] + 1) >= MIN_ROWS &&
+          (best < 0 || q_lens[s] * tiles[best] > q_lens[best] * tiles[s]))
+        best = s;
+    if (best < 0) break;
+    ++tiles[best];
+    tasks += n_kv;
+  }
+  std::vector<int64_t> rows(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) rows[s] = std::max<int64_t>(1, (q_lens[s] + tiles[s] - 1) / tiles[s]);
+  return rows;
+}
+
 template <typename T, typename KV>
 void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, const KV kc, const KV vc,
                     const int64_t* q_starts, const int64_t* q_lens, const int64_t* start_pos,
@@ -233,9 +264,10 @@ void prefill_kernel(T* out, int64_t out_stride, const T* q, int64_t q_stride, co
                     int64_t d, int64_t bs, float scale, int64_t window) {
   const int64_t group = n_heads / n_kv;
   std::vector<Task> tasks;
+  const std::vector<int64_t> tile_rows = row_tile_rows(q_lens, num_seqs, n_kv, at::get_num_threads());
   for (int64_t s = 0; s < num_seqs; ++s)
-    for (int64_t r0 = 0; r0 < q_lens[s]; r0 += QT) {
-      const int64_t rows = std::min(QT, q_lens[s] - r0);
+    for (int64_t r0 = 0; r0 < q_lens[s]; r0 += tile_rows[s]) {
+      const int64_t rows = std::min(tile_rows[s], q_lens[s] - r0);
       for (int64_t g = 0; g < n_kv; ++g) tasks.push_back({s, r0, rows, g, start_pos[s] + r0 + rows});
     }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.keys > b.keys; });
