@@ -4,8 +4,9 @@
 shipped one) on the seeded `mixed` workload with the issue's targets, per rate, seed and policy:
 output tok/s, goodput, attainment, refusals, chat TTFT p50 and ITL p99 (chat's and every class's),
 then per rate each policy's verdicts against fcfs counted over the seeds (issue 25's: throughput
->= 0.95x, goodput, chat TTFT p50 within 10%, chat ITL p99 better; all classes' ITL p99 beside it). Cheap (seconds), so a policy change can be
-judged on many traces before the real run; it prints the profile it used.
+>= 0.95x, goodput, chat TTFT p50 within 10%, chat ITL p99 better; all classes' ITL p99 beside it).
+Cheap (seconds), so a policy change can be judged on many traces before the real run; it prints
+the profile it used.
 
     PYTHONPATH=src python benchmarks/slo_sim_compare.py --num-prompts 48 --rates 0.6,1.2,2.0
     PYTHONPATH=src python benchmarks/slo_sim_compare.py --num-prompts 16 --rates 3.0 --seeds 1-12 --quiet
