@@ -56,7 +56,8 @@ def test_validate_command_prints_each_metric_error(tmp_path, capsys):
     out = tmp_path / "val.json"
     rc = main(["sim", "validate", "--input-len", "24", "--output-len", "4", "--num-prompts", "4", "--request-rate",
                "inf", "--max-num-seqs", "4", "--num-kv-blocks", "64", "--out", str(out),
-               "--sim-out", str(tmp_path / "sim.json"), "--real-out", str(tmp_path / "real.json")])
+               "--sim-out", str(tmp_path / "sim.json"), "--real-out", str(tmp_path / "real.json"),
+               "--steps-out", str(tmp_path / "steps.jsonl")])
     assert rc == 0
     text = capsys.readouterr().out
     for metric in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "output_tok_s"):
@@ -65,4 +66,7 @@ def test_validate_command_prints_each_metric_error(tmp_path, capsys):
     import json
 
     saved = json.loads(out.read_text())
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert steps and {r["kind"] for r in steps} <= {"prefill", "decode", "mixed"}
+    assert sum(r["num_prefill_tokens"] for r in steps) == 4 * 24 and all(r["measured_s"] > 0 for r in steps)
     assert {e["metric"] for e in saved["errors"]} >= {"ttft_p50", "tpot_p99", "output_tok_s"}

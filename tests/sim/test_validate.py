@@ -24,6 +24,7 @@ def test_errors_against_tolerances():
 class _Stats:
     def __init__(self, step_id: int, total_s: float, t: float) -> None:
         self.step_id, self.total_s, self.time = step_id, total_s, t
+        self.token_budget, self.budget_reason = 64 + step_id, f"itl {step_id}"
 
 
 def test_refit_on_recorded_steps_recovers_the_step_times():
@@ -45,3 +46,9 @@ def test_refit_on_recorded_steps_recovers_the_step_times():
     coef, fit = refit_on_steps(rec, model, hw, "float32")
     assert fit.n == 40 and fit.max_rel_err < 1e-3
     assert any("measured/predicted median 1.00" in line for line in rec.step_errors(truth))
+    rows = rec.step_rows(truth)
+    assert [r["step_id"] for r in rows] == list(range(40))
+    assert [r["kind"] for r in rows[:2]] == ["mixed", "decode"]
+    assert all(abs(r["measured_s"] - r["predicted_s"]) < 1e-12 for r in rows)
+    assert rows[5]["num_prefill_tokens"] == 96 and rows[5]["chunk_kv_tokens"] == 96
+    assert rows[7]["token_budget"] == 71 and rows[7]["budget_reason"] == "itl 7"

@@ -92,6 +92,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quick", action="store_true", help="calibrate: a smaller grid")
     g.add_argument("--real-out", default=None, help="validate: save the real engine's run.json")
     g.add_argument("--sim-out", default=None, help="validate: save the simulator's run.json")
+    g.add_argument("--steps-out", default=None,
+                   help="validate: save every real step (kind, batch features, measured and predicted time, budget "
+                        "and reason) as JSON lines")
     g.add_argument("--strict", action="store_true", help="validate: exit 1 when a metric misses its target")
     add_workload_args(p)
     add_engine_args(p, skip=("seed",))
@@ -277,6 +280,10 @@ def _compare_with_sim(args: argparse.Namespace, kwargs: dict[str, Any], specs: l
     print("step times, real engine vs cost model on the real engine's own steps:")
     for line in recorder.step_errors(executor.cost_model):
         print("  " + line)
+    if args.steps_out:
+        rows = recorder.step_rows(executor.cost_model)
+        Path(args.steps_out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"  {len(rows)} steps saved to {args.steps_out}")
     # step times fitted on this run: separates the event loop and scheduler's fidelity from how
     # well the saved calibration matches the machine's load now
     coef, fit = refit_on_steps(recorder, model, hw, dtype)

@@ -4,7 +4,7 @@ metric's error against the targets (p50 latencies and throughput within 10%, p99
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pacer.perf.cost_model import BatchFeatures, CostModel, batch_features
@@ -84,6 +84,19 @@ class StepRecorder:
     def on_stats(self, stats: StepStats) -> None:
         self.stats.append(stats)
 
+    def step_rows(self, cost_model: CostModel) -> list[dict[str, Any]]:
+        """Every recorded step as one row: its kind and batch features, the measured and the
+        predicted time, and the budget the scheduler chose with its reason (`--steps-out`): where
+        the real steps leave the cost model, step by step, not only in the medians."""
+        rows = []
+        for s in self.stats:
+            f = self.features.get(s.step_id)
+            if f is not None:
+                rows.append({"step_id": s.step_id, "kind": _kind(f), "end_time": s.time, "measured_s": s.total_s,
+                             "predicted_s": cost_model.step_cost(f).time_s, "token_budget": s.token_budget,
+                             "budget_reason": s.budget_reason, **asdict(f)})
+        return rows
+
     def step_errors(self, cost_model: CostModel) -> list[str]:
         """Median measured / predicted step time by step kind, and the time between steps."""
         by_kind: dict[str, list[tuple[float, float]]] = {}
@@ -93,9 +106,7 @@ class StepRecorder:
             f = self.features.get(s.step_id)
             if f is None:
                 continue
-            kind = "mixed" if f.num_prefill_tokens and f.num_decode_tokens else (
-                "prefill" if f.num_prefill_tokens else "decode")
-            by_kind.setdefault(kind, []).append((s.total_s, cost_model.step_cost(f).time_s))
+            by_kind.setdefault(_kind(f), []).append((s.total_s, cost_model.step_cost(f).time_s))
             if prev_end is not None:
                 gaps.append(s.time - s.total_s - prev_end)
             prev_end = s.time
@@ -116,6 +127,11 @@ class StepRecorder:
                          f"longest {max(m for m, _ in stalls):.1f} s): the machine was busy with other work, so "
                          "latency errors above measure the machine's load, not the simulator")
         return lines
+
+
+def _kind(f: BatchFeatures) -> str:
+    return "mixed" if f.num_prefill_tokens and f.num_decode_tokens else (
+        "prefill" if f.num_prefill_tokens else "decode")
 
 
 def refit_on_steps(recorder: StepRecorder, model: Any, hw: Any, dtype: str) -> tuple[dict[str, float], Any]:
