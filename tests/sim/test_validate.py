@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pacer.engine.stats import StepStats
 from pacer.perf.cost_model import LINEAR_FEATURES, LinearCostModel
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.sched.contract import ScheduledRequest, SchedulerOutput
@@ -21,10 +22,12 @@ def test_errors_against_tolerances():
     assert any("MISS" in line for line in lines) and any("+9.0%" in line for line in lines)
 
 
-class _Stats:
-    def __init__(self, step_id: int, total_s: float, t: float) -> None:
-        self.step_id, self.total_s, self.time = step_id, total_s, t
-        self.token_budget, self.budget_reason = 64 + step_id, f"itl {step_id}"
+def _stats(out: SchedulerOutput, total_s: float, t: float) -> StepStats:
+    """The engine's record of a step that took `total_s` (all of it forward) and ended at `t`."""
+    return StepStats(step_id=out.step_id, time=t, num_running=0, num_waiting=0, batch_size=len(out.scheduled),
+                     num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+                     num_preempted=0, kv_usage=0.0, schedule_s=0.0, prepare_s=0.0, forward_s=total_s, sample_s=0.0,
+                     update_s=0.0, token_budget=64 + out.step_id, budget_reason=f"itl {out.step_id}")
 
 
 def test_refit_on_recorded_steps_recovers_the_step_times():
@@ -42,7 +45,7 @@ def test_refit_on_recorded_steps_recovers_the_step_times():
         rec.on_schedule(out)
         dt = truth.step_cost(rec.features[i]).time_s
         t += dt
-        rec.on_stats(_Stats(i, dt, t))
+        rec.on_stats(_stats(out, dt, t))
     coef, fit = refit_on_steps(rec, model, hw, "float32")
     assert fit.n == 40 and fit.max_rel_err < 1e-3
     assert any("measured/predicted median 1.00" in line for line in rec.step_errors(truth))

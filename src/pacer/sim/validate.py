@@ -92,7 +92,7 @@ class StepRecorder:
         for s in self.stats:
             f = self.features.get(s.step_id)
             if f is not None:
-                rows.append({"step_id": s.step_id, "kind": _kind(f), "end_time": s.time, "measured_s": s.total_s,
+                rows.append({"step_id": s.step_id, "kind": s.kind, "end_time": s.time, "measured_s": s.total_s,
                              "predicted_s": cost_model.step_cost(f).time_s, "token_budget": s.token_budget,
                              "budget_reason": s.budget_reason, **asdict(f)})
         return rows
@@ -106,7 +106,7 @@ class StepRecorder:
             f = self.features.get(s.step_id)
             if f is None:
                 continue
-            by_kind.setdefault(_kind(f), []).append((s.total_s, cost_model.step_cost(f).time_s))
+            by_kind.setdefault(s.kind, []).append((s.total_s, cost_model.step_cost(f).time_s))
             if prev_end is not None:
                 gaps.append(s.time - s.total_s - prev_end)
             prev_end = s.time
@@ -127,11 +127,6 @@ class StepRecorder:
                          f"longest {max(m for m, _ in stalls):.1f} s): the machine was busy with other work, so "
                          "latency errors above measure the machine's load, not the simulator")
         return lines
-
-
-def _kind(f: BatchFeatures) -> str:
-    return "mixed" if f.num_prefill_tokens and f.num_decode_tokens else (
-        "prefill" if f.num_prefill_tokens else "decode")
 
 
 def refit_on_steps(recorder: StepRecorder, model: Any, hw: Any, dtype: str) -> tuple[dict[str, float], Any]:
