@@ -9,6 +9,7 @@ follow that one rule.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,8 +21,11 @@ from pacer.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
 if TYPE_CHECKING:
     from pacer.config.slo import Slo
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "Request", "TokenPrefix", "RequestStatus", "RequestMetrics", "Latencies",
+__all__ = ["TOP_GAPS", "SamplingParams", "StructuredOutputsParams", "Request", "TokenPrefix", "RequestStatus", "RequestMetrics", "Latencies",
            "FinishReason", "MAX_LOGPROBS", "sample_seed", "ContextLengthError", "check_context_length"]
+
+
+TOP_GAPS = 4   # a stream's largest gaps `RequestMetrics` keeps (the 99th percentile of up to ~400 moves with them)
 
 
 class ContextLengthError(FieldValueError):
@@ -138,7 +142,23 @@ class RequestMetrics(Latencies):
     preempted_time: float = 0.0
     preempted_time_ttft: float = 0.0
     preempted_at: float | None = None   # an open preemption: when it began
+    # the stream's gaps so far (`stamp`): how many, and the TOP_GAPS largest, descending, which
+    # are what its 99th-percentile gap can still be moved by (pacer.sched.itl_tail)
+    num_gaps: int = 0
+    top_gaps: list[float] = field(default_factory=list)
     resume_tokens: int = 0              # computed tokens to regain before it closes
+
+    def stamp(self, now: float) -> None:
+        """A token came out at `now`: one more gap if it is the first of its step (tokens of one
+        step, accepted drafts, share a stamp and are one emission, as `itl` counts)."""
+        times = self.token_times
+        if times and now != times[-1]:
+            gap, top = now - times[-1], self.top_gaps
+            self.num_gaps += 1
+            if len(top) < TOP_GAPS or gap > top[-1]:
+                bisect.insort(top, gap, key=lambda g: -g)
+                del top[TOP_GAPS:]
+        times.append(now)
 
     def on_preempted(self, now: float, num_computed_tokens: int) -> None:
         """A preemption begins (a second one before the first closed extends it)."""

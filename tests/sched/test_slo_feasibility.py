@@ -42,21 +42,22 @@ def _best_rate(cost: FixedCostModel, shape: StepShape, head_len: int, tokens_lef
 @given(per_step=st.floats(1e-4, 0.2), per_token=st.floats(1e-6, 1e-3), num_decodes=st.integers(1, 48),
        context=st.integers(1, 2000), itl_ms=st.floats(1.0, 2000.0), tokens_left=st.integers(1, 4096),
        head_len=st.integers(1, 8000), need=st.one_of(st.none(), st.floats(0.0, 1e6)),
-       per_pair=st.sampled_from([0.0, 0.0, 1e-7, 1e-6]))
+       per_pair=st.sampled_from([0.0, 0.0, 1e-7, 1e-6]), saved=st.sampled_from([0, 1000]))
 def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
         per_step: float, per_token: float, num_decodes: int, context: int, itl_ms: float,
-        tokens_left: int, head_len: int, need: float | None, per_pair: float) -> None:
+        tokens_left: int, head_len: int, need: float | None, per_pair: float, saved: int) -> None:
     """In either regime the prefill share is never below the floor, and its predicted prefill rate
-    covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget or prefills at least as
-    fast as ITL_RATE_SHARE of the best rate the step could have (a decode's ITL budget that keeps
-    prefill near its best stands). Infeasible ITL: the fewest such tokens; without a known need,
-    fcfs's budget."""
+    covers the queue's need (DRAIN_SAFETY x) unless it is the whole budget, the best-rate chunk, or
+    a decode's ITL budget that stands because a drain would meet no more TTFTs than the streams it
+    breaks (here, `saved` 0). Infeasible ITL: the fewest such tokens; without a known need, fcfs's
+    budget."""
     cost = FixedCostModel(per_step, per_token, per_pair)
     policy = SloPolicy(cost, 4096, 512)
     now = 100.0
     decodes = [_decoding(i, context, itl_ms / 1e3, now) for i in range(num_decodes)]
     head = Request("head", [7] * head_len, PARAMS, arrival_time=now, slo=Slo(ttft=10.0))
-    budget = policy.prefill_budget(decodes, head, tokens_left, now, None if need is None else lambda share: need)
+    budget = policy.prefill_budget(decodes, head, tokens_left, now, None if need is None else lambda share: need,
+                                   lambda slow, fast: saved)
     shape = StepShape()
     for r in decodes:
         shape = shape.with_decode(r.num_tokens)
@@ -68,7 +69,8 @@ def test_the_budget_keeps_the_queue_draining_whether_or_not_the_itl_can_be_met(
         return m / cost.predict_step_s(shape.with_chunk(m, 0))
 
     if need is not None and n < tokens_left:  # either regime: what the queue needs, or near the best rate there is
-        assert rate(n) >= DRAIN_SAFETY * need * (1 - 1e-9) or rate(n) >= ITL_RATE_SHARE * _best_rate(
+        stands = saved == 0 and "a drain would meet 0 more TTFTs" in budget.reason
+        assert stands or rate(n) >= DRAIN_SAFETY * need * (1 - 1e-9) or rate(n) >= ITL_RATE_SHARE * _best_rate(
             cost, shape, head_len, tokens_left) * (1 - 1e-9), budget
     if decode_s > 0.9 * itl_ms / 1e3:          # infeasible at any prefill share
         assert budget.reason.startswith(ITL_INFEASIBLE)
@@ -255,13 +257,13 @@ def test_a_regime_is_left_only_after_the_hold_without_it() -> None:
 @pytest.mark.parametrize("bound_by", ["itl", "arrival"])
 def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arrival_limit_the_fewest_tokens(
         bound_by: str) -> None:
-    """A queue that needs more prefill than the step's limit allows: past a decode's ITL budget the
-    step misses that target however long it is (a stream's ITL is judged on its p99 gap: the count
-    of such steps costs), so it takes the whole budget; held only by the limit for arrivals (no
-    decode's target at stake) it takes the fewest tokens that cover the need, a short step
-    arrivals wait out."""
+    """A queue that needs more prefill than the step's limit allows: past a decode's ITL budget
+    (a drain that meets as many TTFTs as the streams it breaks, and prefills much faster: the test
+    below) the step misses that target however long it is (a stream's ITL is judged on its p99 gap:
+    the count of such steps costs), so it takes the whole budget; held only by the limit for
+    arrivals (no decode's target at stake) it takes the fewest tokens that cover the need, a short
+    step arrivals wait out."""
     # past the ITL, a step cost the ITL's chunk shares badly: the whole budget prefills twice as fast
-    # (within ITL_RATE_SHARE of the best the ITL budget stands: the test below)
     cost = FixedCostModel(0.05, 1 / 1500, 6e-7) if bound_by == "arrival" else FixedCostModel(0.1, 1 / 1500, 6e-8)
     need = 840.0 if bound_by == "arrival" else 1000.0
     now = 100.0
@@ -272,7 +274,7 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         policy = SloPolicy(cost, 4096, 512, arrival_ttft_s=0.4)
         decodes = []
     head = Request("rag", [7] * 1898, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
-    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: need)
+    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: need, lambda slow, fast: 1)
     assert budget.reason.startswith(TTFT_DRAIN), budget
     shape = StepShape()
     for r in decodes:
@@ -288,35 +290,61 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         assert n < 1024 and rate(n) >= DRAIN_SAFETY * need > rate(n - 1)
 
 
-def test_a_decodes_itl_budget_stands_against_a_drain_unless_much_slower_or_past_saturation() -> None:
-    """The queue needs more than any chunk gives. Where the chunk the decode's ITL allows already
-    prefills at ITL_RATE_SHARE or more of the best rate (a long chunk's attention, priced per pair,
-    outweighs the fixed cost it shares), a drain would break the decode's target for little, so the
-    ITL budget stands, a burst's few hopeless tokens notwithstanding; where a large step cost makes
-    the whole budget much faster, or a hopeless backlog of seconds waits (saturation: throughput
-    first), the drain takes the whole budget."""
+@pytest.mark.parametrize(("per_step", "per_pair", "backlog", "saved", "drained"), [
+    (0.02, 2e-7, 0, 0, False),    # near the best rate, nobody's TTFT to meet: the ITL stands
+    (0.02, 2e-7, 0, 2, True),     # two TTFTs met for one stream broken
+    (0.02, 2e-7, 0, 1, False),    # one for one, and the ITL's chunk is near the best rate
+    (0.1, 0.0, 0, 1, True),       # one for one, and the whole budget prefills much faster
+    (0.1, 0.0, 0, 0, False),      # much faster, but it would break a stream and meet nobody's TTFT
+    (0.1, 0.0, 6000, 0, True),    # much faster with seconds of hopeless prompts waiting: throughput first
+    (0.02, 2e-7, 6000, 0, False),  # saturated, but the ITL's chunk is near the best rate
+])
+def test_a_decodes_itl_budget_stands_against_a_drain_unless_it_meets_more_than_it_breaks(
+        per_step: float, per_pair: float, backlog: int, saved: int, drained: bool) -> None:
+    """The queue needs more than any chunk gives, and one decode's stream (8 tokens, its p99 gap
+    nearly its longest) cannot absorb a whole-budget step. The drain goes ahead where it meets more
+    queued TTFTs (`saves`) than the streams it breaks, as many where the whole budget prefills more
+    than 1 / ITL_RATE_SHARE times faster, or past saturation (hopeless prompts that take seconds
+    at the best rate) where it is that much faster; otherwise the ITL budget stands, within it."""
     now = 100.0
     head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
     decodes = [_decoding(0, 300, 0.2, now)]
     shape = StepShape().with_decode(decodes[0].num_tokens)
-    for per_step, per_pair, backlog, drained in ((0.02, 2e-7, 0, False), (0.1, 0.0, 0, True),
-                                                 (0.02, 2e-7, 6000, True), (0.02, 2e-7, 500, False)):
-        cost = FixedCostModel(per_step, 1 / 2000, per_pair)
-        policy = SloPolicy(cost, 4096, 512)
-        if backlog:    # 6,000 hopeless tokens: ~3.5 s at the best rate, saturation; 500: a burst's leftover
-            late = Request("late", [7] * backlog, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
-            queue = WaitingQueue(policy)
-            queue.add(late)
-            queue.refresh(now)
-        budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 1e5)
+    cost = FixedCostModel(per_step, 1 / 2000, per_pair)
+    policy = SloPolicy(cost, 4096, 512)
+    if backlog:    # 6,000 hopeless tokens: ~3 s at the best rate, saturation
+        late = Request("late", [7] * backlog, PARAMS, arrival_time=0.0, slo=Slo(ttft=1.0))
+        queue = WaitingQueue(policy)
+        queue.add(late)
+        queue.refresh(now)
+    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 1e5, lambda slow, fast: saved)
+    if drained:
+        assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
+    else:
+        assert f"a drain would meet {saved} more TTFTs and break 1 streams' ITL" in budget.reason, budget
+        assert budget.tokens < 2048 and cost.predict_step_s(shape.with_chunk(budget.tokens, 0)) <= 0.2
 
-        def rate(m: int, cost: FixedCostModel = cost) -> float:
-            return m / cost.predict_step_s(shape.with_chunk(m, 0))
 
-        best = _best_rate(cost, shape, 4000, 2048)
-        if drained:
-            assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
-        else:
-            assert "a drain would not be" in budget.reason, budget   # the drain's chunk was larger
-            assert budget.tokens < 2048 and rate(budget.tokens) >= ITL_RATE_SHARE * best
-            assert cost.predict_step_s(shape.with_chunk(budget.tokens, 0)) <= 0.2
+@pytest.mark.parametrize("stream", ["long", "missed"])
+def test_a_stream_that_absorbs_the_drain_or_already_missed_does_not_hold_it_back(stream: str) -> None:
+    """A drain that meets one queued TTFT goes ahead past a decode whose stream takes the long step
+    within its p99 target (400 tokens to come: one gap weighs nothing) or that already missed its
+    TTFT (its ITL cannot make it count): neither is a stream it breaks."""
+    now = 100.0
+    head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
+    if stream == "long":
+        r = Request("d0", list(range(1, 301)), SamplingParams(max_tokens=400, temperature=0, ignore_eos=True),
+                    arrival_time=now - 5.0, slo=Slo(ttft=1.0, itl=0.2))
+        times = [now - 4.0 + 0.05 * i for i in range(81)]
+    else:
+        r = Request("d0", list(range(1, 301)), PARAMS, arrival_time=now - 5.0, slo=Slo(ttft=1.0, itl=0.2))
+        times = [now - 3.0 + 0.05 * i for i in range(2)]    # first token 2 s late
+    r.num_computed_tokens = 300
+    r.metrics.first_token_time = times[0]
+    for t in times:
+        r.output_token_ids.append(1)
+        r.metrics.stamp(t)
+    cost = FixedCostModel(0.02, 1 / 2000, 2e-7)    # the ITL's chunk near the best rate: a tie would stand
+    policy = SloPolicy(cost, 4096, 512)
+    budget = policy.prefill_budget([r], head, 2048, times[-1], lambda share: 1e5, lambda slow, fast: 1)
+    assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget

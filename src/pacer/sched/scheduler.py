@@ -400,7 +400,7 @@ class Scheduler:
             for token in tokens:
                 kept += 1
                 outputs.append(token)
-                metrics.token_times.append(now)
+                metrics.stamp(now)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
                 reason = req.stop_on(token, max_len) if len(outputs) >= floor else None

@@ -11,8 +11,11 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
   budget yields to the need with the whole budget (one missed gap, made the most of) only where
-  that is more than 1 / ITL_RATE_SHARE times faster than its own chunk, or hopeless requests
-  wait that the best rate needs more than BACKLOG_BURST_S to clear (saturation, not a burst).
+  that meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
+  pacer.sched.itl_tail: a stream whose p99 gap absorbs the step, or that already missed, is not
+  broken), as many where it is more than 1 / ITL_RATE_SHARE times faster than the ITL's chunk,
+  or where it is that much faster and hopeless requests wait that the best rate needs more than
+  BACKLOG_BURST_S to clear (saturation, not a burst: throughput first).
 - **Not below the backlog's rate** (`_backlog_tokens`): with hopeless requests waiting, at least
   BACKLOG_RATE_SHARE of the step's best prefill rate.
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pacer.request import Request
@@ -36,6 +39,7 @@ from pacer.sched.feasibility import (
     FeasibilityTracker,
     decodes_exceed,
 )
+from pacer.sched.itl_tail import absorbs, missed
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.queue_flow import QueueFlow
 from pacer.sched.step_cost import StepCostModel, StepShape
@@ -84,11 +88,13 @@ class SloBudget:
         head = partial[0] if partial else (waiting.peek() if waiting.num_ready else None)
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
-                                     need=lambda share: self.drain_need(partial, waiting, now, share))
+                                     need=lambda share: self.drain_need(partial, waiting, now, share),
+                                     saves=lambda slow, fast: self.drain_saves(partial, waiting, now, slow, fast))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
-                       now: float, need: Callable[[float], float] | None = None) -> StepBudget:
+                       now: float, need: Callable[[float], float] | None = None,
+                       saves: Callable[[float, float], int] | None = None) -> StepBudget:
         """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
         queue's prefill need in tokens per second (`drain_need`, given the share of each deadline
         to aim for), is the share's floor: an ITL budget never starves the queue's TTFTs below it,
@@ -99,14 +105,15 @@ class SloBudget:
         waits for, and the drain that overrides it is the fewest tokens that cover the need (or
         the best-rate chunk). A drain past a decode's ITL budget misses that target however long
         the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
-        such steps costs, not their length: the step takes the whole budget. But a short stream
-        cannot absorb even one such gap (its p99 is its longest), so the decode's ITL budget stands
-        while its chunk prefills at ITL_RATE_SHARE or more of the best rate the step could have
-        (`_best_budget_rate`), unless hopeless requests wait that take more than BACKLOG_BURST_S
-        at that rate (saturation, not a burst's leftover: throughput first). Measured
-        on the simulator with this machine's fit: the drain's need, which assumes the ITL's rate
-        lasts, ran whole-budget steps through chats in every burst and cost more SLOs than it saved
-        (docs/measurements/slo-overload.md)."""
+        such steps costs, not their length: the step takes the whole budget. Whether it is taken
+        is counted in requests (`_itl_stands`): the queued TTFTs it meets (`saves`, how many make
+        it at one rate and not at another: `drain_saves`; None counts none) against the streams
+        it breaks. Measured on the simulator with this machine's fit scaled 1-12x slower: the
+        drain's need, which assumes the ITL's rate lasts, ran whole-budget steps through chats in
+        every burst and cost more SLOs than it saved; a rule on rates alone (the ITL stands at
+        ITL_RATE_SHARE of the best rate) starved a rag prompt for a chat that had already missed,
+        and past saturation drained through streams for hopeless prompts (docs/measurements/
+        slo-overload.md)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -134,9 +141,10 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n and owner is not None and self._itl_stands(shape, head, n, tokens_left):
-                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; a drain would not be "
-                                     f"{1 / ITL_RATE_SHARE:.2f}x faster)", limit)
+            stands = (self._itl_stands(shape, head, n, tokens_left, decodes, now, saves)
+                      if drain > n and owner is not None else None)
+            if stands is not None:
+                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
             if drain > n:
                 if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
                     drain = tokens_left
@@ -176,12 +184,28 @@ class SloBudget:
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
 
-    def _itl_stands(self, shape: StepShape, head: Request, n: int, tokens_left: int) -> bool:
-        """Whether a decode's ITL budget of `n` prefill tokens stands against a drain: its predicted
-        rate is at least ITL_RATE_SHARE of the best this step could have, and no more hopeless
-        prompt tokens wait than that best rate clears in BACKLOG_BURST_S."""
+    def _itl_stands(self, shape: StepShape, head: Request, n: int, tokens_left: int, decodes: list[Request],
+                    now: float, saves: Callable[[float, float], int] | None) -> str | None:
+        """Why a decode's ITL budget of `n` prefill tokens stands against a drain of the whole
+        budget, or None where the drain goes ahead. The drain's one long step costs each running
+        stream that can still meet its targets (`itl_tail.missed`) but cannot take that gap
+        within its 99th-percentile target (`itl_tail.absorbs`); it pays in the queued prompts
+        that make their TTFT at the drain's rate and not at the ITL chunk's (`saves`, None: none
+        counted). It goes ahead where it saves more than it costs, or past saturation (throughput
+        first): the chunk prefills below ITL_RATE_SHARE of the best rate the step could have and
+        more hopeless prompt tokens wait than that rate clears in BACKLOG_BURST_S."""
+        rate = self._budget_rate(shape, head, n)
         best = self._best_budget_rate(shape, head, tokens_left)
-        return self._backlog <= BACKLOG_BURST_S * best and self._budget_rate(shape, head, n) >= ITL_RATE_SHARE * best
+        if rate < ITL_RATE_SHARE * best and self._backlog > BACKLOG_BURST_S * best:
+            return None
+        drain_rate = self._budget_rate(shape, head, tokens_left)
+        step_s = tokens_left / drain_rate / BUDGET_SAFETY
+        costs = sum(1 for r in decodes if not missed(r, now)
+                    and not absorbs(r, now - (r.metrics.token_times[-1] if r.metrics.token_times else now) + step_s))
+        saved = 0 if saves is None else saves(rate, drain_rate)
+        if saved > costs or (saved == costs and rate < ITL_RATE_SHARE * best):
+            return None
+        return f"a drain would meet {saved} more TTFTs and break {costs} streams' ITL"
 
     def _budget_rate(self, shape: StepShape, head: Request, n: int) -> float:
         """Predicted prefill tokens per second of the step `shape` plus `n` prompt tokens as the
@@ -236,7 +260,22 @@ class SloBudget:
         tokens plus the highest, over the waiting and partial requests that can still make their
         TTFT (slack order), of the tokens up to and including each over `share` of the time to
         its deadline."""
-        worst, tokens = 0.0, 0
+        worst = max((tokens / (share * left) for tokens, left in self._queued_deadlines(partial, waiting, now)),
+                    default=0.0)
+        return worst + self.flow.arrival_rate(now)
+
+    def drain_saves(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
+                    slow: float, fast: float) -> int:
+        """How many of the queued prompts that can still make their TTFT (slack order) make it
+        if prefill runs at `fast` tokens per second from now, and not at `slow`."""
+        return sum(1 for tokens, left in self._queued_deadlines(partial, waiting, now)
+                   if tokens <= fast * left and tokens > slow * left)
+
+    def _queued_deadlines(self, partial: Iterable[Request], waiting: Iterable[Request],
+                          now: float) -> Iterator[tuple[int, float]]:
+        """For each waiting or partial request that can still make its TTFT, in slack order: the
+        prompt tokens up to and including its own, and the seconds to its deadline."""
+        tokens = 0
         # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
         for r in heapq.merge(partial, waiting, key=self.latest_start):
             ttft = None if r.slo is None else r.slo.ttft
@@ -246,8 +285,7 @@ class SloBudget:
             if left <= 0 or self.latest_start(r) < now:
                 continue   # hopeless: it goes behind, the rate cannot save it
             tokens += r.num_tokens - r.num_computed_tokens
-            worst = max(worst, tokens / (share * left))
-        return worst + self.flow.arrival_rate(now)
+            yield tokens, left
 
     def chunk_fitter(self, limit: float | None, now: float) -> ChunkFit:
         """`fit_chunk` bound to a step's time limit (None: no limit) and to its first-token limit:

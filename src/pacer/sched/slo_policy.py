@@ -59,9 +59,11 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   change is logged once. The same need is the floor of a feasible ITL budget: an ITL target
   never starves the queue's TTFTs (`budget_reason` "ttft drain: ..."), since a missed TTFT
   fails a request whole and a long step only stretches one gap (so such a step takes the
-  whole budget: one missed gap, made the most of). A short stream cannot absorb even that one,
-  so the decode's ITL budget stands while it prefills at ITL_RATE_SHARE of the step's best rate
-  and no hopeless backlog waits that the best rate needs over BACKLOG_BURST_S to clear.
+  whole budget: one missed gap, made the most of). It is taken where it meets more queued
+  TTFTs than it breaks running streams (a stream whose 99th-percentile gap absorbs the step,
+  pacer.sched.itl_tail, or that already missed a target, is not broken), as many where it
+  prefills more than 1 / ITL_RATE_SHARE times faster than the ITL's chunk, or where it is that
+  much faster and a hopeless backlog waits that the best rate needs over BACKLOG_BURST_S to clear.
 - **preempts the running request with the most slack** (`victim_key`), when KV runs out and
   when seats (`max_num_seqs`) or KV hold back a waiting request that can still meet its
   target and has PREEMPT_MARGIN_S less slack (`outranks`): under load, seats held by long
