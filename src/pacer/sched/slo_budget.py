@@ -89,12 +89,15 @@ class SloBudget:
         scheduled = [r for r in decodes if r.request_id in step.num_tokens]
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
                                      need=lambda share: self.drain_need(partial, waiting, now, share),
-                                     saves=lambda slow, fast: self.drain_saves(partial, waiting, now, slow, fast))
+                                     saves=lambda slow, fast: self.drain_saves(partial, waiting, now, slow, fast),
+                                     queued=lambda: sum(r.num_tokens - r.num_computed_tokens
+                                                        for r in (*partial, *waiting)))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
                        now: float, need: Callable[[float], float] | None = None,
-                       saves: Callable[[float, float], int] | None = None) -> StepBudget:
+                       saves: Callable[[float, float], int] | None = None,
+                       queued: Callable[[], int] | None = None) -> StepBudget:
         """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
         queue's prefill need in tokens per second (`drain_need`, given the share of each deadline
         to aim for), is the share's floor: an ITL budget never starves the queue's TTFTs below it,
@@ -108,7 +111,8 @@ class SloBudget:
         such steps costs, not their length: the step takes the whole budget. Whether it is taken
         is counted in requests (`_itl_stands`): the queued TTFTs it meets (`saves`, how many make
         it at one rate and not at another: `drain_saves`; None counts none) against the streams
-        it breaks. Measured on the simulator with this machine's fit scaled 1-12x slower: the
+        it breaks; `queued`, the prompt tokens waiting (None: as many as the budget), is what a
+        drain's step can hold. Measured on the simulator with this machine's fit scaled 1-12x slower: the
         drain's need, which assumes the ITL's rate lasts, ran whole-budget steps through chats in
         every burst and cost more SLOs than it saved; a rule on rates alone (the ITL stands at
         ITL_RATE_SHARE of the best rate) starved a rag prompt for a chat that had already missed,
@@ -141,7 +145,8 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            stands = (self._itl_stands(shape, head, n, tokens_left, decodes, now, saves)
+            drain_n = tokens_left if queued is None else min(tokens_left, max(n, queued()))
+            stands = (self._itl_stands(shape, head, n, drain_n, decodes, now, saves)
                       if drain > n and owner is not None else None)
             if stands is not None:
                 return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
@@ -184,10 +189,10 @@ class SloBudget:
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
 
-    def _itl_stands(self, shape: StepShape, head: Request, n: int, tokens_left: int, decodes: list[Request],
+    def _itl_stands(self, shape: StepShape, head: Request, n: int, drain_n: int, decodes: list[Request],
                     now: float, saves: Callable[[float, float], int] | None) -> str | None:
-        """Why a decode's ITL budget of `n` prefill tokens stands against a drain of the whole
-        budget, or None where the drain goes ahead. The drain's one long step costs each running
+        """Why a decode's ITL budget of `n` prefill tokens stands against a drain of `drain_n`
+        (the whole budget, or what the queue holds), or None where the drain goes ahead. The drain's one long step costs each running
         stream that can still meet its targets (`itl_tail.missed`) but cannot take that gap
         within its 99th-percentile target (`itl_tail.absorbs`); it pays in the queued prompts
         that make their TTFT at the drain's rate and not at the ITL chunk's (`saves`, None: none
@@ -195,11 +200,11 @@ class SloBudget:
         first): the chunk prefills below ITL_RATE_SHARE of the best rate the step could have and
         more hopeless prompt tokens wait than that rate clears in BACKLOG_BURST_S."""
         rate = self._budget_rate(shape, head, n)
-        best = self._best_budget_rate(shape, head, tokens_left)
+        best = self._best_budget_rate(shape, head, drain_n)
         if rate < ITL_RATE_SHARE * best and self._backlog > BACKLOG_BURST_S * best:
             return None
-        drain_rate = self._budget_rate(shape, head, tokens_left)
-        step_s = tokens_left / drain_rate / BUDGET_SAFETY
+        drain_rate = self._budget_rate(shape, head, drain_n)
+        step_s = drain_n / drain_rate / BUDGET_SAFETY
         costs = sum(1 for r in decodes if not missed(r, now)
                     and not absorbs(r, now - (r.metrics.token_times[-1] if r.metrics.token_times else now) + step_s))
         saved = 0 if saves is None else saves(rate, drain_rate)
