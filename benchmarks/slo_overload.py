@@ -5,8 +5,9 @@ given) one server is started, then `pacer bench` sends it the same seeded `mixed
 each rate over HTTP (one server, one client, the rates in turn); `pacer sim` with this
 machine's `cpu-local` profile predicts each pacer line on the same trace, printed beside it.
 Per engine and rate: output tok/s, goodput, attainment, refusals, and per class TTFT / ITL
-p50 / p99. Then the issue's verdicts past saturation (the highest rate): slo's throughput vs
-fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and chat ITL p99 (the issue's table's rows: chat
+p50 / p99. Then the issue's verdicts at each rate: past saturation, slo's throughput vs
+fcfs's, goodput vs fcfs's and vLLM's, chat TTFT p50 and chat ITL p99; at a load the machine can
+serve, its attainment (fcfs's + 0.2, or both >= 0.9), printed on every line (the ITL rows: chat
 is the class a tight ITL target binds; every class's pooled ITL p99 is printed beside it, where
 the long decodes of rag and batch, fcfs's and slo's alike, dilute a few stalls below the p99
 that the chat streams see). `--policies fcfs` runs only the
@@ -191,7 +192,8 @@ def main() -> int:
                 sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json")
                 print(row(f"  sim {policy}", sim))
     if {"pacer fcfs", "pacer slo"} <= {name for name, *_ in engines(args, 0)}:
-        verdicts(results, rates[-1], seeds, bool(args.vllm))
+        for rate in rates:   # past saturation the first five bars, at a load the machine serves attainment's
+            verdicts(results, rate, seeds, bool(args.vllm))
     # each engine's medians over the repeats, per rate and seed (for cpu_verdicts.py)
     print("RESULT " + json.dumps({f"{name}|{rate}|{seed}": median_summary(runs)["overall"]
                                   for (name, rate, seed), runs in results.items()}))
@@ -246,6 +248,8 @@ def checks(f: dict[str, Any], s: dict[str, Any], v: dict[str, Any] | None) -> di
     if fc.get("ttft_p50") and sc.get("ttft_p50") is not None:
         out["chat"] = (f"chat ttft p50 {sc['ttft_p50']:.2f}s vs {fc['ttft_p50']:.2f}s (",
                        sc["ttft_p50"] <= 1.1 * fc["ttft_p50"])
+    fa, sa = fo["slo_attainment"], so["slo_attainment"]   # the bar at a load the machine can serve
+    out["att"] = (f"attainment {sa:.2f} vs fcfs {fa:.2f} (+0.2 or both >= 0.9: ", sa >= fa + 0.2 or min(sa, fa) >= 0.9)
     if fc.get("itl_p99") and sc.get("itl_p99") is not None:   # chat's: the class an ITL target binds
         pooled = (f" [all classes {so['itl_p99'] * 1e3:.0f} vs {fo['itl_p99'] * 1e3:.0f}]"
                   if fo.get("itl_p99") and so.get("itl_p99") is not None else "")
@@ -257,7 +261,7 @@ def checks(f: dict[str, Any], s: dict[str, Any], v: dict[str, Any] | None) -> di
 def verdicts(results: dict[tuple[str, float, int], list[dict[str, Any]]], rate: float, seeds: list[int],
              vllm: bool) -> None:
     repeats = len(results["pacer fcfs", rate, seeds[0]])
-    print(f"\n## past saturation ({rate} req/s): slo vs fcfs" + (" and vllm" if vllm else "")
+    print(f"\n## {rate} req/s: slo vs fcfs" + (" and vllm" if vllm else "")
           + (f", medians of {repeats} repeats [single repeats that agree]" if repeats > 1 else ""))
     for seed in seeds:
         runs = {name: results[name, rate, seed] for name in ("pacer fcfs", "pacer slo", "vllm serve") if vllm or
