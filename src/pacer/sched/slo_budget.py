@@ -145,15 +145,20 @@ class SloBudget:
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            drain_n = tokens_left if queued is None else min(tokens_left, max(n, queued()))
-            stands = (self._itl_stands(shape, head, n, drain_n, decodes, now, saves)
-                      if drain > n and owner is not None else None)
-            if stands is not None:
-                return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
+            if drain > n and owner is not None:
+                drain_n = tokens_left if queued is None else min(tokens_left, max(n, queued()))
+                stands = self._itl_stands(shape, head, n, drain_n, decodes, now, saves)
+                if stands is not None:
+                    return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
             if drain > n:
                 if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
                     drain = tokens_left
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
+            if drain < n and self._chunk_rate(shape, start, n) < min(DRAIN_SAFETY * rate,
+                                                                     self._chunk_rate(shape, start, drain)):
+                # the ITL's share runs past the rate's peak (a long chunk's attention): slower than the
+                # queue needs and than the drain's chunk, which is also the shorter step
+                n, reason = drain, f"{reason} (the queue needs {rate:.0f} tok/s: the drain's chunk)"
         backlog = self._backlog_tokens(shape, start, tokens_left)
         if backlog > n:
             return StepBudget(backlog, f"{BACKLOG}: {self._backlog} hopeless prompt tokens wait, more than {reason} allows")
