@@ -7,7 +7,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   TTFT configured, with a margin for prediction noise; never below MIN_PREFILL_TOKENS.
 - **Not below the queue's need** (`drain_need`, `_drain_tokens`): the fewest tokens whose
   predicted prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need,
-  or the chunk with the best rate when none does (the rate falls past a peak: attention); when
+  or the chunk with the best rate when none does (the rate falls past a peak: attention; an ITL
+  share past it that prefills slower than the need and than that chunk gives way to it); when
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
   budget yields to the need with the whole budget (one missed gap, made the most of) only where
