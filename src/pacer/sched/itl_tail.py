@@ -60,14 +60,15 @@ def final_gaps(r: Request) -> int:
     return m.num_gaps + 1 + max(0, math.ceil(forced / per_emission) - 1)
 
 
-def _p99_after(r: Request, gap: float) -> float | None:
-    """`r`'s final 99th-percentile gap if its next gap takes `gap` seconds and the rest are
-    planned within PLANNED_GAP_SHARE of its target; None without an ITL target or a token yet."""
+def _over_target(r: Request, gap: float) -> float | None:
+    """How far past its ITL target `r`'s final 99th-percentile gap lands (<= 0: within) if its
+    next gap takes `gap` seconds and the rest are planned within PLANNED_GAP_SHARE of the target;
+    None without an ITL target or a token yet."""
     slo = r.slo
     if slo is None or slo.itl is None or not r.metrics.token_times:
         return None
     m = r.metrics
-    return p99_with(m.top_gaps, m.num_gaps, final_gaps(r), gap, PLANNED_GAP_SHARE * slo.itl)
+    return p99_with(m.top_gaps, m.num_gaps, final_gaps(r), gap, PLANNED_GAP_SHARE * slo.itl) - slo.itl
 
 
 def absorbs(r: Request, gap: float) -> bool:
@@ -75,11 +76,10 @@ def absorbs(r: Request, gap: float) -> bool:
     its ITL target on its 99th-percentile gap. No inter-token target: nothing to protect (True);
     a TPOT-only target is an average every gap moves, and a stream with no token yet has no
     gaps to spread one over (False)."""
-    slo = r.slo
-    if slo is None or slo.itl_target is None:
+    if r.slo is None or r.slo.itl_target is None:
         return True
-    p99 = _p99_after(r, gap)
-    return p99 is not None and slo.itl is not None and p99 <= slo.itl
+    over = _over_target(r, gap)
+    return over is not None and over <= 0
 
 
 def missed(r: Request, now: float) -> bool:
@@ -94,5 +94,5 @@ def missed(r: Request, now: float) -> bool:
         return True
     if slo.e2e is not None and now - r.arrival_time > slo.e2e:
         return True
-    p99 = _p99_after(r, 0.0)
-    return p99 is not None and slo.itl is not None and p99 > slo.itl
+    over = _over_target(r, 0.0)
+    return over is not None and over > 0

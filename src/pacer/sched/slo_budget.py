@@ -27,6 +27,7 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ class SloBudget:
                                      need=lambda share: self.drain_need(partial, waiting, now, share),
                                      saves=lambda slow, fast: self.drain_saves(partial, waiting, now, slow, fast),
                                      queued=lambda: sum(r.num_tokens - r.num_computed_tokens
-                                                        for r in (*partial, *waiting)))
+                                                        for r in itertools.chain(partial, waiting)))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
@@ -131,13 +132,8 @@ class SloBudget:
         start = head.num_computed_tokens
         over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
-            detail = f"decodes {over * 1e3:.1f}ms > {reason}"
-            self.feasibility.observe(ITL_INFEASIBLE, detail, now)
-            if need is None:
-                return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
-            rate = need(DRAIN_DEADLINE_SHARE)
-            n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
-            return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} (drain: the queue needs {rate:.0f} tok/s)")
+            return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
+                                           now, need)
         self.feasibility.observe(FEASIBLE, now=now)
         floor = min(tokens_left, MIN_PREFILL_TOKENS)
         if self.cost_model.predict_step_s(shape.with_chunk(tokens_left, start)) <= limit:
@@ -164,6 +160,18 @@ class SloBudget:
         if backlog > n:
             return StepBudget(backlog, f"{BACKLOG}: {self._backlog} hopeless prompt tokens wait, more than {reason} allows")
         return StepBudget(n, reason + (" (floor)" if n == floor else ""), limit)
+
+    def _infeasible_budget(self, shape: StepShape, start: int, tokens_left: int, detail: str, now: float,
+                           need: Callable[[float], float] | None) -> StepBudget:
+        """The budget when the decodes alone exceed the step's ITL limit (`detail`): the fewest
+        tokens that cover the queue's need (or the backlog's rate), the whole budget without a
+        known need (fcfs's)."""
+        self.feasibility.observe(ITL_INFEASIBLE, detail, now)
+        if need is None:
+            return StepBudget(tokens_left, f"{ITL_INFEASIBLE}: {detail} (throughput)")
+        rate = need(DRAIN_DEADLINE_SHARE)
+        n = max(self._drain_tokens(shape, start, tokens_left, rate), self._backlog_tokens(shape, start, tokens_left))
+        return StepBudget(n, f"{ITL_INFEASIBLE}: {detail} (drain: the queue needs {rate:.0f} tok/s)")
 
     def _backlog_tokens(self, shape: StepShape, start: int, tokens_left: int) -> int:
         """With hopeless requests waiting (a backlog no target can save, which fcfs would be
@@ -211,8 +219,10 @@ class SloBudget:
             return None
         drain_rate = self._budget_rate(shape, head, drain_n)
         step_s = drain_n / drain_rate / BUDGET_SAFETY
-        costs = sum(1 for r in decodes if not missed(r, now)
-                    and not absorbs(r, now - (r.metrics.token_times[-1] if r.metrics.token_times else now) + step_s))
+        costs = 0
+        for r in decodes:
+            since = now - r.metrics.token_times[-1] if r.metrics.token_times else 0.0
+            costs += not missed(r, now) and not absorbs(r, since + step_s)
         saved = 0 if saves is None else saves(rate, drain_rate)
         if saved > costs or (saved == costs and rate < ITL_RATE_SHARE * best):
             return None
