@@ -10,6 +10,7 @@ from pacer.perf.cost_model import make_cost_model
 from pacer.perf.profiles import get_hardware, get_model
 from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams
+from pacer.sched.slo_budget import ARRIVAL_WAIT_FLOOR
 from pacer.sched.slo_policy import ARRIVAL_SHARE, BUDGET_SAFETY, FIRST_TOKEN_SHARE
 from pacer.sched.step_cost import FixedCostModel, StepShape
 from tests.fakes import make_engine, reference_output, run
@@ -146,3 +147,36 @@ def test_the_first_token_limit_spares_a_prompt_that_cannot_wait_another_step() -
     rag_tokens = sum(len(sr.token_ids) for sr in chat_step.scheduled if sr.request_id == "rag")
     assert steps.index(chat_step) == 1 and rag_tokens == 1024 - 20
     assert cost.predict_step_s(StepShape.from_output(chat_step)) > 2 * FIRST_TOKEN_SHARE * 1.0
+
+
+def _long_prompt_after_a_chat(chat_tokens: int) -> list:
+    """A chat of `chat_tokens` (200 ms TTFT) is served, then the long prompt (10 s) prefills alone."""
+    eng, ex = make_engine(scheduling_policy="slo", slo=["ttft=10s", "chat:ttft=200ms"], num_blocks=600, block_size=16,
+                          max_len=4096, max_num_batched_tokens=2048, cost_model=COST)
+    chat = [i % 991 + 3 for i in range(chat_tokens)]
+    eng.add_request(chat, GREEDY, request_id="chat", request_class="chat")
+    assert run(eng, ex)["chat"].token_ids == reference_output(chat, GREEDY)
+    eng.add_request(LONG, GREEDY, request_id="long")
+    finals = run(eng, ex)
+    assert finals["long"].token_ids == reference_output(LONG, GREEDY)
+    return [s for s in ex.steps if any(sr.request_id == "long" and len(sr.token_ids) > 1 for sr in s.scheduled)]
+
+
+def test_the_arrival_limit_leaves_a_typical_arrival_time_for_its_own_prefill() -> None:
+    """The limit is there so a 200 ms chat arriving mid-step waits one step and still prefills in
+    time: with 100-token chats (15 ms) that is ARRIVAL_SHARE of the TTFT; with 1,000-token chats
+    (105 ms of their own) it is what BUDGET_SAFETY x the TTFT leaves (75 ms); with 1,500-token chats
+    (155 ms) too little is left to protect (under ARRIVAL_WAIT_FLOOR), and the long prompt takes
+    whole steps, as under targets with no limit."""
+    short = _long_prompt_after_a_chat(100)
+    assert all(s.budget_reason.startswith(f"arrival ttft {ARRIVAL_SHARE * 200:.1f}ms") for s in short)
+    mid = _long_prompt_after_a_chat(1000)
+    wait = BUDGET_SAFETY * 0.2 - COST.predict_step_s(StepShape().with_chunk(1000, 0))
+    assert ARRIVAL_WAIT_FLOOR * 0.2 < wait < ARRIVAL_SHARE * 0.2
+    for s in mid:
+        assert s.budget_reason.startswith(f"arrival ttft {wait * 1e3:.1f}ms"), s.budget_reason
+        assert COST.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * wait + 1e-9
+    assert len(mid) > len(short)
+    whole = _long_prompt_after_a_chat(1500)
+    assert [s.num_prefill_tokens for s in whole][:1] == [2048]
+    assert all(s.budget_reason == "max_num_batched_tokens" for s in whole)

@@ -4,7 +4,9 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 
 - **By ITL** (`prefill_budget`): the most prefill tokens that keep the predicted step within the
   tightest inter-token target among the step's decodes, and within ARRIVAL_SHARE of the tightest
-  TTFT configured, with a margin for prediction noise; never below MIN_PREFILL_TOKENS.
+  TTFT configured (the arrival limit: less where a typical arrival's own first step leaves it
+  less to wait, none where that leaves under ARRIVAL_WAIT_FLOOR: `_arrival_limit`), with a
+  margin for prediction noise; never below MIN_PREFILL_TOKENS.
 - **Not below the queue's need** (`drain_need`, `_drain_tokens`): the fewest tokens whose
   predicted prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need,
   or the chunk with the best rate when none does (the rate falls past a peak: attention; an ITL
@@ -59,6 +61,7 @@ BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this shar
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
 FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
+ARRIVAL_WAIT_FLOOR = 0.25  # the arrival limit holds while an arrival's own first step leaves it this share of its TTFT to wait
 _INF = math.inf
 
 
@@ -130,7 +133,7 @@ class SloBudget:
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound) * safety)
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound, shape) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
                                            now, need)
@@ -366,7 +369,7 @@ class SloBudget:
 
     def _step_bound(self, decodes: list[Request], head_slack: float,
                     now: float) -> tuple[float, str | None, StepShape]:
-        """The longest step allowed, whose ITL target set it (None: the arrival cap), and the
+        """The longest step allowed, whose ITL target set it (None: the arrival limit), and the
         decodes' shape."""
         bound, owner = _INF, None
         shape = StepShape()
@@ -375,15 +378,37 @@ class SloBudget:
             gap = self._allowed_gap(r, now, head_slack)
             if gap < bound:
                 bound, owner = gap, r.request_id
-        if self.arrival_ttft_s is not None and ARRIVAL_SHARE * self.arrival_ttft_s < bound:
-            bound, owner = ARRIVAL_SHARE * self.arrival_ttft_s, None
+        arrival = self._arrival_limit(shape)
+        if arrival < bound:
+            bound, owner = arrival, None
         return bound, owner, shape
 
-    def _tightest_target(self, decodes: list[Request], bound: float) -> float:
+    def _arrival_limit(self, shape: StepShape) -> float:
+        """The longest step a request arriving with the tightest configured TTFT `T` can wait out:
+        ARRIVAL_SHARE x T, or less where its own first step (a typical prompt of its class,
+        `QueueFlow.typical_prompt`, beside `shape`'s decodes) leaves less of BUDGET_SAFETY x T to
+        wait; none (inf) where that leaves under ARRIVAL_WAIT_FLOOR x T: no step short enough to
+        protect the arrival is worth its cost to the prompt being chunked (on a slow CPU a chat's
+        own prefill takes most of its TTFT, and the limit chunked a batch prompt into 0.45 s
+        steps at a fraction of its rate while a chat arriving mid-step missed anyway)."""
+        ttft = self.arrival_ttft_s
+        if ttft is None:
+            return _INF
+        limit = ARRIVAL_SHARE * ttft
+        typical = self.flow.typical_prompt(ttft)
+        if typical:
+            wait = BUDGET_SAFETY * ttft - self.cost_model.predict_step_s(shape.with_chunk(typical, 0))
+            if wait < ARRIVAL_WAIT_FLOOR * ttft:
+                return _INF
+            limit = min(limit, wait)
+        return limit
+
+    def _tightest_target(self, decodes: list[Request], bound: float, shape: StepShape) -> float:
         """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the arrival cap `bound` when that is tighter or none has one."""
+        make a target infeasible), or the arrival limit when that is tighter (`bound` when neither
+        binds)."""
         targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
-        arrival = ARRIVAL_SHARE * self.arrival_ttft_s if self.arrival_ttft_s is not None else _INF
+        arrival = self._arrival_limit(shape)
         return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:

@@ -43,7 +43,8 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   stretch to its remaining TPOT slack when a prefill is about to miss its TTFT. A step is
   also kept within ARRIVAL_SHARE of the tightest TTFT target configured (`arrival_ttft_s`):
   a request arriving while a long prompt prefills waits at most one step, so it keeps the
-  rest of its TTFT for its own prefill. The plan keeps a margin for prediction noise: the
+  rest of its TTFT for its own prefill (less where a typical prompt of its class needs more;
+  none where too little is left to protect: `_arrival_limit`). The plan keeps a margin for prediction noise: the
   larger of BUDGET_SAFETY and the cost model's `upper_ratio()`, learned from the measured
   steps (on this CPU a mixed step ran over its prediction by 18% one time in twenty, by 33%
   one time in a hundred). Each chunk added to a step after the budget is priced with the step
