@@ -7,7 +7,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   TTFT configured (the arrival limit: less where a typical arrival's own first step leaves it
   less to wait, none where that leaves under ARRIVAL_WAIT_FLOOR: `_arrival_limit`), with a
   margin for prediction noise; never below MIN_PREFILL_TOKENS.
-- **Not below the queue's need** (`drain_need`, `_drain_tokens`): the fewest tokens whose
+- **Not below the queue's need** (`drain_need`, `_drain_tokens`; the need and the saves are
+  pacer.sched.queue_need's, mixed in): the fewest tokens whose
   predicted prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need,
   or the chunk with the best rate when none does (the rate falls past a peak: attention; an ITL
   share past it that prefills slower than the need and than that chunk gives way to it); when
@@ -28,10 +29,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pacer.request import Request
@@ -45,7 +44,7 @@ from pacer.sched.feasibility import (
 )
 from pacer.sched.itl_tail import absorbs, missed
 from pacer.sched.policy import WaitingQueue
-from pacer.sched.queue_flow import QueueFlow
+from pacer.sched.queue_need import DRAIN_DEADLINE_SHARE, QueueNeed
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import ChunkFit, StepLimit, StepPlan
 
@@ -56,7 +55,6 @@ MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation b
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
-DRAIN_DEADLINE_SHARE = 0.5   # ... and aims to finish each queued prompt in this share of its time left
 BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
@@ -74,16 +72,14 @@ class StepBudget:
     time_limit: float | None = None    # the predicted step time each added chunk must keep within
 
 
-class SloBudget:
+class SloBudget(QueueNeed):
     """The step-budget half of `SloPolicy` (a mixin: the attributes are the policy's)."""
 
     cost_model: StepCostModel
     max_num_batched_tokens: int
     arrival_ttft_s: float | None
     feasibility: FeasibilityTracker
-    flow: QueueFlow
     _backlog: int
-    latest_start: Callable[[Request], float]
     is_hopeless: Callable[[Request, float], bool]
 
     def step_limit(self, step: StepPlan, decodes: list[Request], partial: list[Request], waiting: WaitingQueue,
@@ -95,8 +91,7 @@ class SloBudget:
         budget = self.prefill_budget(scheduled, head, step.budget.tokens_left, now,
                                      need=lambda share: self.drain_need(partial, waiting, now, share),
                                      saves=lambda slow, fast: self.drain_saves(partial, waiting, now, slow, fast),
-                                     queued=lambda: sum(r.num_tokens - r.num_computed_tokens
-                                                        for r in itertools.chain(partial, waiting)))
+                                     queued=lambda: self.queued_tokens(partial, waiting))
         return StepLimit(budget.tokens, budget.reason, self.chunk_fitter(budget.time_limit, now))
 
     def prefill_budget(self, decodes: list[Request], head: Request | None, tokens_left: int,
@@ -277,39 +272,6 @@ class SloBudget:
             else:
                 hi = mid
         return lo
-
-    def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
-                   share: float = DRAIN_DEADLINE_SHARE) -> float:
-        """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
-        tokens plus the highest, over the waiting and partial requests that can still make their
-        TTFT (slack order), of the tokens up to and including each over `share` of the time to
-        its deadline."""
-        worst = max((tokens / (share * left) for tokens, left in self._queued_deadlines(partial, waiting, now)),
-                    default=0.0)
-        return worst + self.flow.arrival_rate(now)
-
-    def drain_saves(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
-                    slow: float, fast: float) -> int:
-        """How many of the queued prompts that can still make their TTFT (slack order) make it
-        if prefill runs at `fast` tokens per second from now, and not at `slow`."""
-        return sum(1 for tokens, left in self._queued_deadlines(partial, waiting, now)
-                   if tokens <= fast * left and tokens > slow * left)
-
-    def _queued_deadlines(self, partial: Iterable[Request], waiting: Iterable[Request],
-                          now: float) -> Iterator[tuple[int, float]]:
-        """For each waiting or partial request that can still make its TTFT, in slack order: the
-        prompt tokens up to and including its own, and the seconds to its deadline."""
-        tokens = 0
-        # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
-        for r in heapq.merge(partial, waiting, key=self.latest_start):
-            ttft = None if r.slo is None else r.slo.ttft
-            if ttft is None or r.num_output_tokens:
-                continue
-            left = r.arrival_time + ttft - now
-            if left <= 0 or self.latest_start(r) < now:
-                continue   # hopeless: it goes behind, the rate cannot save it
-            tokens += r.num_tokens - r.num_computed_tokens
-            yield tokens, left
 
     def chunk_fitter(self, limit: float | None, now: float) -> ChunkFit:
         """`fit_chunk` bound to a step's time limit (None: no limit) and to its first-token limit:
