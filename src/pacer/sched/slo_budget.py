@@ -120,7 +120,7 @@ class SloBudget(QueueNeed):
         slo-overload.md)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
-        bound, owner, shape = self._step_bound(decodes, self.latest_start(head) - now, now)
+        bound, owner, shape, arrival = self._step_bound(decodes, self.latest_start(head) - now, now)
         if not math.isfinite(bound):
             return StepBudget(tokens_left, "max_num_batched_tokens")
         reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
@@ -128,7 +128,7 @@ class SloBudget(QueueNeed):
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound, shape) * safety)
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound, arrival) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
                                            now, need)
@@ -330,9 +330,9 @@ class SloBudget(QueueNeed):
         return lo
 
     def _step_bound(self, decodes: list[Request], head_slack: float,
-                    now: float) -> tuple[float, str | None, StepShape]:
-        """The longest step allowed, whose ITL target set it (None: the arrival limit), and the
-        decodes' shape."""
+                    now: float) -> tuple[float, str | None, StepShape, float]:
+        """The longest step allowed, whose ITL target set it (None: the arrival limit), the
+        decodes' shape and the arrival limit (`_arrival_limit`)."""
         bound, owner = _INF, None
         shape = StepShape()
         for r in decodes:
@@ -343,7 +343,7 @@ class SloBudget(QueueNeed):
         arrival = self._arrival_limit(shape)
         if arrival < bound:
             bound, owner = arrival, None
-        return bound, owner, shape
+        return bound, owner, shape, arrival
 
     def _arrival_limit(self, shape: StepShape) -> float:
         """The longest step a request arriving with the tightest configured TTFT `T` can wait out:
@@ -365,12 +365,12 @@ class SloBudget(QueueNeed):
             limit = min(limit, wait)
         return limit
 
-    def _tightest_target(self, decodes: list[Request], bound: float, shape: StepShape) -> float:
+    @staticmethod
+    def _tightest_target(decodes: list[Request], bound: float, arrival: float) -> float:
         """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the arrival limit when that is tighter (`bound` when neither
+        make a target infeasible), or the `arrival` limit when that is tighter (`bound` when neither
         binds)."""
         targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
-        arrival = self._arrival_limit(shape)
         return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
