@@ -111,13 +111,9 @@ class SloBudget(QueueNeed):
         such steps costs, not their length: the step takes the whole budget. Whether it is taken
         is counted in requests (`_itl_stands`): the queued TTFTs it meets (`saves`, how many make
         it at one rate and not at another: `drain_saves`; None counts none) against the streams
-        it breaks; `queued`, the prompt tokens waiting (None: as many as the budget), is what a
-        drain's step can hold. Measured on the simulator with this machine's fit scaled 1-12x slower: the
-        drain's need, which assumes the ITL's rate lasts, ran whole-budget steps through chats in
-        every burst and cost more SLOs than it saved; a rule on rates alone (the ITL stands at
-        ITL_RATE_SHARE of the best rate) starved a rag prompt for a chat that had already missed,
-        and past saturation drained through streams for hopeless prompts (docs/measurements/
-        slo-overload.md)."""
+        it breaks (why counted so, and the rules it replaced: docs/measurements/slo-overload.md);
+        `queued`, the prompt tokens waiting (None: as many as the budget), is what a drain's step
+        can hold."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape, arrival = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -128,7 +124,7 @@ class SloBudget(QueueNeed):
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, bound, arrival) * safety)
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, arrival) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
                                            now, need)
@@ -366,12 +362,10 @@ class SloBudget(QueueNeed):
         return limit
 
     @staticmethod
-    def _tightest_target(decodes: list[Request], bound: float, arrival: float) -> float:
+    def _tightest_target(decodes: list[Request], arrival: float) -> float:
         """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the `arrival` limit when that is tighter (`bound` when neither
-        binds)."""
-        targets = [r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None]
-        return min([arrival, *targets]) if targets or math.isfinite(arrival) else bound
+        make a target infeasible), or the `arrival` limit when that is tighter (inf when neither binds)."""
+        return min([arrival, *(r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None)])
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
         """The longest step `r` tolerates now: its ITL target minus the time since its last
