@@ -19,6 +19,7 @@ from tests.sched.test_slo_policy import chats_decoding
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 LONG = [i % 997 + 1 for i in range(3000)]
 COST = FixedCostModel(5e-3, 1e-4)    # 2,048 tokens: 210 ms
+CHAT_200MS = ["ttft=10s", "chat:ttft=200ms"]
 
 
 class _Noisy(FixedCostModel):
@@ -28,23 +29,29 @@ class _Noisy(FixedCostModel):
         return 1.5
 
 
-def _long_prompt_alone(policy: str, slo: list[str], cost: FixedCostModel = COST) -> list:
+def _long_prompt_alone(policy: str, slo: list[str], cost: FixedCostModel = COST, chat_first: int = 0) -> list:
+    """The steps that prefill LONG, alone; with `chat_first`, a chat of that many tokens is served first."""
     eng, ex = make_engine(scheduling_policy=policy, slo=slo, num_blocks=600, block_size=16, max_len=4096,
                           max_num_batched_tokens=2048, cost_model=cost)
+    if chat_first:
+        chat = [i % 991 + 3 for i in range(chat_first)]
+        eng.add_request(chat, GREEDY, request_id="chat", request_class="chat")
+        assert run(eng, ex)["chat"].token_ids == reference_output(chat, GREEDY)
+        ex.steps.clear()
     eng.add_request(LONG, GREEDY, request_id="long")
     assert run(eng, ex)["long"].token_ids == reference_output(LONG, GREEDY)
     return [s for s in ex.steps if s.num_prefill_tokens]
 
 
 def test_a_prefill_step_stays_within_a_share_of_the_tightest_ttft() -> None:
-    steps = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"])
+    steps = _long_prompt_alone("slo", CHAT_200MS)
     cap = ARRIVAL_SHARE * 0.2
     assert len(steps) > 2
     for s in steps:
         assert s.budget_reason.startswith(f"arrival ttft {cap * 1e3:.1f}ms"), s.budget_reason
         assert COST.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * cap + 1e-9
     # the cap is what splits the prompt: with only loose targets, and under fcfs, steps take the full budget
-    for policy, slo in (("slo", ["ttft=10s"]), ("fcfs", ["ttft=10s", "chat:ttft=200ms"])):
+    for policy, slo in (("slo", ["ttft=10s"]), ("fcfs", CHAT_200MS)):
         loose = _long_prompt_alone(policy, slo)
         assert max(s.num_prefill_tokens for s in loose) == 2048
         assert len(loose) < len(steps)
@@ -52,8 +59,8 @@ def test_a_prefill_step_stays_within_a_share_of_the_tightest_ttft() -> None:
 
 def test_the_budget_keeps_the_cost_models_measured_margin() -> None:
     noisy = _Noisy(5e-3, 1e-4)
-    steps = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"], noisy)
-    exact = _long_prompt_alone("slo", ["ttft=10s", "chat:ttft=200ms"])
+    steps = _long_prompt_alone("slo", CHAT_200MS, noisy)
+    exact = _long_prompt_alone("slo", CHAT_200MS)
     for s in steps:
         assert noisy.predict_step_s(StepShape.from_output(s)) * 1.5 <= ARRIVAL_SHARE * 0.2 + 1e-9
     assert max(s.num_prefill_tokens for s in steps) < max(s.num_prefill_tokens for s in exact)
@@ -149,34 +156,21 @@ def test_the_first_token_limit_spares_a_prompt_that_cannot_wait_another_step() -
     assert cost.predict_step_s(StepShape.from_output(chat_step)) > 2 * FIRST_TOKEN_SHARE * 1.0
 
 
-def _long_prompt_after_a_chat(chat_tokens: int) -> list:
-    """A chat of `chat_tokens` (200 ms TTFT) is served, then the long prompt (10 s) prefills alone."""
-    eng, ex = make_engine(scheduling_policy="slo", slo=["ttft=10s", "chat:ttft=200ms"], num_blocks=600, block_size=16,
-                          max_len=4096, max_num_batched_tokens=2048, cost_model=COST)
-    chat = [i % 991 + 3 for i in range(chat_tokens)]
-    eng.add_request(chat, GREEDY, request_id="chat", request_class="chat")
-    assert run(eng, ex)["chat"].token_ids == reference_output(chat, GREEDY)
-    eng.add_request(LONG, GREEDY, request_id="long")
-    finals = run(eng, ex)
-    assert finals["long"].token_ids == reference_output(LONG, GREEDY)
-    return [s for s in ex.steps if any(sr.request_id == "long" and len(sr.token_ids) > 1 for sr in s.scheduled)]
-
-
 def test_the_arrival_limit_leaves_a_typical_arrival_time_for_its_own_prefill() -> None:
     """The limit is there so a 200 ms chat arriving mid-step waits one step and still prefills in
     time: with 100-token chats (15 ms) that is ARRIVAL_SHARE of the TTFT; with 1,000-token chats
     (105 ms of their own) it is what BUDGET_SAFETY x the TTFT leaves (75 ms); with 1,500-token chats
     (155 ms) too little is left to protect (under ARRIVAL_WAIT_FLOOR), and the long prompt takes
     whole steps, as under targets with no limit."""
-    short = _long_prompt_after_a_chat(100)
+    short = _long_prompt_alone("slo", CHAT_200MS, chat_first=100)
     assert all(s.budget_reason.startswith(f"arrival ttft {ARRIVAL_SHARE * 200:.1f}ms") for s in short)
-    mid = _long_prompt_after_a_chat(1000)
+    mid = _long_prompt_alone("slo", CHAT_200MS, chat_first=1000)
     wait = BUDGET_SAFETY * 0.2 - COST.predict_step_s(StepShape().with_chunk(1000, 0))
     assert ARRIVAL_WAIT_FLOOR * 0.2 < wait < ARRIVAL_SHARE * 0.2
     for s in mid:
         assert s.budget_reason.startswith(f"arrival ttft {wait * 1e3:.1f}ms"), s.budget_reason
         assert COST.predict_step_s(StepShape.from_output(s)) <= BUDGET_SAFETY * wait + 1e-9
     assert len(mid) > len(short)
-    whole = _long_prompt_after_a_chat(1500)
+    whole = _long_prompt_alone("slo", CHAT_200MS, chat_first=1500)
     assert [s.num_prefill_tokens for s in whole][:1] == [2048]
     assert all(s.budget_reason == "max_num_batched_tokens" for s in whole)
