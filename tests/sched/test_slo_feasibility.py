@@ -14,7 +14,7 @@ from pacer.config.slo import Slo
 from pacer.request import Request, SamplingParams
 from pacer.sched.feasibility import FEASIBLE, ITL_INFEASIBLE, REGIME_HOLD_S, TTFT_DRAIN, FeasibilityTracker
 from pacer.sched.policy import WaitingQueue
-from pacer.sched.slo_budget import ITL_RATE_SHARE
+from pacer.sched.slo_budget import BUDGET_SAFETY, DRAIN_GAP_SHARE, ITL_RATE_SHARE
 from pacer.sched.slo_policy import BACKLOG_RATE_SHARE, DRAIN_SAFETY, MIN_PREFILL_TOKENS, SloPolicy
 from pacer.sched.step_cost import FixedCostModel, StepShape
 
@@ -262,12 +262,13 @@ def test_a_regime_is_left_only_after_the_hold_without_it() -> None:
 
 
 @pytest.mark.parametrize("bound_by", ["itl", "arrival"])
-def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arrival_limit_the_fewest_tokens(
+def test_a_drain_past_a_decodes_itl_finishes_the_heads_prompt_and_one_past_the_arrival_limit_takes_the_fewest(
         bound_by: str) -> None:
     """A queue that needs more prefill than the step's limit allows: past a decode's ITL budget
     (a drain that meets as many TTFTs as the streams it breaks, and prefills much faster: the test
     below) the step misses that target however long it is (a stream's ITL is judged on its p99 gap:
-    the count of such steps costs), so it takes the whole budget; held only by the limit for
+    the count of such steps costs), so it finishes the head's 1,898-token prompt in one step, and
+    no more of the budget (the next prompt waits a step, not the stream); held only by the limit for
     arrivals (no decode's target at stake) it takes the fewest tokens that cover the need, a short
     step arrivals wait out."""
     # past the ITL, a step cost the ITL's chunk shares badly: the whole budget prefills twice as fast
@@ -291,7 +292,7 @@ def test_a_drain_past_a_decodes_itl_takes_the_whole_budget_and_one_past_the_arri
         return m / cost.predict_step_s(shape.with_chunk(m, 0))
 
     if bound_by == "itl":
-        assert budget.tokens == 2048
+        assert budget.tokens == 1898 and budget.time_limit == pytest.approx(cost.predict_step_s(shape.with_chunk(1898, 0)))
     else:
         n = budget.tokens
         assert n < 1024 and rate(n) >= DRAIN_SAFETY * need > rate(n - 1)
@@ -355,3 +356,26 @@ def test_a_stream_that_absorbs_the_drain_or_already_missed_does_not_hold_it_back
     policy = SloPolicy(cost, 4096, 512)
     budget = policy.prefill_budget([r], head, 2048, times[-1], lambda share: 1e5, lambda slow, fast: 1)
     assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
+
+
+def test_a_drain_that_finishes_a_short_rest_takes_at_most_twice_the_itl_target() -> None:
+    """A partial prompt with 100 tokens left: a drain past a decode's ITL budget (the queue needs
+    more than any chunk gives, two TTFTs met for the one stream it breaks) finishes it and adds
+    the next prompts only up to DRAIN_GAP_SHARE x the planned ITL target, not the whole budget: a
+    stream that missed still sees the gap (before: one 2,048-token step of several prompts)."""
+    now = 100.0
+    head = Request("rag", [7] * 1200, PARAMS, arrival_time=now - 1.0, slo=Slo(ttft=8.0))
+    head.num_computed_tokens = 1100
+    decodes = [_decoding(0, 300, 0.2, now)]
+    shape = StepShape().with_decode(decodes[0].num_tokens)
+    cost = FixedCostModel(0.1, 1 / 1500, 6e-8)
+    policy = SloPolicy(cost, 4096, 512)
+    budget = policy.prefill_budget(decodes, head, 2048, now, lambda share: 1e5, lambda slow, fast: 2)
+    assert budget.reason.startswith(TTFT_DRAIN), budget
+    cap = DRAIN_GAP_SHARE * 0.2 * BUDGET_SAFETY
+    assert budget.time_limit == pytest.approx(cap) and 100 < budget.tokens < 2048
+
+    def step_s(m: int) -> float:    # the rest of the head's prompt, then the next prompt's first chunk
+        return cost.predict_step_s(shape.with_chunk(100, 1100).with_chunk(m - 100, 0))
+
+    assert step_s(budget.tokens) <= cap < step_s(budget.tokens + 1)

@@ -49,7 +49,8 @@ from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import ChunkFit, StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
-           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "ITL_RATE_SHARE", "BACKLOG_BURST_S", "FIRST_TOKEN_SHARE"]
+           "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "ITL_RATE_SHARE", "BACKLOG_BURST_S", "FIRST_TOKEN_SHARE",
+           "DRAIN_GAP_SHARE"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
@@ -58,6 +59,7 @@ DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the pred
 BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this share of the step's best rate
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
+DRAIN_GAP_SHARE = 2.0     # a drain past a decode's ITL lasts at most this many ITL targets (or finishes its prompt)
 FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
 ARRIVAL_WAIT_FLOOR = 0.25  # the arrival limit holds while an arrival's own first step leaves it this share of its TTFT to wait
 _INF = math.inf
@@ -136,14 +138,17 @@ class SloBudget(QueueNeed):
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n and owner is not None:
-                drain_n = tokens_left if queued is None else min(tokens_left, max(n, queued()))
-                stands = self._itl_stands(shape, head, n, drain_n, decodes, now, saves)
+            if drain > n and owner is not None:   # past that decode's ITL: one missed gap, made the most of
+                cap = self._drain_cap(shape, head, tokens_left, limit, self._tightest_target(decodes, arrival) * safety)
+                drain_n = self._tokens_within(shape, head, n, tokens_left if queued is None
+                                              else min(tokens_left, max(n, queued())), cap)
+                stands = (self._itl_stands(shape, head, n, drain_n, decodes, now, saves) if drain_n > n
+                          else f"a drain's step within {cap * 1e3:.0f}ms holds no more")
                 if stands is not None:
                     return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
+                return StepBudget(drain_n, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows",
+                                  cap)
             if drain > n:
-                if owner is not None:   # past that decode's ITL whatever its length: one miss buys the most prompt
-                    drain = tokens_left
                 return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
             if drain < n and self._chunk_rate(shape, start, n) < min(DRAIN_SAFETY * rate,
                                                                      self._chunk_rate(shape, start, drain)):
@@ -196,6 +201,27 @@ class SloBudget(QueueNeed):
             if self._chunk_rate(shape, start, hi) < want:
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
+
+    def _drain_cap(self, shape: StepShape, head: Request, tokens_left: int, limit: float, target: float) -> float:
+        """The longest step a drain past a decode's ITL budget may take: DRAIN_GAP_SHARE x the
+        tightest ITL `target` (planned, with its margin), or the step that finishes `head`'s prompt
+        (up to the budget) where that is longer. The drain is for the head: it finishes that prompt
+        and the others wait a step. The gap breaks the stream's target at any length, but a stream
+        that missed is still read (why: docs/measurements/slo-overload.md)."""
+        rest = min(tokens_left, max(head.num_tokens - head.num_computed_tokens, 1))
+        finish = self.cost_model.predict_step_s(shape.with_chunk(rest, head.num_computed_tokens))
+        return max(limit, DRAIN_GAP_SHARE * target, finish)
+
+    def _tokens_within(self, shape: StepShape, head: Request, lo: int, hi: int, limit: float) -> int:
+        """The most prefill tokens in [lo, hi] whose step, filled as the scheduler fills it
+        (`_budget_rate`), is predicted within `limit` (lo if none is)."""
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid / self._budget_rate(shape, head, mid) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _itl_stands(self, shape: StepShape, head: Request, n: int, drain_n: int, decodes: list[Request],
                     now: float, saves: Callable[[float, float], int] | None) -> str | None:
