@@ -138,18 +138,16 @@ class SloBudget(QueueNeed):
         if need is not None:     # the ITL budget may not starve the queue's TTFTs
             rate = need(DRAIN_DEADLINE_SHARE if owner is not None else 1.0)
             drain = self._drain_tokens(shape, start, tokens_left, rate)
-            if drain > n and owner is not None:   # past that decode's ITL: one missed gap, made the most of
-                cap = self._drain_cap(shape, head, tokens_left, limit, self._tightest_target(decodes, arrival) * safety)
-                drain_n = self._tokens_within(shape, head, n, tokens_left if queued is None
-                                              else min(tokens_left, max(n, queued())), cap)
-                stands = (self._itl_stands(shape, head, n, drain_n, decodes, now, saves) if drain_n > n
-                          else f"a drain's step within {cap * 1e3:.0f}ms holds no more")
-                if stands is not None:
-                    return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
-                return StepBudget(drain_n, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows",
-                                  cap)
             if drain > n:
-                return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows")
+                cap = None
+                if owner is not None:   # past that decode's ITL: one missed gap, made the most of
+                    most = tokens_left if queued is None else min(tokens_left, queued())
+                    drain, cap = self._drain_step(shape, head, n, most, limit, self._tightest_target(decodes, arrival) * safety)
+                    stands = (self._itl_stands(shape, head, n, drain, decodes, now, saves) if drain > n
+                              else f"a drain's step within {cap * 1e3:.0f}ms holds no more")
+                    if stands is not None:
+                        return StepBudget(n, f"{reason} (the queue needs {rate:.0f} tok/s; {stands})", limit)
+                return StepBudget(drain, f"{TTFT_DRAIN}: the queue needs {rate:.0f} tok/s, more than {reason} allows", cap)
             if drain < n and self._chunk_rate(shape, start, n) < min(DRAIN_SAFETY * rate,
                                                                      self._chunk_rate(shape, start, drain)):
                 # the ITL's share runs past the rate's peak (a long chunk's attention): slower than the
@@ -202,15 +200,18 @@ class SloBudget(QueueNeed):
                 return hi
         return self._fewest_at_rate(shape, start, floor, hi, want)
 
-    def _drain_cap(self, shape: StepShape, head: Request, tokens_left: int, limit: float, target: float) -> float:
-        """The longest step a drain past a decode's ITL budget may take: DRAIN_GAP_SHARE x the
-        tightest ITL `target` (planned, with its margin), or the step that finishes `head`'s prompt
-        (up to the budget) where that is longer. The drain is for the head: it finishes that prompt
-        and the others wait a step. The gap breaks the stream's target at any length, but a stream
-        that missed is still read (why: docs/measurements/slo-overload.md)."""
-        rest = min(tokens_left, max(head.num_tokens - head.num_computed_tokens, 1))
+    def _drain_step(self, shape: StepShape, head: Request, n: int, most: int, limit: float,
+                    target: float) -> tuple[int, float]:
+        """The prefill tokens and the time limit of a drain past a decode's ITL budget of `n`
+        tokens: as many of the `most` it could take (the queued prompt tokens, up to the budget)
+        as a step of at most DRAIN_GAP_SHARE x the tightest ITL `target` (planned, with its
+        margin) holds, or as the step that finishes `head`'s prompt where that is longer. The drain is for the head: it
+        finishes that prompt and the others wait a step. Its gap breaks the stream's target at any
+        length, but a stream that missed is still read (why: docs/measurements/slo-overload.md)."""
+        rest = min(most, max(head.num_tokens - head.num_computed_tokens, 1))
         finish = self.cost_model.predict_step_s(shape.with_chunk(rest, head.num_computed_tokens))
-        return max(limit, DRAIN_GAP_SHARE * target, finish)
+        cap = max(limit, DRAIN_GAP_SHARE * target, finish)
+        return self._tokens_within(shape, head, n, max(n, most), cap), cap
 
     def _tokens_within(self, shape: StepShape, head: Request, lo: int, hi: int, limit: float) -> int:
         """The most prefill tokens in [lo, hi] whose step, filled as the scheduler fills it
