@@ -14,8 +14,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   share past it that prefills slower than the need and than that chunk gives way to it); when
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
-  budget yields to the need with the whole budget (one missed gap, made the most of) only where
-  that meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
+  budget yields to a drain that finishes the head's prompt and adds others up to DRAIN_GAP_SHARE
+  x the tightest ITL target (one missed gap, made the most of, `_drain_step`) only where that meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
   pacer.sched.itl_tail: a stream whose p99 gap absorbs the step, or that already missed, is not
   broken), as many where it is more than 1 / ITL_RATE_SHARE times faster than the ITL's chunk,
   or where it is that much faster and hopeless requests wait that the best rate needs more than
@@ -110,7 +110,9 @@ class SloBudget(QueueNeed):
         waits for, and the drain that overrides it is the fewest tokens that cover the need (or
         the best-rate chunk). A drain past a decode's ITL budget misses that target however long
         the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
-        such steps costs, not their length: the step takes the whole budget. Whether it is taken
+        such steps costs: the step finishes the head's prompt, and adds the next ones only within
+        DRAIN_GAP_SHARE x the tightest ITL target (a stream that missed still reads the gap:
+        `_drain_step`). Whether it is taken
         is counted in requests (`_itl_stands`): the queued TTFTs it meets (`saves`, how many make
         it at one rate and not at another: `drain_saves`; None counts none) against the streams
         it breaks (why counted so, and the rules it replaced: docs/measurements/slo-overload.md);
@@ -227,7 +229,7 @@ class SloBudget(QueueNeed):
     def _itl_stands(self, shape: StepShape, head: Request, n: int, drain_n: int, decodes: list[Request],
                     now: float, saves: Callable[[float, float], int] | None) -> str | None:
         """Why a decode's ITL budget of `n` prefill tokens stands against a drain of `drain_n`
-        (the whole budget, or what the queue holds), or None where the drain goes ahead. The drain's one long step costs each running
+        (`_drain_step`), or None where the drain goes ahead. The drain's one long step costs each running
         stream that can still meet its targets (`itl_tail.missed`) but cannot take that gap
         within its 99th-percentile target (`itl_tail.absorbs`); it pays in the queued prompts
         that make their TTFT at the drain's rate and not at the ITL chunk's (`saves`, None: none

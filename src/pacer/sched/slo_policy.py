@@ -59,8 +59,9 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   and otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
   change is logged once. The same need is the floor of a feasible ITL budget: an ITL target
   never starves the queue's TTFTs (`budget_reason` "ttft drain: ..."), since a missed TTFT
-  fails a request whole and a long step only stretches one gap (so such a step takes the
-  whole budget: one missed gap, made the most of). It is taken where it meets more queued
+  fails a request whole and a long step only stretches one gap (so such a step finishes the
+  head's prompt, and adds others up to twice the tightest ITL target: one missed gap, made the
+  most of, and still a gap a user reads). It is taken where it meets more queued
   TTFTs than it breaks running streams (a stream whose 99th-percentile gap absorbs the step,
   pacer.sched.itl_tail, or that already missed a target, is not broken), as many where it
   prefills more than 1 / ITL_RATE_SHARE times faster than the ITL's chunk, or where it is that
