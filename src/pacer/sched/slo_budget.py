@@ -15,7 +15,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
   (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
   budget yields to a drain that finishes the head's prompt and adds others up to DRAIN_GAP_SHARE
-  x the tightest ITL target (one missed gap, made the most of, `_drain_step`) only where that meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
+  x the tightest ITL target (one missed gap, made the most of: `_drain_step`) only where that
+  meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
   pacer.sched.itl_tail: a stream whose p99 gap absorbs the step, or that already missed, is not
   broken), as many where it is more than 1 / ITL_RATE_SHARE times faster than the ITL's chunk,
   or where it is that much faster and hopeless requests wait that the best rate needs more than
@@ -207,30 +208,21 @@ class SloBudget(QueueNeed):
         """The prefill tokens and the time limit of a drain past a decode's ITL budget of `n`
         tokens: as many of the `most` it could take (the queued prompt tokens, up to the budget)
         as a step of at most DRAIN_GAP_SHARE x the tightest ITL `target` (planned, with its
-        margin) holds, or as the step that finishes `head`'s prompt where that is longer. The drain is for the head: it
-        finishes that prompt and the others wait a step. Its gap breaks the stream's target at any
-        length, but a stream that missed is still read (why: docs/measurements/slo-overload.md)."""
+        margin) holds, or as the step that finishes `head`'s prompt where that is longer. The
+        drain is for the head: it finishes that prompt and the others wait a step. Its gap breaks
+        the stream's target at any length, but a stream that missed is still read (why:
+        docs/measurements/slo-overload.md)."""
         rest = min(most, max(head.num_tokens - head.num_computed_tokens, 1))
         finish = self.cost_model.predict_step_s(shape.with_chunk(rest, head.num_computed_tokens))
         cap = max(limit, DRAIN_GAP_SHARE * target, finish)
-        return self._tokens_within(shape, head, n, max(n, most), cap), cap
-
-    def _tokens_within(self, shape: StepShape, head: Request, lo: int, hi: int, limit: float) -> int:
-        """The most prefill tokens in [lo, hi] whose step, filled as the scheduler fills it
-        (`_budget_rate`), is predicted within `limit` (lo if none is)."""
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if mid / self._budget_rate(shape, head, mid) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        tokens = _largest_where(n, max(n, most), lambda m: self._budget_step_s(shape, head, m) <= cap)
+        return tokens, cap
 
     def _itl_stands(self, shape: StepShape, head: Request, n: int, drain_n: int, decodes: list[Request],
                     now: float, saves: Callable[[float, float], int] | None) -> str | None:
         """Why a decode's ITL budget of `n` prefill tokens stands against a drain of `drain_n`
-        (`_drain_step`), or None where the drain goes ahead. The drain's one long step costs each running
-        stream that can still meet its targets (`itl_tail.missed`) but cannot take that gap
+        (`_drain_step`), or None where the drain goes ahead. The drain's one long step costs each
+        running stream that can still meet its targets (`itl_tail.missed`) but cannot take that gap
         within its 99th-percentile target (`itl_tail.absorbs`); it pays in the queued prompts
         that make their TTFT at the drain's rate and not at the ITL chunk's (`saves`, None: none
         counted). It goes ahead where it saves more than it costs, or past saturation (throughput
@@ -256,10 +248,14 @@ class SloBudget(QueueNeed):
         scheduler fills them: the rest of `head`'s prompt first, what is left of `n` as the next
         prompt's first chunk (position 0), not one chunk at the head's position (whose attention
         would be priced as if the head's prompt went on)."""
+        return n / self._budget_step_s(shape, head, n)
+
+    def _budget_step_s(self, shape: StepShape, head: Request, n: int) -> float:
+        """Predicted seconds of the step `shape` plus `n` prompt tokens as the scheduler fills
+        them (`_budget_rate`)."""
         start = head.num_computed_tokens
         first = min(n, max(head.num_tokens - start, 0))
-        step = shape.with_chunk(first, start).with_chunk(n - first, 0)
-        return n / self.cost_model.predict_step_s(step)
+        return self.cost_model.predict_step_s(shape.with_chunk(first, start).with_chunk(n - first, 0))
 
     def _best_budget_rate(self, shape: StepShape, head: Request, tokens_left: int) -> float:
         """The best predicted prefill rate this step could have: the whole budget as the scheduler
@@ -346,13 +342,7 @@ class SloBudget(QueueNeed):
 
     def _largest_within(self, shape: StepShape, start: int, lo: int, hi: int, sample: bool, limit: float) -> int:
         """The largest n in [lo, hi] whose chunk keeps the step within `limit` (lo if none)."""
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.cost_model.predict_step_s(shape.with_chunk(mid, start, sample)) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _largest_where(lo, hi, lambda m: self.cost_model.predict_step_s(shape.with_chunk(m, start, sample)) <= limit)
 
     def _step_bound(self, decodes: list[Request], head_slack: float,
                     now: float) -> tuple[float, str | None, StepShape, float]:
@@ -409,3 +399,15 @@ class SloBudget(QueueNeed):
             first = r.metrics.first_token_time or times[0]
             gap = max(gap, first + slo.tpot * len(times) - now)
         return max(gap, 0.0)
+
+
+def _largest_where(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in [lo, hi] that `fits` (lo if none does), bisected: for a `fits` true up to
+    some n and false past it (a step's predicted time grows with its tokens)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
