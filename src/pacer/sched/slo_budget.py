@@ -26,6 +26,9 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
 - **Chunks priced as built** (`fit_chunk`): each chunk added after the budget keeps the step
   within its time limit, and once the step answers a prompt, within FIRST_TOKEN_SHARE of that
   prompt's TTFT (`chunk_fitter`, the first-token limit).
+
+The searches over chunk sizes these rules ask of the cost model (the most that fit a time, the
+best rate, the fewest at a rate) are pacer.sched.chunk_size's, mixed in as well.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pacer.request import Request
+from pacer.sched.chunk_size import FIRST_TOKEN_SHARE, MIN_PREFILL_TOKENS, ChunkSizing, largest_where
 from pacer.sched.feasibility import (
     BACKLOG,
     FEASIBLE,
@@ -47,13 +51,12 @@ from pacer.sched.itl_tail import absorbs, missed
 from pacer.sched.policy import WaitingQueue
 from pacer.sched.queue_need import DRAIN_DEADLINE_SHARE, QueueNeed
 from pacer.sched.step_cost import StepCostModel, StepShape
-from pacer.sched.step_plan import ChunkFit, StepLimit, StepPlan
+from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
            "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "ITL_RATE_SHARE", "BACKLOG_BURST_S", "FIRST_TOKEN_SHARE",
            "DRAIN_GAP_SHARE"]
 
-MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
 DRAIN_SAFETY = 1.25       # the infeasible regime's prefill rate covers the predicted need this many times
@@ -61,7 +64,6 @@ BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this shar
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
 DRAIN_GAP_SHARE = 2.0     # a drain past a decode's ITL lasts at most this many ITL targets (or finishes its prompt)
-FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
 ARRIVAL_WAIT_FLOOR = 0.25  # the arrival limit holds while an arrival's own first step leaves it this share of its TTFT to wait
 _INF = math.inf
 
@@ -75,7 +77,7 @@ class StepBudget:
     time_limit: float | None = None    # the predicted step time each added chunk must keep within
 
 
-class SloBudget(QueueNeed):
+class SloBudget(ChunkSizing, QueueNeed):
     """The step-budget half of `SloPolicy` (a mixin: the attributes are the policy's)."""
 
     cost_model: StepCostModel
@@ -215,7 +217,7 @@ class SloBudget(QueueNeed):
         rest = min(most, max(head.num_tokens - head.num_computed_tokens, 1))
         finish = self.cost_model.predict_step_s(shape.with_chunk(rest, head.num_computed_tokens))
         cap = max(limit, DRAIN_GAP_SHARE * target, finish)
-        tokens = _largest_where(n, max(n, most), lambda m: self._budget_step_s(shape, head, m) <= cap)
+        tokens = largest_where(n, max(n, most), lambda m: self._budget_step_s(shape, head, m) <= cap)
         return tokens, cap
 
     def _itl_stands(self, shape: StepShape, head: Request, n: int, drain_n: int, decodes: list[Request],
@@ -264,85 +266,6 @@ class SloBudget(QueueNeed):
         rest = min(tokens_left, max(head.num_tokens - start, 1))
         peak = self._best_rate_tokens(shape, start, min(rest, MIN_PREFILL_TOKENS), rest)
         return max(self._budget_rate(shape, head, tokens_left), self._chunk_rate(shape, start, peak))
-
-    def _chunk_rate(self, shape: StepShape, start: int, n: int) -> float:
-        """Predicted prefill tokens per second of the step `shape` plus a chunk of `n` from `start`."""
-        return n / self.cost_model.predict_step_s(shape.with_chunk(n, start))
-
-    def _fewest_at_rate(self, shape: StepShape, start: int, lo: int, hi: int, want: float) -> int:
-        """The fewest tokens in [lo, hi] whose rate is at least `want`, given that hi's is and that
-        the rate rises up to hi (hi at or below the rate's peak, or within the span that covers)."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._chunk_rate(shape, start, mid) >= want:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _best_rate_tokens(self, shape: StepShape, start: int, lo: int, hi: int) -> int:
-        """The chunk size in [lo, hi] whose predicted prefill rate (tokens per second of the step)
-        is highest. The rate rises while more tokens share the step's fixed cost (its decodes,
-        the weights read) and falls once the chunk's attention, quadratic in its length, grows
-        faster: one peak, found by bisecting on the rate's slope."""
-        predict = self.cost_model.predict_step_s
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (mid + 1) * predict(shape.with_chunk(mid, start)) > mid * predict(shape.with_chunk(mid + 1, start)):
-                lo = mid + 1    # rate(mid + 1) > rate(mid): still rising
-            else:
-                hi = mid
-        return lo
-
-    def chunk_fitter(self, limit: float | None, now: float) -> ChunkFit:
-        """`fit_chunk` bound to a step's time limit (None: no limit) and to its first-token limit:
-        once the step answers a prompt (a row ends a prompt not yet answered), a chunk of another
-        request that is not in a hurry keeps the step within FIRST_TOKEN_SHARE of the tightest
-        TTFT among those rows (or the step so far, if longer), since their first tokens wait for
-        the whole step; that request's next step takes the rest. In a hurry: it could not wait
-        one more step of that chunk's length and still start by its latest start. Past
-        saturation on a slow CPU a 2,048-token step ran 2.5-3 s: five 100-token chats that shared
-        it with a rag prompt's whole prompt waited all of it."""
-
-        def fit(step: StepPlan, shape: StepShape, req: Request, n: int, start: int, samples: bool, first: bool) -> int:
-            bound = limit
-            first_token = self.first_token_limit(step)
-            if first_token is not None:
-                full = self.cost_model.predict_step_s(shape.with_chunk(n, start, samples))
-                slack = self.latest_start(req) - now
-                if full > first_token and not 0 <= slack < full:
-                    first_token = max(first_token, self.cost_model.predict_step_s(shape))
-                    bound = first_token if bound is None else min(bound, first_token)
-            return n if bound is None else self.fit_chunk(shape, n, start, samples, first, bound)
-
-        return fit
-
-    @staticmethod
-    def first_token_limit(step: StepPlan) -> float | None:
-        """FIRST_TOKEN_SHARE x the tightest TTFT target among the step's rows that end a prompt
-        not yet answered (their first token comes with the step); None without one."""
-        tightest = _INF
-        for rid, req in step.requests.items():
-            if req.output_token_ids:   # the decode rows, most of a step's: answered already
-                continue
-            slo = req.slo
-            if slo is None or slo.ttft is None or slo.ttft >= tightest:
-                continue
-            if req.num_computed_tokens + step.num_tokens[rid] >= req.num_tokens:
-                tightest = slo.ttft
-        return FIRST_TOKEN_SHARE * tightest if math.isfinite(tightest) else None
-
-    def fit_chunk(self, shape: StepShape, n: int, start: int, samples: bool, first: bool, limit: float) -> int:
-        """Of a chunk of `n` tokens from `start` (sampling when whole: it ends the prompt), the
-        most that keep `shape` plus the chunk within `limit`; the step's first prefill chunk gets
-        at least MIN_PREFILL_TOKENS, a later one may get none."""
-        if (first and n <= MIN_PREFILL_TOKENS) or self.cost_model.predict_step_s(shape.with_chunk(n, start, samples)) <= limit:
-            return n
-        return self._largest_within(shape, start, MIN_PREFILL_TOKENS if first else 0, n - 1, False, limit)
-
-    def _largest_within(self, shape: StepShape, start: int, lo: int, hi: int, sample: bool, limit: float) -> int:
-        """The largest n in [lo, hi] whose chunk keeps the step within `limit` (lo if none)."""
-        return _largest_where(lo, hi, lambda m: self.cost_model.predict_step_s(shape.with_chunk(m, start, sample)) <= limit)
 
     def _step_bound(self, decodes: list[Request], head_slack: float,
                     now: float) -> tuple[float, str | None, StepShape, float]:
@@ -400,14 +323,3 @@ class SloBudget(QueueNeed):
             gap = max(gap, first + slo.tpot * len(times) - now)
         return max(gap, 0.0)
 
-
-def _largest_where(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
-    """The largest n in [lo, hi] that `fits` (lo if none does), bisected: for a `fits` true up to
-    some n and false past it (a step's predicted time grows with its tokens)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
