@@ -3,7 +3,7 @@
 asks; this module only answers them, each by a search over chunk sizes of a prediction that
 grows with the chunk:
 
-- **the most that fit a time** (`fit_chunk`, `largest_where`): the largest chunk that keeps the
+- **the most that fit a time** (`fit_chunk`, `largest_where`; `smallest_where`, its mirror): the largest chunk that keeps the
   step within a limit, a step's first chunk never below MIN_PREFILL_TOKENS (no starvation by a
   tight limit);
 - **the first-token limit** (`chunk_fitter`, `first_token_limit`): once a step answers a prompt,
@@ -23,7 +23,7 @@ from pacer.request import Request
 from pacer.sched.step_cost import StepCostModel, StepShape
 from pacer.sched.step_plan import ChunkFit, StepPlan
 
-__all__ = ["ChunkSizing", "largest_where", "MIN_PREFILL_TOKENS", "FIRST_TOKEN_SHARE"]
+__all__ = ["ChunkSizing", "largest_where", "smallest_where", "MIN_PREFILL_TOKENS", "FIRST_TOKEN_SHARE"]
 
 MIN_PREFILL_TOKENS = 16   # prefill tokens a step always allows (no starvation by a tight ITL)
 FIRST_TOKEN_SHARE = 0.5   # a step that answers a prompt adds others' chunks only up to this share of its TTFT
@@ -93,27 +93,17 @@ class ChunkSizing:
     def _fewest_at_rate(self, shape: StepShape, start: int, lo: int, hi: int, want: float) -> int:
         """The fewest tokens in [lo, hi] whose rate is at least `want`, given that hi's is and that
         the rate rises up to hi (hi at or below the rate's peak, or within the span that covers)."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._chunk_rate(shape, start, mid) >= want:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return smallest_where(lo, hi, lambda m: self._chunk_rate(shape, start, m) >= want)
 
     def _best_rate_tokens(self, shape: StepShape, start: int, lo: int, hi: int) -> int:
         """The chunk size in [lo, hi] whose predicted prefill rate (tokens per second of the step)
         is highest. The rate rises while more tokens share the step's fixed cost (its decodes,
         the weights read) and falls once the chunk's attention, quadratic in its length, grows
-        faster: one peak, found by bisecting on the rate's slope."""
+        faster: one peak, the first size whose next one is no faster, found by bisection."""
         predict = self.cost_model.predict_step_s
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (mid + 1) * predict(shape.with_chunk(mid, start)) > mid * predict(shape.with_chunk(mid + 1, start)):
-                lo = mid + 1    # rate(mid + 1) > rate(mid): still rising
-            else:
-                hi = mid
-        return lo
+        # rate(m + 1) <= rate(m), cross-multiplied: the rate stopped rising at m
+        return smallest_where(lo, hi, lambda m: (m + 1) * predict(shape.with_chunk(m, start))
+                              <= m * predict(shape.with_chunk(m + 1, start)))
 
 
 def largest_where(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
@@ -125,4 +115,16 @@ def largest_where(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
             lo = mid
         else:
             hi = mid - 1
+    return lo
+
+
+def smallest_where(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The smallest n in [lo, hi] that `fits` (hi if none below it does; hi itself is not asked),
+    bisected: for a `fits` false up to some n and true past it."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
     return lo

@@ -13,7 +13,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   or the chunk with the best rate when none does (the rate falls past a peak: attention; an ITL
   share past it that prefills slower than the need and than that chunk gives way to it); when
   the decodes alone exceed the limit (an unreachable ITL), that share alone. The arrival limit
-  (no decode's ITL binds) yields only to the need over the whole time left; a decode's ITL
+  (no decode's ITL binds) yields only to the need over the whole time left (a lone long prompt
+  with slack to spare is chunked, not run as one step every arrival waits for); a decode's ITL
   budget yields to a drain that finishes the head's prompt and adds others up to DRAIN_GAP_SHARE
   x the tightest ITL target (one missed gap, made the most of: `_drain_step`) only where that
   meets more queued TTFTs than it breaks running streams (`_itl_stands`, `drain_saves`,
@@ -103,24 +104,15 @@ class SloBudget(ChunkSizing, QueueNeed):
                        now: float, need: Callable[[float], float] | None = None,
                        saves: Callable[[float, float], int] | None = None,
                        queued: Callable[[], int] | None = None) -> StepBudget:
-        """Most prefill tokens this step may add after `decodes` (already scheduled); `need`, the
-        queue's prefill need in tokens per second (`drain_need`, given the share of each deadline
-        to aim for), is the share's floor: an ITL budget never starves the queue's TTFTs below it,
-        and it sizes the infeasible regime's share (None: no floor; fcfs's budget in that regime).
-        The arrival limit (no decode's ITL binds, only the tightest configured TTFT, for requests
-        not here yet) yields only to the need over each prompt's whole time left, not half of it:
-        a lone long prompt with slack to spare is chunked, not run as one step every arrival
-        waits for, and the drain that overrides it is the fewest tokens that cover the need (or
-        the best-rate chunk). A drain past a decode's ITL budget misses that target however long
-        the step is, and a stream's ITL is judged on its 99th-percentile gap, so the number of
-        such steps costs: the step finishes the head's prompt, and adds the next ones only within
-        DRAIN_GAP_SHARE x the tightest ITL target (a stream that missed still reads the gap:
-        `_drain_step`). Whether it is taken
-        is counted in requests (`_itl_stands`): the queued TTFTs it meets (`saves`, how many make
-        it at one rate and not at another: `drain_saves`; None counts none) against the streams
-        it breaks (why counted so, and the rules it replaced: docs/measurements/slo-overload.md);
-        `queued`, the prompt tokens waiting (None: as many as the budget), is what a drain's step
-        can hold."""
+        """Most prefill tokens this step may add after `decodes` (already scheduled), by the rules
+        the module docstring lists in order. `need`: the queue's prefill need in tokens per second
+        (`drain_need`, given the share of each deadline to aim for), the floor of an ITL budget
+        and the size of the infeasible regime's share (None: no floor; fcfs's budget in that
+        regime). `saves`: how many queued TTFTs make it at one rate and not at another
+        (`drain_saves`; None counts none), what a drain past a decode's ITL budget is weighed by
+        against the streams it breaks (`_itl_stands`; why counted so, and the rules it replaced:
+        docs/measurements/slo-overload.md). `queued`: the prompt tokens waiting (None: as many as
+        the budget), what a drain's step can hold (`_drain_step`)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
         bound, owner, shape, arrival = self._step_bound(decodes, self.latest_start(head) - now, now)
@@ -322,4 +314,3 @@ class SloBudget(ChunkSizing, QueueNeed):
             first = r.metrics.first_token_time or times[0]
             gap = max(gap, first + slo.tpot * len(times) - now)
         return max(gap, 0.0)
-
