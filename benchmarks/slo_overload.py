@@ -15,9 +15,10 @@ default `pacer serve` (no verdicts: the online throughput check of `cpu_verdicts
 line, `RESULT {...}`, holds every engine's overall figures per rate and seed as JSON.
 
 `--repeats N` runs every trace N times, each repeat on freshly started servers (empty caches) with
-the engines taking turns, so a drift in the machine's load falls on all of them; the tables then
-show each repeat, and the verdicts are judged on the medians over the repeats (each figure's own
-median), with how many single repeats agree.
+the engines taking turns, every other repeat in reverse order, so a drift in the machine's load
+falls on all of them alike; the tables then show each repeat, and the verdicts are judged on the
+medians over the repeats (each figure's own median), with how many single repeats agree and, for
+throughput, each repeat's own slo / fcfs ratio (the two servers of a repeat run back to back).
 
     .venv/bin/python benchmarks/slo_overload.py                       # rates 0.1,0.3,0.6; seed 1
     .venv/bin/python benchmarks/slo_overload.py --vllm /tmp/pacer-peers/vllm-venv \\
@@ -202,10 +203,13 @@ def main() -> int:
 
 def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
             ) -> dict[tuple[str, float, int], list[dict[str, Any]]]:
-    """Every engine's summary of every run, one per repeat; each repeat starts each server anew."""
+    """Every engine's summary of every run, one per repeat; each repeat starts each server anew, the
+    engines in turn and every other repeat in reverse (fcfs, slo, ... then ..., slo, fcfs), so a
+    machine that speeds up or slows down over the run does not favour whoever goes first."""
     results: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
     for rep in range(args.repeats):
-        for name, cmd, env in engines(args, port := _free_port()):
+        order = engines(args, port := _free_port())
+        for name, cmd, env in order if rep % 2 == 0 else order[::-1]:
             tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
             tokenizer = args.vllm_model if name.startswith("vllm") else None
             with server(cmd, port, work / f"{tag}.log", env) as url:
@@ -270,10 +274,13 @@ def verdicts(results: dict[tuple[str, float, int], list[dict[str, Any]]], rate: 
                      median_summary(runs["vllm serve"]) if vllm else None)
         singles = [checks(runs["pacer fcfs"][i], runs["pacer slo"][i], runs["vllm serve"][i] if vllm else None)
                    for i in range(repeats)]
+        paired = ", ".join(f"{s['overall']['output_tok_s'] / f['overall']['output_tok_s']:.2f}"
+                           for f, s in zip(runs["pacer fcfs"], runs["pacer slo"], strict=True))
         line = []
         for key, (text, ok) in med.items():
             agree = sum(1 for one in singles if key in one and one[key][1] == ok)
-            line.append(f"{text}{'yes' if ok else 'NO'})" + (f" [{agree}/{repeats}]" if repeats > 1 else ""))
+            line.append(f"{text}{'yes' if ok else 'NO'})" + (f" [{agree}/{repeats}]" if repeats > 1 else "")
+                        + (f" [by repeat {paired}]" if repeats > 1 and key == "tput" else ""))
         print(f"seed {seed}: " + "; ".join(line))
 
 
