@@ -101,6 +101,23 @@ def test_a_hopeless_request_steals_the_slack_the_feasible_ones_spare() -> None:
     assert urgent.first_token_time is not None and urgent.first_token_time <= urgent.ttft_deadline
 
 
+def test_earliest_due_first_meets_both_where_least_slack_first_meets_one() -> None:
+    # long: ~0.101 s of prefill, due at 0.150 s (slack 0.049 s); short: ~0.011 s, due at 0.070 s
+    # (slack 0.059 s). Least slack first ran long first and short missed, or, predicted at
+    # 0.112 s > 1.25 x 0.070 s, was refused at admission; earliest due first meets both.
+    eng, ex = make_engine(scheduling_policy="slo", max_num_seqs=1, num_blocks=600, max_len=2048,
+                          cost_model=FixedCostModel(1e-3, 1e-4))
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    eng.add_request([i % 900 + 2 for i in range(1000)], p, request_id="long", slo={"ttft_ms": 150})
+    eng.add_request(list(range(1, 101)), p, request_id="short", slo={"ttft_ms": 70})
+    finals = run(eng, ex)
+    order = sorted((o.metrics.first_scheduled_time, o.request_id) for o in finals.values())
+    assert [rid for _, rid in order] == ["short", "long"]
+    for o in finals.values():
+        assert not o.metrics.shed and o.metrics.first_token_time is not None
+        assert o.metrics.first_token_time <= o.metrics.ttft_deadline
+
+
 def test_shed_hopeless_refuses_before_any_compute() -> None:
     order, finals = _slack_case(shed=True)
     assert order == ["urgent", "relaxed", "none"]

@@ -39,7 +39,7 @@ class SchedulerConfig:
     scheduling_policy: str = field(
         default="fcfs",
         metadata={"help": "Waiting-queue order: fcfs | priority | sjf | lpm (longest cached prefix first) | "
-                          "slo (least slack first, step budget by the tightest ITL target, preempt the most slack) | "
+                          "slo (earliest TTFT deadline first, step budget by the tightest ITL target, preempt the most slack) | "
                           "fair (least normalized tenant service first, VTC)."}
     )
     max_queue_delay: float | None = field(

@@ -250,10 +250,10 @@ TIE_SCAN = 64   # waiting requests a tie-break looks at past the slo head
 
 
 class FairSloPolicy(_Ledgered, SloPolicy):
-    """`slo` with tenant shares breaking ties: among the waiting requests whose latest start lies
-    within PREEMPT_MARGIN_S of the least-slack feasible one's (a difference the slo policy treats
-    as noise), and only while that one has at least that much slack, the request of the tenant
-    least served (within the deficit bound first) goes first. Requests without targets all tie."""
+    """`slo` with tenant shares breaking ties: among the waiting requests due within
+    PREEMPT_MARGIN_S of the head the slo policy picks (a difference it treats as noise), and only
+    while that one has at least that much slack, the request of the tenant least served (within
+    the deficit bound first) goes first. Requests without targets all tie."""
 
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None, arrival_ttft_s: float | None = None,
@@ -276,7 +276,8 @@ class FairSloPolicy(_Ledgered, SloPolicy):
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         head = super().head_index(items, now)
         first = items[head][0][0] if items else None
-        if first is None or first < now + PREEMPT_MARGIN_S or items[head][1].num_output_tokens:
+        if first is None or self.latest_start(items[head][1]) < now + PREEMPT_MARGIN_S or \
+                items[head][1].num_output_tokens:
             return head   # the head cannot wait (or is an overdue resume, or nothing is feasible)
         ledger, floor = self.ledger, self.ledger.floor()
 

@@ -12,7 +12,7 @@ calls its hooks and never names one. The hooks, with the no-op defaults of `Poli
 - **step limits**: `step_limit` may cap the rest of a step once its decodes are in.
 
 `fcfs`, `priority` and `sjf` are static keys; `lpm` (longest prefix match first, SGLang's
-policy) re-keys the queue every step from the prefix cache; `slo` (least slack first, with its
+policy) re-keys the queue every step from the prefix cache; `slo` (earliest due first, with its
 ITL step budget and hopeless shedding) lives in `pacer.sched.slo_policy`. Each policy builds
 itself from a `PolicyContext` (`from_context`); `pacer.sched.policy_factory.make_policy` is the
 one factory that picks the class by name.

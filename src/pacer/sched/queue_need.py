@@ -1,7 +1,8 @@
 """What the slo policy's queue asks of a step's prefill. Pure Python. `SloBudget`
-(pacer.sched.slo_budget) mixes it in; it reads the policy's `latest_start` and `QueueFlow`.
+(pacer.sched.slo_budget) mixes it in; it reads the policy's `latest_start`, `first_token_due`
+and `QueueFlow`.
 
-The waiting and partially prefilled requests that can still make their TTFT, in slack order,
+The waiting and partially prefilled requests that can still make their TTFT, in due order,
 each with the prompt tokens up to and including its own and the time to its deadline
 (`_queued_deadlines`), answer two questions the step budget asks:
 
@@ -32,12 +33,13 @@ class QueueNeed:
 
     flow: QueueFlow
     latest_start: Callable[[Request], float]
+    first_token_due: Callable[[Request], float]
 
     def drain_need(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
                    share: float = DRAIN_DEADLINE_SHARE) -> float:
         """Prefill tokens per second the queue needs now: the recent arrival rate of prompt
         tokens plus the highest, over the waiting and partial requests that can still make their
-        TTFT (slack order), of the tokens up to and including each over `share` of the time to
+        TTFT (due order), of the tokens up to and including each over `share` of the time to
         its deadline."""
         worst = max((tokens / (share * left) for tokens, left in self._queued_deadlines(partial, waiting, now)),
                     default=0.0)
@@ -45,7 +47,7 @@ class QueueNeed:
 
     def drain_saves(self, partial: Iterable[Request], waiting: Iterable[Request], now: float,
                     slow: float, fast: float) -> int:
-        """How many of the queued prompts that can still make their TTFT (slack order) make it
+        """How many of the queued prompts that can still make their TTFT (due order) make it
         if prefill runs at `fast` tokens per second from now, and not at `slow`."""
         return sum(1 for tokens, left in self._queued_deadlines(partial, waiting, now)
                    if tokens <= fast * left and tokens > slow * left)
@@ -57,11 +59,11 @@ class QueueNeed:
 
     def _queued_deadlines(self, partial: Iterable[Request], waiting: Iterable[Request],
                           now: float) -> Iterator[tuple[int, float]]:
-        """For each waiting or partial request that can still make its TTFT, in slack order: the
+        """For each waiting or partial request that can still make its TTFT, in due order: the
         prompt tokens up to and including its own, and the seconds to its deadline."""
         tokens = 0
-        # both already in slack order (the waiting queue's key, the scheduler's sort of partials)
-        for r in heapq.merge(partial, waiting, key=self.latest_start):
+        # both already in due order (the waiting queue's key, the scheduler's sort of partials)
+        for r in heapq.merge(partial, waiting, key=self.first_token_due):
             ttft = None if r.slo is None else r.slo.ttft
             if ttft is None or r.num_output_tokens:
                 continue

@@ -3,13 +3,19 @@
 Each request carries its targets (`Request.slo`, resolved by the engine from its class and
 its own). With a `StepCostModel` the policy predicts a request's remaining prefill time and:
 
-- **orders** waiting and partially prefilled requests (together: a newcomer with less slack
-  takes the step's prefill share before a long prompt already started) by their latest start time, TTFT
-  deadline minus predicted remaining prefill (least slack first; `now` is common to all, so
-  the order is static between re-keys); the prefix the cache holds for it is not counted. A request without a TTFT target but with an e2e one
-  also budgets its decode; one without targets comes last (aging still bounds its wait).
-  A preempted request that already streamed tokens is keyed by its next token's deadline
-  minus its recompute (an overdue one first; one with no target left, after the rest).
+- **orders** waiting and partially prefilled requests (together: a newcomer due sooner takes
+  the step's prefill share before a long prompt already started) by when their first token is
+  due, the TTFT deadline (earliest due first, EDF: static between re-keys). A request without
+  a TTFT target but with an e2e one is due at its e2e deadline less its predicted decode; one
+  without targets comes last (aging still bounds its wait); a preempted request that already
+  streamed tokens is due at its next token's deadline. Its latest start, the deadline minus
+  its predicted remaining prefill (the prefix the cache holds for it not counted), is what
+  judges it hopeless. Not least slack first (the order before): on the AVX2 machine past
+  saturation an agent prompt (1,045 tokens, due 3 s after arrival) had less slack than a chat
+  arriving 0.4 s later (due in 1 s), so the chat was put behind its whole prefill and refused
+  at admission (predicted TTFT 2.41 s), where another run of the same trace served it in
+  0.5 s; for the requests waiting, EDF's order meets every deadline that any order meets
+  (Jackson's rule), least slack's does not.
 - **deprioritises hopeless** requests: one whose latest start has passed goes behind every
   request that can still make it (the queue serves from the first feasible key), or, with
   `shed_hopeless`, is refused before it costs anything (`shed`: the scheduler finishes it as
@@ -28,7 +34,7 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   waited all of it (chat TTFT p50 3.6 s against fcfs's 0.9 s).
 - **refuses at admission what the queue already makes late** (`admission_margin`): a new
   request whose predicted TTFT, the time it has waited plus the prefill of every feasible
-  request ahead of it in slack order and its own, exceeds `admission_margin` times its TTFT
+  request due before it and its own, exceeds `admission_margin` times its TTFT
   target is shed at once (HTTP 429 `slo_unattainable`), so the requests admitted can still
   meet theirs (the seeds: at a QPS spike, turn the late ones away). That prefill is priced
   by the cost model alone (a lower bound: decodes share every step) or, once the queue has
@@ -53,7 +59,7 @@ its own). With a `StepCostModel` the policy predicts a request's remaining prefi
   alone are predicted past the limit, no prefill budget meets it. The step then takes the
   smallest prefill share whose predicted prefill rate (tokens per second of step) meets the
   queue's need: the recent arrival rate of prompt tokens plus, for every waiting or partial
-  request in slack order that can still make it, the tokens up to it over half the time left
+  request in due order that can still make it, the tokens up to it over half the time left
   to its TTFT deadline (`drain_need`: step times are noisy, so aim early), never below MIN_PREFILL_TOKENS; the best-rate chunk when no
   share meets it. So the queue drains as fast as a step can drain it whenever that is needed,
   and otherwise the decodes get short steps (`budget_reason` "itl infeasible: ..."); a regime
@@ -215,7 +221,14 @@ class SloPolicy(SloBudget, Policy):
     # ---------------------------------------------------------------- ordering
 
     def key(self, r: Request) -> Key:
-        return (self.latest_start(r), r.arrival_time, r.arrival_seq)
+        return (self.first_token_due(r), r.arrival_time, r.arrival_seq)
+
+    def first_token_due(self, r: Request) -> float:
+        """When its next token is due to meet its targets: its latest start plus its own predicted
+        prefill (the TTFT deadline; an e2e-only request's less its predicted decode; a resume's
+        next token's deadline). The queue's order, earliest first."""
+        start = self.latest_start(r)
+        return start + self.prefill_s(r) if math.isfinite(start) else start
 
     def victim_key(self, r: Request) -> Key:
         return (self.next_deadline(r), r.arrival_time, r.arrival_seq)
@@ -275,7 +288,7 @@ class SloPolicy(SloBudget, Policy):
         return refused
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
-        """Least slack among those that can still make it, an overdue resume (owed its next
+        """Earliest due among those that can still make it, an overdue resume (owed its next
         token) first; a hopeless one when nothing feasible waits, or when its prefill fits in the
         slack the feasible queue has to spare (`spare_s`): the most overdue that fits, served
         before the feasible ones without making any of them late (slack stealing)."""
@@ -285,15 +298,15 @@ class SloPolicy(SloBudget, Policy):
         for j in range(i):
             if items[j][1].num_output_tokens:
                 return j
-        first = i   # the first feasible: past those late at the measured rate (a bounded look)
+        first = i   # the first feasible: past those already late by the cost model or at the
         while first < min(len(items), i + STEAL_SCAN) and self.is_hopeless(items[first][1], now):
-            first += 1
+            first += 1   # measured rate though not yet due (a bounded look)
         if first == len(items):
             return 0
-        if i == 0:
+        if first == 0:
             return first
         spare = self.spare_s(items, first, now)
-        for j in range(i):
+        for j in range(first):
             if self.fits_in_spare(items[j][1], spare):
                 return j
         return first
@@ -304,15 +317,16 @@ class SloPolicy(SloBudget, Policy):
         return STEAL_SAFETY * self.queued_prefill_s(r) <= spare
 
     def spare_s(self, items: list[tuple[Key, Request]], first: int, now: float) -> float:
-        """Seconds of prefill the feasible queue (`items[first:]`, in slack order) can let pass
-        before its first request and every one after still start by their latest start: the least
-        over the first STEAL_SCAN of latest start - now - the predicted prefill ahead of it."""
+        """Seconds of prefill the feasible queue (`items[first:]`, in deadline order) can let pass
+        before its first request and every one after still meet its deadline (EDF's test): the
+        least over the first STEAL_SCAN of due - now - the predicted prefill up to and including
+        its own."""
         spare, ahead = _INF, 0.0
         for key, r in items[first:first + STEAL_SCAN]:
             if not math.isfinite(key[0]):
                 break
-            spare = min(spare, key[0] - now - ahead)
             ahead += self.queued_prefill_s(r)
+            spare = min(spare, key[0] - now - ahead)
         return spare
 
     def queued_prefill_s(self, r: Request) -> float:
@@ -323,7 +337,7 @@ class SloPolicy(SloBudget, Policy):
         return max(own, (r.num_tokens - r.num_computed_tokens) / rate) if rate else own
 
     def serves_before(self, waiting: Request, partial: Request) -> bool:
-        """By slack, among those that can still make it; and a shorter prompt with a TTFT target
+        """By when they are due, among those that can still make it; and a shorter prompt with a TTFT target
         whose prefill fits twice in the partial one's slack (or the partial one cannot make it
         anyway): its first token then comes with a short step (the first-token limit caps the
         partial prompt's chunk after it), not after the long prompt's chunk."""
