@@ -336,8 +336,10 @@ def test_a_decodes_itl_budget_stands_against_a_drain_unless_it_meets_more_than_i
 @pytest.mark.parametrize("stream", ["long", "missed"])
 def test_a_stream_that_absorbs_the_drain_or_already_missed_does_not_hold_it_back(stream: str) -> None:
     """A drain that meets one queued TTFT goes ahead past a decode whose stream takes the long step
-    within its p99 target (400 tokens to come: one gap weighs nothing) or that already missed its
-    TTFT (its ITL cannot make it count): neither is a stream it breaks."""
+    within its p99 target (400 tokens to come: one gap weighs nothing): not a stream it breaks. One
+    that already missed its TTFT (its ITL cannot make it count) bounds the step by twice its target
+    (MISSED_GAP_SHARE), where the best-rate chunk fits: the step prefills faster than a drain of the
+    whole budget would, and the stream still reads gaps within 400 ms."""
     now = 100.0
     head = Request("rag", [7] * 4000, PARAMS, arrival_time=now, slo=Slo(ttft=8.0))
     if stream == "long":
@@ -355,7 +357,15 @@ def test_a_stream_that_absorbs_the_drain_or_already_missed_does_not_hold_it_back
     cost = FixedCostModel(0.02, 1 / 2000, 2e-7)    # the ITL's chunk near the best rate: a tie would stand
     policy = SloPolicy(cost, 4096, 512)
     budget = policy.prefill_budget([r], head, 2048, times[-1], lambda share: 1e5, lambda slow, fast: 1)
-    assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
+    if stream == "long":
+        assert budget.reason.startswith(TTFT_DRAIN) and budget.tokens == 2048, budget
+        return
+    assert budget.reason.startswith("itl 400.0ms of d0") and budget.time_limit is not None, budget
+    shape = StepShape().with_decode(r.num_tokens)
+    step = cost.predict_step_s(shape.with_chunk(budget.tokens, 0))
+    assert 0.2 < step <= budget.time_limit <= 0.4
+    rate = budget.tokens / step
+    assert rate > 2048 / cost.predict_step_s(shape.with_chunk(2048, 0))
 
 
 def test_a_drain_that_finishes_a_short_rest_takes_at_most_twice_the_itl_target() -> None:

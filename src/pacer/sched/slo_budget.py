@@ -56,7 +56,7 @@ from pacer.sched.step_plan import StepLimit, StepPlan
 
 __all__ = ["SloBudget", "StepBudget", "MIN_PREFILL_TOKENS", "BUDGET_SAFETY", "ARRIVAL_SHARE", "DRAIN_SAFETY",
            "DRAIN_DEADLINE_SHARE", "BACKLOG_RATE_SHARE", "ITL_RATE_SHARE", "BACKLOG_BURST_S", "FIRST_TOKEN_SHARE",
-           "DRAIN_GAP_SHARE"]
+           "DRAIN_GAP_SHARE", "MISSED_GAP_SHARE"]
 
 BUDGET_SAFETY = 0.9       # plan steps to this fraction of the ITL target (prediction noise)
 ARRIVAL_SHARE = 0.5       # a step lasts at most this share of the tightest configured TTFT
@@ -65,6 +65,7 @@ BACKLOG_RATE_SHARE = 0.95   # with a hopeless backlog, prefill runs at this shar
 ITL_RATE_SHARE = 0.6      # a decode's ITL budget stands against a drain while it prefills at this share of the best rate
 BACKLOG_BURST_S = 1.0     # ... while the hopeless backlog is at most this many seconds of that rate (a burst)
 DRAIN_GAP_SHARE = 2.0     # a drain past a decode's ITL lasts at most this many ITL targets (or finishes its prompt)
+MISSED_GAP_SHARE = 2.0    # a decode that missed a target it cannot make up bounds steps to this many ITL targets
 ARRIVAL_WAIT_FLOOR = 0.25  # the arrival limit holds while an arrival's own first step leaves it this share of its TTFT to wait
 _INF = math.inf
 
@@ -123,7 +124,7 @@ class SloBudget(ChunkSizing, QueueNeed):
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, arrival) * safety)
+        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, arrival, now) * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
                                            now, need)
@@ -139,7 +140,7 @@ class SloBudget(ChunkSizing, QueueNeed):
                 cap = None
                 if owner is not None:   # past that decode's ITL: one missed gap, made the most of
                     most = tokens_left if queued is None else min(tokens_left, queued())
-                    drain, cap = self._drain_step(shape, head, n, most, limit, self._tightest_target(decodes, arrival) * safety)
+                    drain, cap = self._drain_step(shape, head, n, most, limit, self._tightest_target(decodes, arrival, None) * safety)
                     stands = (self._itl_stands(shape, head, n, drain, decodes, now, saves) if drain > n
                               else f"a drain's step within {cap * 1e3:.0f}ms holds no more")
                     if stands is not None:
@@ -296,21 +297,35 @@ class SloBudget(ChunkSizing, QueueNeed):
         return limit
 
     @staticmethod
-    def _tightest_target(decodes: list[Request], arrival: float) -> float:
+    def _tightest_target(decodes: list[Request], arrival: float, now: float | None) -> float:
         """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the `arrival` limit when that is tighter (inf when neither binds)."""
-        return min([arrival, *(r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None)])
+        make a target infeasible), or the `arrival` limit when that is tighter (inf when neither binds);
+        with `now`, each decode's gap target (`_gap_target`: looser for a stream that missed)."""
+        return min([arrival, *(t for r in decodes if (t := _gap_target(r, now)) is not None)])
 
     def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
-        """The longest step `r` tolerates now: its ITL target minus the time since its last
-        token; a TPOT-only decode yields up to its TPOT slack to a prefill about to miss TTFT."""
+        """The longest step `r` tolerates now: its gap target (`_gap_target`) minus the time since
+        its last token; a TPOT-only decode yields up to its TPOT slack to a prefill about to miss TTFT."""
         slo = r.slo
-        if slo is None or slo.itl_target is None:
+        target = _gap_target(r, now)
+        if slo is None or target is None:
             return _INF
         times = r.metrics.token_times
         last = times[-1] if times else now
-        gap = slo.itl_target - (now - last)
+        gap = target - (now - last)
         if slo.itl is None and slo.tpot is not None and 0 <= head_slack <= 2 * slo.tpot and times:
             first = r.metrics.first_token_time or times[0]
             gap = max(gap, first + slo.tpot * len(times) - now)
         return max(gap, 0.0)
+
+
+def _gap_target(r: Request, now: float | None) -> float | None:
+    """The gap a decode's step bound keeps: its ITL target, or MISSED_GAP_SHARE x it once `r` has
+    missed a target it cannot make up (`itl_tail.missed`: its TTFT, or a 99th-percentile gap
+    already past its ITL target): no goodput is left to protect there, only a stream still read.
+    Bound by the target, a lost chat held every step of a long prompt to ~150 ms on the AVX2
+    machine, at 0.6x the prefill rate fcfs's long steps had. None without an ITL target."""
+    target = None if r.slo is None else r.slo.itl_target
+    if target is None:
+        return None
+    return MISSED_GAP_SHARE * target if now is not None and missed(r, now) else target
