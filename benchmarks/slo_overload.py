@@ -194,7 +194,7 @@ def main() -> int:
                 print(row(f"  sim {policy}", sim))
     if {"pacer fcfs", "pacer slo"} <= {name for name, *_ in engines(args, 0)}:
         for rate in rates:   # past saturation the first five bars, at a load the machine serves attainment's
-            verdicts(results, rate, seeds, bool(args.vllm))
+            verdicts(results, rate, [s for r, s in runs if r == rate], bool(args.vllm))
     # each engine's medians over the repeats, per rate and seed (for cpu_verdicts.py)
     print("RESULT " + json.dumps({f"{name}|{rate}|{seed}": median_summary(runs)["overall"]
                                   for (name, rate, seed), runs in results.items()}))

@@ -6,7 +6,8 @@ Pure Python. `SloPolicy` (pacer.sched.slo_policy) mixes it in; it reads the poli
   tightest inter-token target among the step's decodes, and within ARRIVAL_SHARE of the tightest
   TTFT configured (the arrival limit: less where a typical arrival's own first step leaves it
   less to wait, none where that leaves under ARRIVAL_WAIT_FLOOR: `_arrival_limit`), with a
-  margin for prediction noise; never below MIN_PREFILL_TOKENS.
+  margin for prediction noise; never below MIN_PREFILL_TOKENS. A decode that missed a target it
+  cannot make up counts at MISSED_GAP_SHARE x its ITL target (`_gap_target`).
 - **Not below the queue's need** (`drain_need`, `_drain_tokens`; the need and the saves are
   pacer.sched.queue_need's, mixed in): the fewest tokens whose
   predicted prefill rate covers DRAIN_SAFETY x the arrivals' and the feasible deadlines' need,
