@@ -117,7 +117,7 @@ class SloBudget(ChunkSizing, QueueNeed):
         the budget), what a drain's step can hold (`_drain_step`)."""
         if head is None or tokens_left <= 0:
             return StepBudget(tokens_left, "max_num_batched_tokens")
-        bound, owner, shape, arrival = self._step_bound(decodes, self.latest_start(head) - now, now)
+        bound, owner, shape, arrival, tightest = self._step_bound(decodes, self.latest_start(head) - now, now)
         if not math.isfinite(bound):
             return StepBudget(tokens_left, "max_num_batched_tokens")
         reason = (f"itl {bound * 1e3:.1f}ms of {owner}" if owner is not None
@@ -125,7 +125,7 @@ class SloBudget(ChunkSizing, QueueNeed):
         safety = min(BUDGET_SAFETY, 1.0 / max(1.0, self.cost_model.upper_ratio()))
         limit = bound * safety
         start = head.num_computed_tokens
-        over = decodes_exceed(self.cost_model, shape, self._tightest_target(decodes, arrival, now) * safety)
+        over = decodes_exceed(self.cost_model, shape, tightest * safety)
         if over is not None:     # no prefill budget meets it: do not chase it, drain the queue
             return self._infeasible_budget(shape, start, tokens_left, f"decodes {over * 1e3:.1f}ms > {reason}",
                                            now, need)
@@ -141,7 +141,7 @@ class SloBudget(ChunkSizing, QueueNeed):
                 cap = None
                 if owner is not None:   # past that decode's ITL: one missed gap, made the most of
                     most = tokens_left if queued is None else min(tokens_left, queued())
-                    drain, cap = self._drain_step(shape, head, n, most, limit, self._tightest_target(decodes, arrival, None) * safety)
+                    drain, cap = self._drain_step(shape, head, n, most, limit, self._tightest_target(decodes, arrival) * safety)
                     stands = (self._itl_stands(shape, head, n, drain, decodes, now, saves) if drain > n
                               else f"a drain's step within {cap * 1e3:.0f}ms holds no more")
                     if stands is not None:
@@ -262,20 +262,26 @@ class SloBudget(ChunkSizing, QueueNeed):
         return max(self._budget_rate(shape, head, tokens_left), self._chunk_rate(shape, start, peak))
 
     def _step_bound(self, decodes: list[Request], head_slack: float,
-                    now: float) -> tuple[float, str | None, StepShape, float]:
+                    now: float) -> tuple[float, str | None, StepShape, float, float]:
         """The longest step allowed, whose ITL target set it (None: the arrival limit), the
-        decodes' shape and the arrival limit (`_arrival_limit`)."""
-        bound, owner = _INF, None
+        decodes' shape, the arrival limit (`_arrival_limit`) and the tightest whole gap target
+        (`_gap_target`; not what is left of it: one late step does not make a target infeasible),
+        or the arrival limit where that is tighter (inf when neither binds)."""
+        bound, owner, tightest = _INF, None, _INF
         shape = StepShape()
         for r in decodes:
             shape = shape.with_decode(r.num_tokens)
-            gap = self._allowed_gap(r, now, head_slack)
+            target = _gap_target(r, now)
+            if target is None:
+                continue
+            tightest = min(tightest, target)
+            gap = self._allowed_gap(r, now, head_slack, target)
             if gap < bound:
                 bound, owner = gap, r.request_id
         arrival = self._arrival_limit(shape)
         if arrival < bound:
             bound, owner = arrival, None
-        return bound, owner, shape, arrival
+        return bound, owner, shape, arrival, min(tightest, arrival)
 
     def _arrival_limit(self, shape: StepShape) -> float:
         """The longest step a request arriving with the tightest configured TTFT `T` can wait out:
@@ -298,19 +304,17 @@ class SloBudget(ChunkSizing, QueueNeed):
         return limit
 
     @staticmethod
-    def _tightest_target(decodes: list[Request], arrival: float, now: float | None) -> float:
-        """The tightest whole ITL target among `decodes` (not what is left of it: one late step does not
-        make a target infeasible), or the `arrival` limit when that is tighter (inf when neither binds);
-        with `now`, each decode's gap target (`_gap_target`: looser for a stream that missed)."""
-        return min([arrival, *(t for r in decodes if (t := _gap_target(r, now)) is not None)])
+    def _tightest_target(decodes: list[Request], arrival: float) -> float:
+        """The tightest whole ITL target among `decodes` as configured (a stream that missed
+        counted at its own, not at its looser gap target), or the `arrival` limit when that is tighter."""
+        return min([arrival, *(r.slo.itl_target for r in decodes if r.slo is not None and r.slo.itl_target is not None)])
 
-    def _allowed_gap(self, r: Request, now: float, head_slack: float) -> float:
-        """The longest step `r` tolerates now: its gap target (`_gap_target`) minus the time since
+    @staticmethod
+    def _allowed_gap(r: Request, now: float, head_slack: float, target: float) -> float:
+        """The longest step `r` tolerates now: its gap `target` (`_gap_target`) minus the time since
         its last token; a TPOT-only decode yields up to its TPOT slack to a prefill about to miss TTFT."""
         slo = r.slo
-        target = _gap_target(r, now)
-        if slo is None or target is None:
-            return _INF
+        assert slo is not None
         times = r.metrics.token_times
         last = times[-1] if times else now
         gap = target - (now - last)
@@ -320,7 +324,7 @@ class SloBudget(ChunkSizing, QueueNeed):
         return max(gap, 0.0)
 
 
-def _gap_target(r: Request, now: float | None) -> float | None:
+def _gap_target(r: Request, now: float) -> float | None:
     """The gap a decode's step bound keeps: its ITL target, or MISSED_GAP_SHARE x it once `r` has
     missed a target it cannot make up (`itl_tail.missed`: its TTFT, or a 99th-percentile gap
     already past its ITL target): no goodput is left to protect there, only a stream still read.
@@ -329,4 +333,4 @@ def _gap_target(r: Request, now: float | None) -> float | None:
     target = None if r.slo is None else r.slo.itl_target
     if target is None:
         return None
-    return MISSED_GAP_SHARE * target if now is not None and missed(r, now) else target
+    return MISSED_GAP_SHARE * target if missed(r, now) else target
