@@ -56,7 +56,8 @@ def verdicts(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
 
     pooled = sum(1 for p, f in runs if (p["overall"].get("itl_p99") or 0) < (f["overall"].get("itl_p99") or 0))
     att = [(p["overall"]["slo_attainment"], f["overall"]["slo_attainment"]) for p, f in runs]
-    return (f"mean attainment {sum(a for a, _ in att) / len(runs):.2f} (fcfs {sum(b for _, b in att) / len(runs):.2f}); "
+    ratios = sorted(p["overall"]["output_tok_s"] / f["overall"]["output_tok_s"] for p, f in runs)
+    return (f"throughput median {ratios[len(ratios) // 2]:.3f}x, least {ratios[0]:.3f}x; mean attainment {sum(a for a, _ in att) / len(runs):.2f} (fcfs {sum(b for _, b in att) / len(runs):.2f}); "
             f"of {len(runs)} seeds: throughput >= 0.95x {count('tput')}, goodput >= fcfs's {count('good')}, "
             f"chat ttft p50 within 10% {count('chat')}, chat itl p99 better {count('itl')} (all classes' {pooled})")
 

@@ -126,6 +126,21 @@ def test_shed_hopeless_refuses_before_any_compute() -> None:
     assert shed.metrics.prefill_tokens == 0
 
 
+@pytest.mark.parametrize(("classes", "shed"), [(["chat:ttft=1s,itl=200ms", "batch:e2e=120s"], False),
+                                               (["chat:ttft=1s", "batch:e2e=120s"], True)])
+def test_a_long_batch_job_is_judged_at_the_steps_the_policy_plans(classes: list[str], shed: bool) -> None:
+    # a half-budget mixed step is predicted at ~1 s (5 ms + 1 ms per token, 1,024 prompt tokens):
+    # 511 of them are far past 120 s, but the chats' 200 ms ITL bounds the steps (~102 s: it can
+    # make it); with a TTFT target alone the plan allows 0.5 s steps (~256 s: hopeless, shed)
+    eng, ex = make_engine(scheduling_policy="slo", shed_hopeless=True, num_blocks=200, block_size=16, max_len=1024,
+                          max_num_batched_tokens=2048, slo=classes, cost_model=FixedCostModel(5e-3, 1e-3))
+    eng.add_request(list(range(1, 65)), SamplingParams(max_tokens=512, temperature=0, ignore_eos=True),
+                    request_id="job", request_class="batch")
+    job = run(eng, ex)["job"]
+    assert job.metrics.shed is shed
+    assert len(job.token_ids) == (0 if shed else 512)
+
+
 def _first_victim(policy: str) -> str:
     eng, ex = make_engine(scheduling_policy=policy, num_blocks=12, block_size=4, max_len=48,
                           slo=["chat:ttft=1s,itl=50ms", "batch:e2e=60s"])

@@ -154,6 +154,12 @@ class SloSet:
         ttfts = [s.ttft for s in (self.default, *(self.for_class(c) for c in self.per_class)) if s.ttft is not None]
         return min(ttfts) if ttfts else None
 
+    def tightest_itl(self) -> float | None:
+        """The smallest inter-token target (`Slo.itl_target`) of the default and every class (None: none)."""
+        itls = [t for t in (s.itl_target for s in (self.default, *(self.for_class(c) for c in self.per_class)))
+                if t is not None]
+        return min(itls) if itls else None
+
     def as_dict(self) -> dict[str, Any]:
         return {"default": self.default.as_dict(), "per_class": {k: v.as_dict() for k, v in self.per_class.items()}}
 

@@ -258,9 +258,9 @@ class FairSloPolicy(_Ledgered, SloPolicy):
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None, arrival_ttft_s: float | None = None,
                  shed_hopeless: bool = False, ledger: ServiceLedger | None = None, deficit_bound: float = 0.0,
-                 admission_margin: float = 0.0) -> None:
+                 admission_margin: float = 0.0, planned_step_s: float | None = None) -> None:
         super().__init__(cost_model, max_num_batched_tokens, prefill_chunk, cached_prefix_tokens, arrival_ttft_s,
-                         shed_hopeless, admission_margin)
+                         shed_hopeless, admission_margin, planned_step_s)
         self.fair = _FairState(ledger or ServiceLedger())
         self.deficit_bound = deficit_bound
 
@@ -271,7 +271,7 @@ class FairSloPolicy(_Ledgered, SloPolicy):
         assert isinstance(base, SloPolicy) and context is not None
         return cls(base.cost_model, base.max_num_batched_tokens, base.prefill_chunk, base.cached_prefix_tokens,
                    base.arrival_ttft_s, base.shed_hopeless, ledger_from(context.fair), _bound(context.fair),
-                   base.admission_margin)
+                   base.admission_margin, base.planned_step_s)
 
     def head_index(self, items: list[tuple[Key, Request]], now: float) -> int:
         head = super().head_index(items, now)

@@ -114,6 +114,15 @@ RECOMPUTE_SLACK_SHARE = 0.25   # of a request's TTFT slack, what recomputing mor
 _INF = math.inf
 
 
+def planned_step(tightest_itl: float | None, tightest_ttft: float | None) -> float | None:
+    """The longest step the slo policy plans while the configured targets bind: the tightest
+    inter-token target, else ARRIVAL_SHARE of the tightest TTFT (the arrival limit); None without
+    either. A decode's expected time per token under load (`SloPolicy.decode_step_s`)."""
+    if tightest_itl is not None:
+        return tightest_itl
+    return None if tightest_ttft is None else ARRIVAL_SHARE * tightest_ttft
+
+
 class SloPolicy(SloBudget, Policy):
     name = "slo"
     preempts_for_waiting = True      # seats or KV, for a request with less slack (see outranks)
@@ -123,7 +132,7 @@ class SloPolicy(SloBudget, Policy):
     def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, prefill_chunk: int,
                  cached_prefix_tokens: Callable[[Request], int] | None = None,
                  arrival_ttft_s: float | None = None, shed_hopeless: bool = False,
-                 admission_margin: float = 0.0) -> None:
+                 admission_margin: float = 0.0, planned_step_s: float | None = None) -> None:
         if admission_margin < 0 or not math.isfinite(admission_margin):
             raise ValueError(f"admission_margin must be >= 0 (0: off), got {admission_margin!r}")
         self.cost_model = cost_model
@@ -133,6 +142,7 @@ class SloPolicy(SloBudget, Policy):
         self.prefill_chunk = max(1, prefill_chunk)
         self.shed_hopeless = shed_hopeless
         self.admission_margin = admission_margin
+        self.planned_step_s = planned_step_s   # the longest step planned while targets bind (None: no cap)
         self.feasibility = FeasibilityTracker(hold_s=REGIME_HOLD_S)
         self.admission = FeasibilityTracker("ttft", hold_s=REGIME_HOLD_S)
         self._admitted_seq = -1   # arrivals up to this arrival_seq have had their admission check
@@ -146,10 +156,12 @@ class SloPolicy(SloBudget, Policy):
         if context is None or context.cost_model is None:
             raise ValueError("scheduling_policy='slo' needs a step cost model (cost_model=...; the Engine "
                              "builds one from `pacer sim calibrate`'s fit or the simulator's profile)")
+        slo_set = context.slo_set
+        ttft = None if slo_set is None else slo_set.tightest_ttft()
+        itl = None if slo_set is None else slo_set.tightest_itl()
         return cls(context.cost_model, context.max_num_batched_tokens, context.prefill_chunk,
-                   context.cached_prefix_tokens,
-                   arrival_ttft_s=None if context.slo_set is None else context.slo_set.tightest_ttft(),
-                   shed_hopeless=context.shed_hopeless, admission_margin=context.admission_margin)
+                   context.cached_prefix_tokens, arrival_ttft_s=ttft, shed_hopeless=context.shed_hopeless,
+                   admission_margin=context.admission_margin, planned_step_s=planned_step(itl, ttft))
 
     # ---------------------------------------------------------------- predictions
 
@@ -173,9 +185,15 @@ class SloPolicy(SloBudget, Policy):
         return total
 
     def decode_step_s(self, r: Request) -> float:
-        """Per-token time a request can expect under load: a half-budget mixed step."""
+        """Per-token time a request can expect under load: a half-budget mixed step, no longer than
+        the steps this policy plans (`planned_step_s`; uncapped, the AVX2 machine's 1.5 s made a
+        512-token batch job with 120 s hopeless on arrival, done 21-23 s after it in the run)."""
+        decode = StepShape().with_decode(r.num_tokens)
         half = max(2, self.max_num_batched_tokens // 2)
-        return self.cost_model.predict_step_s(StepShape().with_decode(r.num_tokens).with_chunk(half, 0))
+        mixed = self.cost_model.predict_step_s(decode.with_chunk(half, 0))
+        if self.planned_step_s is None:
+            return mixed
+        return max(self.cost_model.predict_step_s(decode), min(mixed, self.planned_step_s))
 
     def latest_start(self, r: Request) -> float:
         """The latest time its remaining prefill may start and still meet TTFT (or e2e)."""
