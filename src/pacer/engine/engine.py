@@ -289,7 +289,7 @@ class Engine(Constraints):
         gained tokens or finished."""
         outputs = self._drain_inbox()
         self.kv.drop_expired()
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), self.clock.now()   # the clock: simulated steps take virtual time
         sched_out = self.scheduler.schedule()
         t1 = time.perf_counter()
         for tier in self.tiers:   # e.g. the disk tier notes which host copies this step runs
@@ -328,7 +328,7 @@ class Engine(Constraints):
             tier.after_step()
         self._record_stats(sched_out, result, t1 - t0, t2 - t1, t3 - t2)
         if self._refit and self.cost_model is not None:
-            self.cost_model.observe(StepShape.from_output(sched_out), t3 - t0)
+            self.cost_model.observe(StepShape.from_output(sched_out), self.clock.now() - began)
         self._kv_sinks.publish(self.clock.now, self.kv.take_events)
         return outputs
 

@@ -86,6 +86,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of device memory for weights + KV (GPU profiles)")
+    g.add_argument("--step-noise", type=float, default=0.0, metavar="CV",
+                   help="slow each simulated step by a log-normal factor of mean 1 and this coefficient "
+                        "of variation, correlated in time as a shared machine's slowdowns are (0: exact; the AVX2 "
+                        "machine's decode steps: ~0.14); the scheduler's predictor then refits online, as the real "
+                        "engine's does")
     g.add_argument("--chrome-trace", default=None, help="write the simulated steps as a Chrome trace JSON")
     g.add_argument("--calibration-out", default=None,
                    help="calibrate: where to save the fit (default ~/.cache/pacer/sim/cpu-local.json)")
@@ -117,6 +122,7 @@ def _print_report(report: Any, title: str) -> None:
 def _run_sim(args: argparse.Namespace) -> int:
     from pacer.config import EngineConfig
     from pacer.perf.profiles import get_hardware, get_model
+    from pacer.sim.noise import StepNoise
     from pacer.sim.simulator import build_sim_engine, simulate, utilisation_summary
     from pacer.workload.budget import BudgetTally
     from pacer.workload.report import OVERALL, build_report, parse_slo
@@ -125,21 +131,26 @@ def _run_sim(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs_from_args(args)
     config = EngineConfig.from_kwargs(**kwargs)
     slo = parse_slo(args.slo)
+    noise = StepNoise(args.step_noise, seed=args.seed or 0)   # checked before any run
     if args.workload == "agent-loop":   # closed-loop agents: job completion time is the result
-        return _run_agent_loop(args, config, hw, model)
+        return _run_agent_loop(args, config, hw, model, noise)
     rates = parse_rates(args.request_rate, args.concurrency)
     if args.replicas != 1 or args.router != "least-loaded":
+        if noise.cv:
+            raise ValueError("--step-noise: the simulated cluster (--replicas, --router) runs exact steps only")
         from pacer.sim.cluster import run_cluster_cli
 
         return run_cluster_cli(args, config, hw, model, rates, slo, lambda rate, n: build_specs(args, rate, n),
                                lambda r, t: _print_report(r, t), lambda *a: _meta(args, kwargs, *a))
     for rate in rates:
         engine, executor, clock = build_sim_engine(config, hw, model, tp=args.tp,
-                                                   gpu_memory_utilization=args.gpu_memory_utilization)
+                                                   gpu_memory_utilization=args.gpu_memory_utilization,
+                                                   step_noise=StepNoise(noise.cv, seed=args.seed or 0))
         specs, workload, arrivals = build_specs(args, rate, engine.max_model_len)
         result = simulate(engine, executor, clock, specs, concurrency=args.concurrency)
         meta = _meta(args, kwargs, workload, arrivals, rate, len(specs))
         meta.update({"model": model.name, "cost_model": result.cost_model, "sim": result.stats(),
+                     "step_noise": noise.cv,
                      "budget": BudgetTally().extend(result.steps).as_dict(),
                      "tenant_weights": dict(config.scheduler.fair_tenant_weights or {})})
         snap = engine.snapshot()
@@ -169,12 +180,13 @@ def _run_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_agent_loop(args: argparse.Namespace, config: Any, hw: Any, model: Any) -> int:
+def _run_agent_loop(args: argparse.Namespace, config: Any, hw: Any, model: Any, noise: Any) -> int:
     """`--workload agent-loop`: closed-loop agents on one simulated engine; prints their report."""
     from pacer.sim.simulator import build_sim_engine
     from pacer.workload.agents import loop_from_args, result_lines, run_agent_loop
 
-    engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization)
+    engine, _, _ = build_sim_engine(config, hw, model, tp=args.tp, gpu_memory_utilization=args.gpu_memory_utilization,
+                                    step_noise=noise)
     loop = loop_from_args(args)
     print(f"pacer sim: {model.name} on {hw.name} x{args.tp}, {engine.snapshot().num_blocks} KV blocks")
     sessions = config.cache.session_retention and not args.no_agent_sessions

@@ -17,6 +17,10 @@ Structured outputs: a step whose SchedulerOutput carries token masks (the schedu
 structured runtime, real or `pacer.sim.structured.SimStructured`) computes them while the
 forward runs, so it takes max(step, rows x mask_row_s) plus rows x apply_row_s for its
 constrained sampling rows (`StructuredCost`); steps without them pay nothing.
+
+Step-time noise (`step_noise`, pacer.sim.noise): each step's time is multiplied by a seeded
+slowdown of mean 1 averaged over the step, as a shared machine scatters the real engine's steps
+around the fitted model; none by default.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 from pacer.clock import VirtualClock
 from pacer.perf.cost_model import CostModel, StepCost, batch_features
 from pacer.sched.contract import ModelOutput, RequestResult, SchedulerOutput
+from pacer.sim.noise import StepNoise
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, StructuredCost
 
 __all__ = ["SimExecutor", "DEFAULT_ACCEPTANCE_RATE"]
@@ -41,7 +46,7 @@ class SimExecutor:
     def __init__(self, cost_model: CostModel, clock: VirtualClock, sample_token_id: int = 0,
                  keep_records: bool = True, kv_block_bytes: int | None = None,
                  acceptance_rate: float | None = None, seed: int = 0,
-                 structured_cost: StructuredCost = DEFAULT_STRUCTURED_COST) -> None:
+                 structured_cost: StructuredCost = DEFAULT_STRUCTURED_COST, step_noise: StepNoise | None = None) -> None:
         self.cost_model = cost_model
         self.kv_block_bytes = kv_block_bytes   # read by the engine to size the swap tier (swap_space GiB)
         self.clock = clock
@@ -53,6 +58,7 @@ class SimExecutor:
         self.acceptance_rate = DEFAULT_ACCEPTANCE_RATE if acceptance_rate is None else acceptance_rate
         self._rng = random.Random(seed)
         self.structured_cost = structured_cost
+        self.step_noise = step_noise
         self.mask_rows = 0             # constrained rows masked, in all
         self.mask_compute_s = 0.0      # modelled mask thread time
         self.mask_wait_s = 0.0         # of it, beyond the steps' own time (what steps waited)
@@ -61,6 +67,8 @@ class SimExecutor:
         if not out.scheduled:
             return ModelOutput(forward_s=0.0)
         cost = self.cost_model.step_cost(batch_features(out))
+        if self.step_noise is not None:
+            cost = _scaled(cost, self.step_noise.factor(self.clock.now(), cost.time_s))
         if out.token_masks is not None:
             cost = self._with_masks(cost, out)
         self.clock.advance(cost.time_s)
@@ -94,3 +102,13 @@ class SimExecutor:
         while n < len(drafts) and self._rng.random() < self.acceptance_rate:
             n += 1
         return drafts[:n]
+
+
+def _scaled(cost: StepCost, factor: float) -> StepCost:
+    """The step `factor` times as long (its parts and overhead alike), its utilisation as much lower."""
+    if factor == 1.0:
+        return cost
+    return dataclasses.replace(cost, time_s=cost.time_s * factor, linear_s=cost.linear_s * factor,
+                               attention_s=cost.attention_s * factor, comm_s=cost.comm_s * factor,
+                               overhead_s=cost.overhead_s * factor, compute_util=cost.compute_util / factor,
+                               bandwidth_util=cost.bandwidth_util / factor)

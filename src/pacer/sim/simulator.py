@@ -29,6 +29,7 @@ from pacer.perf.step_model import SchedulerCostModel
 from pacer.request import SamplingParams, StructuredOutputsParams
 from pacer.sched.reasoning import ThinkTags
 from pacer.sim.executor import SimExecutor
+from pacer.sim.noise import StepNoise
 from pacer.sim.structured import DEFAULT_STRUCTURED_COST, SimStructured, StructuredCost
 from pacer.sim.trace_requests import request_spans
 from pacer.workload.drive import DriveSpec, Handoff, drive
@@ -88,9 +89,11 @@ def resolve_dtype(dtype: str, hw: HardwareProfile) -> str:
 def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProfile, *, tp: int = 1,
                      gpu_memory_utilization: float = 0.9, cost_model: CostModel | None = None,
                      keep_records: bool = True, structured_cost: StructuredCost = DEFAULT_STRUCTURED_COST,
-                     ) -> tuple[Engine, SimExecutor, VirtualClock]:
+                     step_noise: StepNoise | None = None) -> tuple[Engine, SimExecutor, VirtualClock]:
     """The real Engine on a VirtualClock with a SimExecutor; KV sized as the real engine would.
-    Structured outputs are priced by `structured_cost` (pacer.sim.structured)."""
+    Structured outputs are priced by `structured_cost` (pacer.sim.structured). With `step_noise`
+    the steps scatter around the model (pacer.sim.noise) and the scheduler's predictor refits
+    from the simulated steps online, as the real engine's does from its measured ones."""
     dtype = resolve_dtype(config.model.dtype, hw)
     cache = config.cache
     kv_dtype = cache.kv_cache_dtype
@@ -105,11 +108,12 @@ def build_sim_engine(config: EngineConfig, hw: HardwareProfile, model: ModelProf
     executor = SimExecutor(cm, clock, keep_records=keep_records,
                            kv_block_bytes=model.kv_bytes_per_token(dtype, tp, kv_dtype) * cache.block_size,
                            acceptance_rate=None if spec is None else spec.acceptance_rate, seed=config.model.seed,
-                           structured_cost=structured_cost)
+                           structured_cost=structured_cost, step_noise=step_noise)
+    refit = step_noise is not None and step_noise.cv > 0
     engine = Engine(config, executor, tokenizer=None, num_kv_blocks=num_blocks,
                     model_max_len=model.max_model_len, eos_token_ids=(), clock=clock,
-                    vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=False),
-                    refit_cost_model=False)
+                    vocab_size=model.vocab_size, cost_model=SchedulerCostModel(cm, refit=refit),
+                    refit_cost_model=refit)
     engine.install_structured_outputs(SimStructured(clock, structured_cost, executor))
     engine.finished_outputs_only = True   # its drivers read finished outputs only (records)
     # no tokenizer: think tags past the vocabulary, which no simulated token is, so a request's
