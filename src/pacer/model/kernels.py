@@ -132,9 +132,13 @@ def _build_dir(csrc: pathlib.Path, cflags: tuple[str, ...] = CFLAGS,
     """The build directory for these sources, and the sources (name -> bytes).
 
     Keyed by what decides the binary: every source's and header's name and content, the compiler
-    flags (an ISA level's, never -march=native), torch's version and the architecture, so every
-    checkout, venv and CPU of that level shares one build, and a changed header rebuilds. Not keyed by where the
-    checkout lies: the build compiles copies staged inside the build directory.
+    flags (an ISA level's, never -march=native), torch's version and where it is installed, and the
+    architecture, so every checkout sharing a venv and every CPU of that level share one build, and
+    a changed header rebuilds. Not keyed by where the checkout lies: the build compiles copies
+    staged inside the build directory. Keyed by torch's place because torch's build commands name
+    its include and library directories: two venvs sharing one build directory rebuilt it in turn
+    (a fresh clone's `make test` and then the main checkout's each recompiled every kernel, ~1 min
+    apiece on the 2-core machine), where each now keeps its own.
     """
     import torch
 
@@ -143,6 +147,9 @@ def _build_dir(csrc: pathlib.Path, cflags: tuple[str, ...] = CFLAGS,
     for name, data in sources.items():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     h.update(" ".join(cflags + ldflags).encode() + b"\0" + torch.__version__.encode())
+    from torch.utils import cpp_extension
+
+    h.update(b"\0" + "\0".join(cpp_extension.include_paths() + cpp_extension.library_paths()).encode())
     root = pathlib.Path(os.environ.get("PACER_CACHE_DIR", pathlib.Path.home() / ".cache" / "pacer"))
     build = root / "kernels" / f"{platform.machine()}-{h.hexdigest()[:16]}"
     build.mkdir(parents=True, exist_ok=True)
