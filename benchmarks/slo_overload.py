@@ -25,7 +25,8 @@ throughput, each repeat's own slo / fcfs ratio (the two servers of a repeat run 
         --vllm-model /tmp/pacer-peers/smollm2-hf --seeds 1,2,3
 
 `pacer sim calibrate --quick` first (the benchmark runs it when no fit is saved) so the
-simulator's `cpu-local` profile is this machine's. The load average and the CPU's flags are
+simulator's `cpu-local` profile is this machine's; `--sim-step-noise 0.14` predicts with the
+step-time noise this machine showed (`pacer sim --step-noise`). The load average and the CPU's flags are
 printed with the figures.
 """
 
@@ -104,10 +105,10 @@ def bench(url: str, rate: float, seed: int, n: int, out: Path, tokenizer: str | 
     return dict(json.loads(out.read_text())["summary"])
 
 
-def simulate(policy: str, rate: float, seed: int, n: int, out: Path) -> dict[str, Any]:
+def simulate(policy: str, rate: float, seed: int, n: int, out: Path, noise: float = 0.0) -> dict[str, Any]:
     cmd = [str(BIN / "pacer"), "sim", "--hardware", "cpu-local", "--workload", "mixed", "--request-rate", str(rate),
            "--num-prompts", str(n), "--seed", str(seed), "--scheduling-policy", policy, "--out", str(out),
-           *_slo_flags()]
+           "--step-noise", str(noise), *_slo_flags()]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # its regime log lines
     return dict(json.loads(out.read_text())["summary"])
 
@@ -161,6 +162,8 @@ def main() -> int:
     p.add_argument("--policies", default="fcfs,slo", help="pacer's scheduling policies, one server each (the "
                    "verdicts need fcfs and slo)")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions")
+    p.add_argument("--sim-step-noise", type=float, default=0.0, metavar="CV",
+                   help="the simulator's `--step-noise` (this machine's steps scatter by ~0.14; 0: exact)")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
     p.add_argument("--repeats", type=int, default=1, help="runs of every trace, each on fresh servers; verdicts on "
                    "the medians")
@@ -190,7 +193,8 @@ def main() -> int:
                 print(row(name if args.repeats == 1 else f"{name} #{rep + 1}", results[name, rate, seed][rep]))
             if not args.no_sim and name.startswith("pacer"):
                 policy = name.split()[1]
-                sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json")
+                sim = simulate(policy, rate, seed, args.num_prompts, work / f"sim-{policy}-r{rate}-s{seed}.json",
+                               args.sim_step_noise)
                 print(row(f"  sim {policy}", sim))
     if {"pacer fcfs", "pacer slo"} <= {name for name, *_ in engines(args, 0)}:
         for rate in rates:   # past saturation the first five bars, at a load the machine serves attainment's
