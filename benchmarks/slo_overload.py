@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -70,9 +71,12 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def server(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
            timeout_s: float = 900.0) -> Iterator[str]:
-    """A server process, up once GET /v1/models answers; stopped (SIGINT, then kill) after."""
+    """A server process, up once GET /v1/models answers; stopped (SIGINT, then kill) after, with
+    every process it started (its own process group: vLLM's worker outlived its API server by
+    ~2 s here, which the next engine's start would have shared the two cores with)."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -88,12 +92,30 @@ def server(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = No
                 time.sleep(1.0)
         yield url
     finally:
-        proc.send_signal(2)
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:
+    """SIGINT to the server's process group, SIGKILL to what is left of it after `timeout_s`;
+    returns once no process of the group remains (or 5 s after the kill: what is left then is a
+    zombie nobody reaps, which runs nothing)."""
+    group = proc.pid   # start_new_session: the server leads its own group
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGINT)
+    deadline, killed = time.monotonic() + timeout_s, False
+    while True:
+        proc.poll()   # reap the leader
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            if killed:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            deadline, killed = time.monotonic() + 5.0, True
+        time.sleep(0.2)
 
 
 def bench(url: str, rate: float, seed: int, n: int, out: Path, tokenizer: str | None) -> dict[str, Any]:
