@@ -15,8 +15,8 @@ default `pacer serve` (no verdicts: the online throughput check of `cpu_verdicts
 line, `RESULT {...}`, holds every engine's overall figures per rate and seed as JSON.
 
 `--repeats N` runs every trace N times, each repeat on freshly started servers (empty caches) with
-the engines taking turns, every other repeat in reverse order, so a drift in the machine's load
-falls on all of them alike; the tables then show each repeat, and the verdicts are judged on the
+the engines taking turns, pacer's two in reverse order every other repeat and vLLM's last, then
+first, every other two (`_order`), so a drift in the machine's load falls on all of them alike; the tables then show each repeat, and the verdicts are judged on the
 medians over the repeats (each figure's own median), with how many single repeats agree and, for
 throughput, each repeat's own slo / fcfs ratio (the two servers of a repeat run back to back).
 
@@ -230,12 +230,11 @@ def main() -> int:
 def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
             ) -> dict[tuple[str, float, int], list[dict[str, Any]]]:
     """Every engine's summary of every run, one per repeat; each repeat starts each server anew, the
-    engines in turn and every other repeat in reverse (fcfs, slo, ... then ..., slo, fcfs), so a
-    machine that speeds up or slows down over the run does not favour whoever goes first."""
+    engines in turn (`_order`), so a machine that speeds up or slows down over the run does not
+    favour whoever goes first."""
     results: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
     for rep in range(args.repeats):
-        order = engines(args, port := _free_port())
-        for name, cmd, env in order if rep % 2 == 0 else order[::-1]:
+        for name, cmd, env in _order(engines(args, port := _free_port()), rep):
             tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
             tokenizer = args.vllm_model if name.startswith("vllm") else None
             with server(cmd, port, work / f"{tag}.log", env) as url:
@@ -246,6 +245,19 @@ def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
                         bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer))
                     print(f"# {name} rate {rate} seed {seed} repeat {rep + 1} done, load {loadavg()}", flush=True)
     return results
+
+
+def _order(engines: list[tuple[str, list[str], dict[str, str]]], rep: int
+           ) -> list[tuple[str, list[str], dict[str, str]]]:
+    """The engines of repeat `rep`: pacer's side by side, in reverse every other repeat (fcfs, slo
+    then slo, fcfs); the others (vLLM) after them for two repeats, then before them for two. Over
+    three repeats slo runs second, first, then third; reversing the whole list instead kept it in
+    the middle, after another server's teardown, every time."""
+    pacer = [e for e in engines if e[0].startswith("pacer")]
+    others = [e for e in engines if not e[0].startswith("pacer")]
+    if rep % 2:
+        pacer = pacer[::-1]
+    return others + pacer if (rep // 2) % 2 else pacer + others
 
 
 def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
