@@ -24,6 +24,11 @@ throughput, each repeat's own slo / fcfs ratio (the two servers of a repeat run 
     .venv/bin/python benchmarks/slo_overload.py --vllm /tmp/pacer-peers/vllm-venv \\
         --vllm-model /tmp/pacer-peers/smollm2-hf --seeds 1,2,3
 
+`--step-log` has each pacer server write its step log (`pacer serve --step-log`) and prices every
+run's steps with this machine's fit (pacer.telemetry.step_log): the work each policy did in seconds
+of the fit, and how fast the machine ran it (measured / fit), printed after the verdicts. A
+throughput ratio mixes the two: the machine's speed swings by 10-20% between consecutive runs.
+
 `pacer sim calibrate --quick` first (the benchmark runs it when no fit is saved) so the
 simulator's `cpu-local` profile is this machine's; `--sim-step-noise 0.14` predicts with the
 step-time noise this machine showed (`pacer sim --step-noise`). The load average and the CPU's flags are
@@ -50,7 +55,9 @@ from typing import Any
 
 import isa_switch
 from pacer.model.kernels import kernel_isa
-from pacer.perf.profiles import calibration_path
+from pacer.perf.cost_model import CostModel, make_cost_model
+from pacer.perf.profiles import calibration_path, get_hardware, get_model
+from pacer.telemetry.step_log import priced_work_s, read_step_log
 from slo_common import loadavg
 
 TARGETS = ["chat:ttft=1s,itl=200ms", "rag:ttft=8s", "agent:ttft=3s,itl=300ms", "batch:e2e=120s"]
@@ -187,6 +194,8 @@ def main() -> int:
     p.add_argument("--sim-step-noise", type=float, default=0.0, metavar="CV",
                    help="the simulator's `--step-noise` (this machine's steps scatter by ~0.14; 0: exact)")
     p.add_argument("--workdir", default=None, help="keep the run JSON and server logs here")
+    p.add_argument("--step-log", action="store_true", help="pacer's servers log their steps; each run's work "
+                   "is priced with this machine's fit and printed after the verdicts")
     p.add_argument("--repeats", type=int, default=1, help="runs of every trace, each on fresh servers; verdicts on "
                    "the medians")
     p.add_argument("--isa", default="native", choices=["native", "avx2"],
@@ -221,6 +230,8 @@ def main() -> int:
     if {"pacer fcfs", "pacer slo"} <= {name for name, *_ in engines(args, 0)}:
         for rate in rates:   # past saturation the first five bars, at a load the machine serves attainment's
             verdicts(results, rate, [s for r, s in runs if r == rate], bool(args.vllm))
+            if args.step_log:
+                work_lines(results, rate, [s for r, s in runs if r == rate])
     # each engine's medians over the repeats, per rate and seed (for cpu_verdicts.py)
     print("RESULT " + json.dumps({f"{name}|{rate}|{seed}": median_summary(runs)["overall"]
                                   for (name, rate, seed), runs in results.items()}))
@@ -233,18 +244,47 @@ def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
     engines in turn (`_order`), so a machine that speeds up or slows down over the run does not
     favour whoever goes first."""
     results: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    fit = fit_model() if args.step_log else None
     for rep in range(args.repeats):
         for name, cmd, env in _order(engines(args, port := _free_port()), rep):
             tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
             tokenizer = args.vllm_model if name.startswith("vllm") else None
-            with server(cmd, port, work / f"{tag}.log", env) as url:
+            steps = work / f"{tag}-steps.jsonl" if fit is not None and name.startswith("pacer") else None
+            with server([*cmd, "--step-log", str(steps)] if steps else cmd, port, work / f"{tag}.log", env) as url:
                 # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
                 bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", tokenizer)
                 for rate, seed in runs:
-                    results.setdefault((name, rate, seed), []).append(
-                        bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer))
+                    seen = len(read_step_log(steps)) if steps else 0
+                    summary = bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer)
+                    if steps and fit:
+                        rows = read_step_log(steps, skip_lines=seen)   # the server wrote each step as it ended
+                        summary["steps"] = {"num": len(rows), "busy_s": sum(r["measured_s"] for r in rows),
+                                            "fit_s": priced_work_s(rows, fit)}
+                    results.setdefault((name, rate, seed), []).append(summary)
                     print(f"# {name} rate {rate} seed {seed} repeat {rep + 1} done, load {loadavg()}", flush=True)
     return results
+
+
+def fit_model() -> CostModel:
+    """This machine's `pacer sim calibrate` fit of the default model (the roofline without one)."""
+    return make_cost_model(get_hardware("cpu-local"), get_model(None), "float32")
+
+
+def work_lines(results: dict[tuple[str, float, int], list[dict[str, Any]]], rate: float, seeds: list[int]) -> None:
+    """Per seed, the work each policy's steps did priced by the fit (slo / fcfs: the policy's own
+    cost), and the machine's speed in each run (busy time measured / priced), repeat by repeat."""
+    print(f"\n## {rate} req/s: the steps priced by this machine's fit [by repeat]")
+    for seed in seeds:
+        f, s = results["pacer fcfs", rate, seed], results["pacer slo", rate, seed]
+        fw = [r["steps"]["fit_s"] for r in f]
+        sw = [r["steps"]["fit_s"] for r in s]
+        ratios = ", ".join(f"{b / a:.3f}" for a, b in zip(fw, sw, strict=True))
+        speed = ", ".join(f"{a['steps']['busy_s'] / a['steps']['fit_s']:.2f}/{b['steps']['busy_s'] / b['steps']['fit_s']:.2f}"
+                          for a, b in zip(f, s, strict=True))
+        print(f"seed {seed}: work slo {statistics.median(sw):.1f}s vs fcfs {statistics.median(fw):.1f}s of the fit "
+              f"({statistics.median(sw) / statistics.median(fw):.3f}x) [{ratios}]; steps "
+              f"{statistics.median(r['steps']['num'] for r in s):.0f} vs {statistics.median(r['steps']['num'] for r in f):.0f}; "
+              f"measured / fit, fcfs/slo [{speed}]")
 
 
 def _order(engines: list[tuple[str, list[str], dict[str, str]]], rep: int

@@ -79,6 +79,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="Prometheus name prefix: 'pacer' (pacer_*) or 'vllm' (vLLM's vllm:* names)")
     s.add_argument("--request-log", default=None, metavar="FILE.jsonl",
                    help="append one JSON line per finished request (schema: pacer.telemetry.request_log)")
+    s.add_argument("--step-log", default=None, metavar="FILE.jsonl",
+                   help="append one JSON line per engine step: its batch, wall time and budget "
+                        "(schema: pacer.telemetry.step_log)")
     s.add_argument("--rag-threshold", "--long-context-threshold", dest="long_context_threshold", type=int,
                    default=1024, help="request class rag (alias long_context): prompts longer than this many "
                                       "tokens, unless the client names its class (x-pacer-class header)")
@@ -300,6 +303,7 @@ def build_service(args: argparse.Namespace, engine: Any = None) -> Any:
         engine.scheduler.ledger.set_weights(weights)   # the keys file's shares weigh fair-share service too
     options = ServiceOptions(served_model_names=names, max_waiting=args.max_waiting,
                              metrics_prefix=args.metrics_prefix, request_log=args.request_log,
+                             step_log=getattr(args, "step_log", None),
                              class_rules=rules, tools=tools, access=access, limits=limits,
                              tenant_weights=weights or engine.config.cache.tenant_weights,
                              max_queued_outputs=args.max_queued_outputs,

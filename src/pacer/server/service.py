@@ -48,6 +48,7 @@ from pacer.telemetry.collectors import (
 )
 from pacer.telemetry.prometheus import ServingMetrics
 from pacer.telemetry.request_log import RequestLogWriter, make_log_record
+from pacer.telemetry.step_log import StepLogWriter
 
 __all__ = ["Service", "ServiceOptions", "Job", "RequestContext"]   # Job: pacer.server.job; RequestContext: pacer.server.requests
 
@@ -60,6 +61,7 @@ class ServiceOptions:
     max_waiting: int | None = 512                 # None: no cap (an operator's explicit choice)
     metrics_prefix: str = "pacer"
     request_log: str | None = None
+    step_log: str | None = None                   # pacer.telemetry.step_log: a line per engine step
     class_rules: ClassRules = field(default_factory=ClassRules)
     tenant_weights: dict[str, float] | None = None   # shares of max_waiting (equal by default)
     access: Access = field(default_factory=Access)    # API keys (none: open)
@@ -92,6 +94,7 @@ class Service:
         self.metrics = ServingMetrics(self.model_name, options.metrics_prefix, options.max_tenant_labels,
                                       _named_tenants(options))
         self.request_log = RequestLogWriter(options.request_log) if options.request_log else None
+        self.step_log = StepLogWriter(options.step_log) if options.step_log else None
         self.draining = False
         self.token_text = TokenText(engine.tokenizer)   # logprobs' token strings
         parser = engine.config.structured.reasoning_parser
@@ -107,6 +110,9 @@ class Service:
                                                               self.model_name, self.metrics.tenant_label))
         self.loop.listeners.append(self._on_output)
         engine.stats_listeners.append(self.metrics.on_step)
+        if self.step_log is not None:
+            engine.schedule_listeners.append(self.step_log.on_schedule)
+            engine.stats_listeners.append(self.step_log.on_stats)
         self.loop.failure_listeners.append(self._on_failure)
         self.loop.overflow_listeners.append(self._on_overflow)
         self.closers: list[Callable[[], None]] = []   # run at shutdown (e.g. the KV event publisher)
@@ -145,6 +151,10 @@ class Service:
             self.engine.stats_listeners.remove(self.metrics.on_step)
         if self.request_log is not None:
             self.request_log.close()
+        if self.step_log is not None:   # the loop has stopped: no step writes to it any more
+            self.engine.schedule_listeners.remove(self.step_log.on_schedule)
+            self.engine.stats_listeners.remove(self.step_log.on_stats)
+            self.step_log.close()
 
     # ------------------------------------------------------------------ submitting
 
