@@ -253,11 +253,12 @@ def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
             with server([*cmd, "--step-log", str(steps)] if steps else cmd, port, work / f"{tag}.log", env) as url:
                 # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
                 bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", tokenizer)
+                seen = len(read_step_log(steps)) if steps else 0   # the warm-up's steps
                 for rate, seed in runs:
-                    seen = len(read_step_log(steps)) if steps else 0
                     summary = bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer)
-                    if steps and fit:
+                    if steps and fit is not None:
                         rows = read_step_log(steps, skip_lines=seen)   # the server wrote each step as it ended
+                        seen += len(rows)
                         summary["steps"] = {"num": len(rows), "busy_s": sum(r["measured_s"] for r in rows),
                                             "fit_s": priced_work_s(rows, fit)}
                     results.setdefault((name, rate, seed), []).append(summary)
