@@ -35,6 +35,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _free_port_pair() -> int:
+    """A port that is free with the one after it (a second replica binds port + 1)."""
+    while True:
+        port = _free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def test_config_takes_vllm_fields_and_rejects_unknown_keys_and_bad_types():
     c = parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
                                '"replay_endpoint": "tcp://*:5558", "topic": "kv"}')
@@ -55,7 +67,7 @@ def test_config_takes_vllm_fields_and_rejects_unknown_keys_and_bad_types():
 
 
 def test_port_in_use_is_a_clear_error():
-    port = _free_port()
+    port = _free_port_pair()   # a CI run once found port + 1 taken by another socket
     cfg = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})
     first = KVEventPublisher(cfg)
     try:
