@@ -16,9 +16,14 @@ line, `RESULT {...}`, holds every engine's overall figures per rate and seed as 
 
 `--repeats N` runs every trace N times, each repeat on freshly started servers (empty caches) with
 the engines taking turns, pacer's two in reverse order every other repeat and vLLM's last, then
-first, every other two (`_order`), so a drift in the machine's load falls on all of them alike; the tables then show each repeat, and the verdicts are judged on the
-medians over the repeats (each figure's own median), with how many single repeats agree and, for
-throughput, each repeat's own slo / fcfs ratio (the two servers of a repeat run back to back).
+first, every other two (`_order`), so a drift in the machine's load falls on all of them alike.
+pacer's two servers are up together (started and warmed one after the other) and take each trace
+back to back, which first alternating from trace to trace (`_turns`): a slo / fcfs ratio compares
+two runs seconds apart, where this machine's slow spells last about a minute (`--serial`: each
+server up alone through every trace, as before 2026-12-06's seventh session). The tables then show
+each repeat, and the verdicts are judged on the medians over the repeats (each figure's own
+median), with how many single repeats agree and, for throughput, each repeat's own slo / fcfs
+ratio.
 
     .venv/bin/python benchmarks/slo_overload.py                       # rates 0.1,0.3,0.6; seed 1
     .venv/bin/python benchmarks/slo_overload.py --vllm /tmp/pacer-peers/vllm-venv \\
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -198,6 +204,8 @@ def main() -> int:
                    "is priced with this machine's fit and printed after the verdicts")
     p.add_argument("--repeats", type=int, default=1, help="runs of every trace, each on fresh servers; verdicts on "
                    "the medians")
+    p.add_argument("--serial", action="store_true", help="each engine's server up alone, through every trace "
+                   "(the default runs pacer's two servers side by side, taking each trace in turn)")
     p.add_argument("--isa", default="native", choices=["native", "avx2"],
                    help="avx2: this script and every server held to their AVX2 paths (isa_switch.py)")
     args = p.parse_args()
@@ -242,28 +250,75 @@ def measure(args: argparse.Namespace, runs: list[tuple[float, int]], work: Path
             ) -> dict[tuple[str, float, int], list[dict[str, Any]]]:
     """Every engine's summary of every run, one per repeat; each repeat starts each server anew, the
     engines in turn (`_order`), so a machine that speeds up or slows down over the run does not
-    favour whoever goes first."""
+    favour whoever goes first. pacer's servers (unless `--serial`) are up together, started and
+    warmed one after the other, and take each trace back to back, first one then the other
+    (`_turns`): the two runs a throughput ratio compares are seconds apart, not a server's whole
+    set of traces apart (this machine's slow spells last about a minute)."""
     results: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
     fit = fit_model() if args.step_log else None
     for rep in range(args.repeats):
-        for name, cmd, env in _order(engines(args, port := _free_port()), rep):
-            tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
-            tokenizer = args.vllm_model if name.startswith("vllm") else None
-            steps = work / f"{tag}-steps.jsonl" if fit is not None and name.startswith("pacer") else None
-            with server([*cmd, "--step-log", str(steps)] if steps else cmd, port, work / f"{tag}.log", env) as url:
-                # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
-                bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", tokenizer)
-                seen = len(read_step_log(steps)) if steps else 0   # the warm-up's steps
-                for rate, seed in runs:
-                    summary = bench(url, rate, seed, args.num_prompts, work / f"{tag}-r{rate}-s{seed}.json", tokenizer)
-                    if steps and fit is not None:
-                        rows = read_step_log(steps, skip_lines=seen)   # the server wrote each step as it ended
-                        seen += len(rows)
-                        summary["steps"] = {"num": len(rows), "busy_s": sum(r["measured_s"] for r in rows),
-                                            "fit_s": priced_work_s(rows, fit)}
-                    results.setdefault((name, rate, seed), []).append(summary)
-                    print(f"# {name} rate {rate} seed {seed} repeat {rep + 1} done, load {loadavg()}", flush=True)
+        for group in _groups(_order(engines(args, 0), rep), together=not args.serial):
+            with contextlib.ExitStack() as stack:
+                live = []
+                for name, cmd, env in group:
+                    port = _free_port()   # the previous server of the group is up: its port is taken
+                    tag = name.replace(" ", "-") + (f"-{rep + 1}" if args.repeats > 1 else "")
+                    steps = work / f"{tag}-steps.jsonl" if fit is not None and name.startswith("pacer") else None
+                    cmd = _on_port(cmd, port) + (["--step-log", str(steps)] if steps else [])
+                    url = stack.enter_context(server(cmd, port, work / f"{tag}.log", env))
+                    tokenizer = args.vllm_model if name.startswith("vllm") else None
+                    # warm-up, discarded: the first requests pay kernel builds, allocations and calibration
+                    bench(url, 4.0, 99, 6, work / f"{tag}-warmup.json", tokenizer)
+                    live.append(_Live(name, tag, url, tokenizer, steps, len(read_step_log(steps)) if steps else 0))
+                for i, (rate, seed) in enumerate(runs):
+                    for e in _turns(live, i):
+                        summary = bench(e.url, rate, seed, args.num_prompts, work / f"{e.tag}-r{rate}-s{seed}.json",
+                                        e.tokenizer)
+                        if e.steps and fit is not None:
+                            rows = read_step_log(e.steps, skip_lines=e.seen)   # each step written as it ended
+                            e.seen += len(rows)
+                            summary["steps"] = {"num": len(rows), "busy_s": sum(r["measured_s"] for r in rows),
+                                                "fit_s": priced_work_s(rows, fit)}
+                        results.setdefault((e.name, rate, seed), []).append(summary)
+                        print(f"# {e.name} rate {rate} seed {seed} repeat {rep + 1} done, load {loadavg()}", flush=True)
     return results
+
+
+@dataclasses.dataclass
+class _Live:
+    """A server of the repeat, up: its name, file tag, URL, tokenizer, step log and lines seen."""
+
+    name: str
+    tag: str
+    url: str
+    tokenizer: str | None
+    steps: Path | None
+    seen: int
+
+
+def _on_port(cmd: list[str], port: int) -> list[str]:
+    """`cmd` with its `--port` value replaced."""
+    i = cmd.index("--port") + 1
+    return [*cmd[:i], str(port), *cmd[i + 1:]]
+
+
+def _groups(order: list[tuple[str, list[str], dict[str, str]]], together: bool
+            ) -> list[list[tuple[str, list[str], dict[str, str]]]]:
+    """The servers up at once, in turn: pacer's side by side as one group (`together`), every
+    other engine alone (vLLM beside pacer would share the two cores with an idle engine of its own)."""
+    out: list[list[tuple[str, list[str], dict[str, str]]]] = []
+    for e in order:
+        if together and e[0].startswith("pacer") and out and out[-1][0][0].startswith("pacer"):
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return out
+
+
+def _turns(live: list[_Live], i: int) -> list[_Live]:
+    """Who runs trace `i`: the group's servers in order, reversed every other trace, so neither
+    runs each trace first."""
+    return live if i % 2 == 0 else live[::-1]
 
 
 def fit_model() -> CostModel:
