@@ -408,8 +408,12 @@ def verdicts(results: dict[tuple[str, float, int], list[dict[str, Any]]], rate: 
                      median_summary(runs["vllm serve"]) if vllm else None)
         singles = [checks(runs["pacer fcfs"][i], runs["pacer slo"][i], runs["vllm serve"][i] if vllm else None)
                    for i in range(repeats)]
-        paired = ", ".join(f"{s['overall']['output_tok_s'] / f['overall']['output_tok_s']:.2f}"
-                           for f, s in zip(runs["pacer fcfs"], runs["pacer slo"], strict=True))
+        ratios = [s["overall"]["output_tok_s"] / f["overall"]["output_tok_s"]
+                  for f, s in zip(runs["pacer fcfs"], runs["pacer slo"], strict=True)]
+        # the verdict is the ratio of the medians; the pairs' own median beside it (pacer's two
+        # servers take each trace seconds apart unless --serial: a pair shares the machine's speed)
+        paired = ", ".join(f"{r:.2f}" for r in ratios) + (f"; their median {statistics.median(ratios):.2f}"
+                                                         if repeats > 1 else "")
         line = []
         for key, (text, ok) in med.items():
             agree = sum(1 for one in singles if key in one and one[key][1] == ok)
