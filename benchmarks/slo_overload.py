@@ -34,8 +34,9 @@ run's steps with this machine's fit (pacer.telemetry.step_log): the work each po
 of the fit, and how fast the machine ran it (measured / fit), printed after the verdicts. A
 throughput ratio mixes the two: the machine's speed swings by 10-20% between consecutive runs.
 
-`pacer sim calibrate --quick` first (the benchmark runs it when no fit is saved) so the
-simulator's `cpu-local` profile is this machine's; `--sim-step-noise 0.14` predicts with the
+`pacer sim calibrate` first, at a quiet moment (the benchmark runs it when no fit is saved), so
+the simulator's `cpu-local` profile and the slo servers' predictor are this machine's (the header
+prints which fit and its error); `--sim-step-noise 0.14` predicts with the
 step-time noise this machine showed (`pacer sim --step-noise`). The load average and the CPU's flags are
 printed with the figures.
 """
@@ -217,8 +218,9 @@ def main() -> int:
     print(f"# slo_overload: {isa_switch.label()} (kernel ISA {kernel_isa()}), {os.cpu_count()} cores, "
           f"load {loadavg()}, work {work}")
     if not args.no_sim and not calibration_path().exists():
-        print("# no cpu-local fit saved: running `pacer sim calibrate --quick`")
-        subprocess.run([str(BIN / "pacer"), "sim", "calibrate", "--quick"], check=True, stdout=subprocess.DEVNULL)
+        print("# no cpu-local fit saved: running `pacer sim calibrate`")
+        subprocess.run([str(BIN / "pacer"), "sim", "calibrate"], check=True, stdout=subprocess.DEVNULL)
+    print(f"# {fit_line()}")
     # every run its own trace (a server's prefix cache would serve a repeated one): the highest
     # rate takes the given seeds, each lower rate seed + 10 x its distance from the top
     runs = [(r, seeds[0] + 10 * (len(rates) - 1 - i)) for i, r in enumerate(rates[:-1])]
@@ -319,6 +321,21 @@ def _turns(live: list[_Live], i: int) -> list[_Live]:
     """Who runs trace `i`: the group's servers in order, reversed every other trace, so neither
     runs each trace first."""
     return live if i % 2 == 0 else live[::-1]
+
+
+def fit_line() -> str:
+    """Which fit the slo servers predict with and the simulator runs on, and how well it fitted:
+    a fit made while the machine was busy misprices some step shapes against others (the
+    morning's `--quick` fit priced a 2,040-token chunk 25% above a 30-token one, relative to
+    what they took), and the policy's choices between short and long steps follow the prices."""
+    path = calibration_path()
+    if not path.exists():
+        return "fit: none saved (the servers predict with pacer's shipped cpu-local fit)"
+    calib = json.loads(path.read_text())
+    fit = calib.get("fit", {})
+    return (f"fit: {path}, made {calib.get('created', '?')}{' (--quick)' if calib.get('quick') else ''}, "
+            f"{fit.get('samples', '?')} steps, error median {100 * fit.get('median_rel_err', float('nan')):.1f}% "
+            f"p90 {100 * fit.get('p90_rel_err', float('nan')):.1f}%")
 
 
 def fit_model() -> CostModel:

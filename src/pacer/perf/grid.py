@@ -48,7 +48,11 @@ def default_grid(quick: bool = False) -> list[GridPoint]:
     rng = random.Random(0)
     grid.append(GridPoint("decode b=16 ctx 32..2048", tuple((1, rng.randrange(32, 2048), True) for _ in range(16))))
     grid.append(GridPoint("decode 16@512 + chunk 256", (*decode_point(16, 512).rows, (256, 0, True))))
+    # narrow prefill steps (under NARROW_ROWS rows): an ITL-bound chunk beside a few decodes
+    grid.append(GridPoint("decode 8@512 + chunk 24@1024", (*decode_point(8, 512).rows, (24, 1024, False))))
+    grid.append(GridPoint("chunk 32@1024", ((32, 1024, False),)))
     if not quick:
+        grid.append(GridPoint("decode 4@1024 + chunk 44@1536", (*decode_point(4, 1024).rows, (44, 1536, False))))
         grid.append(GridPoint("decode 64@128 + chunk 512@512", (*decode_point(64, 128).rows, (512, 512, False))))
         grid.append(GridPoint("decode 8@1024 + chunk 512", (*decode_point(8, 1024).rows, (512, 0, True))))
     return grid
