@@ -131,5 +131,7 @@ def test_a_noisy_saved_fit_is_not_planned_with(monkeypatch: pytest.MonkeyPatch, 
     assert not fit_is_trusted({"engine_fit": {"median_rel_err": 0.45}}) and fit_is_trusted({})
     assert not fit_is_trusted({"engine_fit": {"median_rel_err": 0.078}, "fit": {"p90_rel_err": 0.92}})
     assert fit_is_trusted({"engine_fit": {"median_rel_err": 0.04}, "fit": {"p90_rel_err": 0.085}})
+    # a p90 of 19% (a median of 5.7%): the skewed fit that priced long prefills 25% too high
+    assert not fit_is_trusted({"engine_fit": {"median_rel_err": 0.057}, "fit": {"p90_rel_err": 0.193}})
     assert base_const(0.03) == 0.5
     assert base_const(0.45) == DEFAULT_CPU_CALIBRATION["coefficients"]["const"]
