@@ -48,7 +48,7 @@ def default_grid(quick: bool = False) -> list[GridPoint]:
     rng = random.Random(0)
     grid.append(GridPoint("decode b=16 ctx 32..2048", tuple((1, rng.randrange(32, 2048), True) for _ in range(16))))
     grid.append(GridPoint("decode 16@512 + chunk 256", (*decode_point(16, 512).rows, (256, 0, True))))
-    # narrow prefill steps (under NARROW_ROWS rows): an ITL-bound chunk beside a few decodes
+    # narrow prefill steps (a few dozen rows), as the slo policy runs them: an ITL-bound chunk beside decodes
     grid.append(GridPoint("decode 8@512 + chunk 24@1024", (*decode_point(8, 512).rows, (24, 1024, False))))
     grid.append(GridPoint("chunk 32@1024", ((32, 1024, False),)))
     if not quick:

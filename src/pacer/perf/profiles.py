@@ -188,7 +188,7 @@ def fit_is_trusted(calib: dict[str, Any] | None) -> bool:
     misjudged every target (a few spiked samples made its attention term 50x too large). A p90
     of 19% is a skewed fit, not a noisy one: two such fits on the AVX2 machine priced a 2,040-token
     prefill 25-30% above a 16-30-token one against what both took (the slo policy's long steps
-    against its short ones); fits at 9.6% priced them within 7%."""
+    against its short ones); a fit at 9.6% priced them within about 10%."""
     c = calib or {}
     median = (c.get("engine_fit") or {}).get("median_rel_err")
     p90 = (c.get("fit") or {}).get("p90_rel_err")
