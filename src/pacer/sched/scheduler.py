@@ -47,6 +47,7 @@ from pacer.sched.segments import SegmentPlanner
 from pacer.sched.spec import SpecDecoder
 from pacer.sched.step_cost import StepCostModel
 from pacer.sched.step_plan import Budget, StepPlan
+from pacer.sched.step_results import apply_results, drop_output_tail
 from pacer.sched.step_rows import SamplingIds, build_rows
 from pacer.sched.structured import GrammarCompile, NullStructuredOutputs, StructuredOutputs
 
@@ -368,70 +369,15 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def update_from_output(self, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
-        """Append sampled tokens, stamp times, apply token-based stop rules (a request that
-        stops keeps none of the tokens after its stop), then advance a constrained request's
-        matcher by the tokens it kept (finishing it when its grammar completes or was left).
-        Requests the executor failed must be finished before this is called.
-
-        Returns the requests that received tokens this step (finished ones included), each
-        with how many it kept.
-        """
-        now = self.clock.now()
-        touched: list[tuple[Request, int]] = []
-        get, results, running = self.requests.get, result.results, RequestStatus.RUNNING
-        reasoning, max_len = self.reasoning, self.max_model_len
-        # whether any request thinks: it may stop during the loop (finished), never start; an
-        # untracked request's advance only hands its tokens back
-        tracking, stop_floor = reasoning.tracking, self._stop_floor
-        self.segments.after_step(output.scheduled, get)   # store the segments completed (before a finish frees them)
-        for sr in output.scheduled:
-            rid = sr.request_id
-            req = get(rid)
-            if req is None or req.status is not running:
-                continue  # aborted or failed while the step ran
-            if (metrics := req.metrics).preempted_at is not None:   # else on_step_end closes nothing
-                metrics.on_step_end(now, req.num_computed_tokens)
-            if not sr.sample:
-                continue
-            tokens, drafts = results[rid].token_ids, sr.draft_token_ids
-            if drafts and self.spec is not None:
-                tokens = self.spec.verified(req, sr, tokens)   # rolls num_computed_tokens back
-            kept, outputs, floor = 0, req.output_token_ids, stop_floor.get(rid, 0)
-            for token in tokens:
-                kept += 1
-                outputs.append(token)
-                metrics.stamp(now)
-                if metrics.first_token_time is None:
-                    metrics.first_token_time = now
-                reason = req.stop_on(token, max_len) if len(outputs) >= floor else None
-                if reason is not None:
-                    # a stop inside accepted drafts: tokens after it are dropped, and so is their KV
-                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
-                    self.finish_request(req, reason)
-                    break
-            constrained = req.sampling_params.structured_outputs is not None   # else, untracked: no one reads
-            if kept and (constrained or tracking):
-                self._advance_matchers(req, kept, constrained)
-            touched.append((req, kept))
-            if drafts and not req.is_finished:
-                self.kv.trim_to_computed(req)   # frees blocks only rejected drafts used
-        return touched
-
-    def _advance_matchers(self, req: Request, kept: int, constrained: bool) -> None:
-        """The tokens a request kept this step go through its thinking tracker, then (once its
-        thinking ended) its grammar's matcher, which may finish it."""
-        answer = self.reasoning.advance(req.request_id, req.output_token_ids[-kept:])
-        if answer and not req.is_finished and constrained:
-            reason = self.structured.advance(req.request_id, answer)
-            if reason is not None:
-                self.finish_request(req, reason)
+        """The step's results into its requests (pacer.sched.step_results.apply_results): the
+        requests that received tokens, finished ones included, each with how many it kept.
+        Requests the executor failed must be finished before this is called."""
+        return apply_results(self, output, result)
 
     def drop_output_tail(self, req: Request, num_tokens: int) -> None:
         """Drop the newest `num_tokens` outputs of a request about to finish (a stop string
         ended it inside a multi-token step), and the KV claim past them."""
-        del req.output_token_ids[len(req.output_token_ids) - num_tokens:]
-        del req.metrics.token_times[len(req.metrics.token_times) - num_tokens:]
-        req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+        drop_output_tail(req, num_tokens)
 
     def check_invariants(self) -> None:
         self.kv.check_invariants()
