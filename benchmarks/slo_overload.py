@@ -328,12 +328,13 @@ def fit_line() -> str:
     a fit made while the machine was busy misprices some step shapes against others (the
     morning's `--quick` fit priced a 2,040-token chunk 25% above a 30-token one, relative to
     what they took), and the policy's choices between short and long steps follow the prices."""
-    if not calibration_path().exists():
+    path = calibration_path()
+    if not path.exists():
         return "fit: none saved (the servers predict with pacer's shipped cpu-local fit)"
     calib = get_hardware("cpu-local").calibration or {}
     fit = calib.get("fit", {})
     planned = "" if fit_is_trusted(calib) else "; not trusted: the slo servers plan with the shipped fit"
-    return (f"fit: {calibration_path()}, made {calib.get('created', '?')}{' (--quick)' if calib.get('quick') else ''}, "
+    return (f"fit: {path}, made {calib.get('created', '?')}{' (--quick)' if calib.get('quick') else ''}, "
             f"{fit.get('samples', '?')} steps, error median {100 * fit.get('median_rel_err', float('nan')):.1f}% "
             f"p90 {100 * fit.get('p90_rel_err', float('nan')):.1f}%{planned}")
 

@@ -10,32 +10,49 @@ was left. Runs once per step, every decode row through its loop: the engine's ho
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pacer.request import FinishReason, Request, RequestStatus
 from pacer.sched.contract import ModelOutput, SchedulerOutput
 
+if TYPE_CHECKING:
+    from pacer.clock import Clock
+    from pacer.kv.manager import KVCacheManager
+    from pacer.sched.reasoning import ReasoningTracker
+    from pacer.sched.segments import SegmentPlanner
+    from pacer.sched.spec import SpecDecoder
+    from pacer.sched.structured import StructuredOutputs
+
 __all__ = ["apply_results", "drop_output_tail"]
 
 
-class Scheduler(Protocol):
+class ResultsTarget(Protocol):
     """What applying a step's results reads and changes of the scheduler
-    (pacer.sched.scheduler.Scheduler)."""
+    (pacer.sched.scheduler.Scheduler, the one implementation)."""
 
-    clock: Any
-    kv: Any
-    requests: dict[str, Request]
-    reasoning: Any
-    structured: Any
-    segments: Any
-    spec: Any
-    max_model_len: int
-    _stop_floor: dict[str, int]
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def kv(self) -> KVCacheManager: ...
+    @property
+    def requests(self) -> dict[str, Request]: ...
+    @property
+    def reasoning(self) -> ReasoningTracker: ...
+    @property
+    def structured(self) -> StructuredOutputs: ...
+    @property
+    def segments(self) -> SegmentPlanner: ...
+    @property
+    def spec(self) -> SpecDecoder | None: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def _stop_floor(self) -> dict[str, int]: ...
 
     def finish_request(self, req: Request, reason: FinishReason) -> None: ...
 
 
-def apply_results(sched: Scheduler, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
+def apply_results(sched: ResultsTarget, output: SchedulerOutput, result: ModelOutput) -> list[tuple[Request, int]]:
     """Append sampled tokens, stamp times, apply token-based stop rules, then advance a
     constrained request's matcher by the tokens it kept. Requests the executor failed must be
     finished before this is called.
@@ -85,7 +102,7 @@ def apply_results(sched: Scheduler, output: SchedulerOutput, result: ModelOutput
     return touched
 
 
-def _advance_matchers(sched: Scheduler, req: Request, kept: int, constrained: bool) -> None:
+def _advance_matchers(sched: ResultsTarget, req: Request, kept: int, constrained: bool) -> None:
     """The tokens a request kept this step go through its thinking tracker, then (once its
     thinking ended) its grammar's matcher, which may finish it."""
     answer = sched.reasoning.advance(req.request_id, req.output_token_ids[-kept:])
